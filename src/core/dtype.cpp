@@ -1,0 +1,49 @@
+#include "core/dtype.h"
+
+namespace mere {
+
+size_t dtype_size(DType dt) {
+  switch (dt) {
+    case DType::f32: case DType::i32: case DType::u32: return 4;
+    case DType::f16: case DType::bf16: return 2;
+    case DType::u8: return 1;
+  }
+  return 0;
+}
+
+std::string_view dtype_name(DType dt) {
+  switch (dt) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::i32: return "i32";
+    case DType::u32: return "u32";
+    case DType::u8: return "u8";
+  }
+  return "?";
+}
+
+// Round to nearest even, with subnormals and overflow to infinity.
+uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: infinity
+  if (abs < 0x38800000u) {                       // below the smallest normal half
+    if (abs < 0x33000000u) return sign;          // rounds to zero
+    uint32_t exponent = abs >> 23;
+    uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - exponent;             // 14 + (112 - exponent) + 1 - 1
+    uint32_t half = mantissa >> shift;
+    uint32_t rest = mantissa & ((1u << shift) - 1);
+    uint32_t midpoint = 1u << (shift - 1);
+    if (rest > midpoint || (rest == midpoint && (half & 1u))) ++half;
+    return sign | uint16_t(half);
+  }
+  uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
+  return sign | uint16_t(((rounded >> 13) - (112u << 10)) & 0xffffu);
+}
+
+}  // namespace mere

@@ -1,0 +1,112 @@
+#include "core/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace mere {
+namespace {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n) {
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { work(); });
+    size_ = n;
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  int size() const { return size_; }
+
+  // Runs job(i) for i in [0, n_jobs), the caller taking part.
+  void run(int n_jobs, const std::function<void(int)>& job) {
+    std::unique_lock lock(mutex_);
+    job_ = &job;
+    n_jobs_ = n_jobs;
+    next_.store(0);
+    done_ = 0;
+    ++generation_;
+    lock.unlock();
+    wake_.notify_all();
+    drain();
+    lock.lock();
+    finished_.wait(lock, [&] { return done_ == n_jobs_; });
+    job_ = nullptr;
+  }
+
+ private:
+  void drain() {
+    int finished_here = 0;
+    for (int i; (i = next_.fetch_add(1)) < n_jobs_;) {
+      (*job_)(i);
+      ++finished_here;
+    }
+    if (finished_here) {
+      std::lock_guard lock(mutex_);
+      done_ += finished_here;
+      if (done_ == n_jobs_) finished_.notify_all();
+    }
+  }
+  void work() {
+    uint64_t seen = 0;
+    for (;;) {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || (generation_ != seen && job_ != nullptr); });
+      if (stopping_) return;
+      seen = generation_;
+      lock.unlock();
+      drain();
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  int size_ = 1;
+  std::mutex mutex_;
+  std::condition_variable wake_, finished_;
+  const std::function<void(int)>* job_ = nullptr;
+  int n_jobs_ = 0, done_ = 0;
+  std::atomic<int> next_{0};
+  uint64_t generation_ = 0;
+  bool stopping_ = false;
+};
+
+int g_requested = 0;
+thread_local bool t_inside_pool = false;
+
+ThreadPool& pool() {
+  static ThreadPool p(g_requested > 0 ? g_requested
+                                      : std::max(1, int(std::thread::hardware_concurrency())));
+  return p;
+}
+
+}  // namespace
+
+int thread_count() { return pool().size(); }
+void set_thread_count(int n) { g_requested = n; }
+
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  int64_t max_chunks = (n + grain - 1) / grain;
+  if (t_inside_pool || max_chunks == 1 || pool().size() == 1) {
+    fn(0, n);
+    return;
+  }
+  int chunks = int(std::min<int64_t>(max_chunks, int64_t(pool().size()) * 4));
+  pool().run(chunks, [&](int c) {
+    t_inside_pool = true;
+    int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
+    if (begin < end) fn(begin, end);
+    t_inside_pool = false;
+  });
+}
+
+}  // namespace mere
