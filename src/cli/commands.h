@@ -1,0 +1,12 @@
+// The `mere` subcommands; main.cpp registers each on the CLI11 app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace mere {
+
+void add_tokenize_command(CLI::App& app);  // mere tokenize
+void add_text_commands(CLI::App& app);     // mere text generate
+void add_eval_commands(CLI::App& app);     // mere eval logits | ppl
+
+}  // namespace mere

@@ -1,0 +1,22 @@
+// Pieces several subcommands share: finding the model, parsing id lists.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace mere {
+
+// The model directory given with -m, or the embedded default model.
+std::filesystem::path resolve_model_dir(const std::string& flag);
+std::filesystem::path default_model_dir();
+
+// "1,2,3" or "1 2 3" -> ids; anything else is an error naming the bad item.
+std::vector<int32_t> parse_ids(const std::string& text);
+
+// Adds --threads to a subcommand; apply_threads() sets the pool size from it.
+void add_threads_option(CLI::App& cmd, int& threads);
+void apply_threads(int threads);
+
+}  // namespace mere

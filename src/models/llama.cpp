@@ -1,0 +1,146 @@
+// models/llama.cpp: Llama 2/3, Qwen2, Qwen3 dense.
+// Reference: transformers modeling_llama.py, modeling_qwen2.py, modeling_qwen3.py
+// (LlamaAttention / Qwen3Attention, LlamaDecoderLayer, LlamaForCausalLM).
+#include "models/llama.h"
+
+#include <cmath>
+
+#include "models/blocks/rope_scaling.h"
+
+namespace mere {
+
+LlamaConfig LlamaConfig::parse(const ConfigJson& c) {
+  LlamaConfig k;
+  k.model_type = c.require<std::string>("model_type");
+  k.d_model = c.require<int>("hidden_size");
+  k.d_ff = c.require<int>("intermediate_size");
+  k.n_layers = c.require<int>("num_hidden_layers");
+  k.n_heads = c.require<int>("num_attention_heads");
+  k.n_kv_heads = c.get<int>("num_key_value_heads", k.n_heads);
+  k.head_dim = c.get<int>("head_dim", k.n_heads > 0 ? k.d_model / k.n_heads : 0);
+  k.vocab = c.require<int64_t>("vocab_size");
+  k.max_positions = c.get<int64_t>("max_position_embeddings", 4096);
+  k.norm_eps = c.get<float>("rms_norm_eps", 1e-6f);
+  k.tie_embeddings = c.get<bool>("tie_word_embeddings", false);
+  k.qk_norm = k.model_type == "qwen3";
+  if (k.model_type == "qwen2") {
+    k.attention_bias = true;  // Qwen2 always has q/k/v biases and no o bias
+  } else {
+    k.attention_bias = c.get<bool>("attention_bias", false);
+    k.o_bias = k.attention_bias;  // Llama and Qwen3 put it on all four projections
+  }
+  k.mlp_bias = k.model_type == "llama" && c.get<bool>("mlp_bias", false);
+  c.refuse_unless("hidden_act", "silu");  // we implement SwiGLU only
+  MERE_CHECK(!c.get<bool>("use_sliding_window", false),
+             "{}: use_sliding_window is true; sliding-window attention is not supported yet", c.path().string());
+  if (c.has("layer_types"))
+    for (const auto& t : c.raw()["layer_types"])
+      MERE_CHECK(t == "full_attention", "{}: layer_types has '{}'; only full_attention is supported",
+                 c.path().string(), t.dump());
+  MERE_CHECK(k.d_model > 0 && k.n_layers > 0 && k.n_heads > 0 && k.head_dim > 0 && k.vocab > 0 && k.d_ff > 0,
+             "{}: sizes must be positive", c.path().string());
+  MERE_CHECK(k.n_kv_heads > 0 && k.n_heads % k.n_kv_heads == 0,
+             "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", c.path().string(),
+             k.n_heads, k.n_kv_heads);
+  k.rope = rope_table_from_config(c, k.head_dim);
+  return k;
+}
+
+Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint)
+    : cfg_(LlamaConfig::parse(config)), checkpoint_(checkpoint) {
+  const LlamaConfig& k = cfg_;
+  const int64_t q_dim = int64_t(k.n_heads) * k.head_dim, kv_dim = int64_t(k.n_kv_heads) * k.head_dim;
+  auto get = [&](const std::string& name, Shape shape, const char* why) {
+    return checkpoint.get(name, shape, why);
+  };
+  tok_embed_ = get("model.embed_tokens.weight", {k.vocab, k.d_model}, "vocab_size, hidden_size");
+  final_norm_ = get("model.norm.weight", {k.d_model}, "hidden_size");
+  if (k.tie_embeddings) {
+    lm_head_ = tok_embed_;
+    if (checkpoint.has("lm_head.weight")) get("lm_head.weight", {k.vocab, k.d_model}, "tied copy, unused");
+  } else {
+    lm_head_ = get("lm_head.weight", {k.vocab, k.d_model}, "vocab_size, hidden_size");
+  }
+  for (int l = 0; l < k.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LlamaLayer w;
+    w.attn_norm = get(p + "input_layernorm.weight", {k.d_model}, "hidden_size");
+    w.mlp_norm = get(p + "post_attention_layernorm.weight", {k.d_model}, "hidden_size");
+    w.q = get(p + "self_attn.q_proj.weight", {q_dim, k.d_model}, "num_attention_heads * head_dim, hidden_size");
+    w.k = get(p + "self_attn.k_proj.weight", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
+    w.v = get(p + "self_attn.v_proj.weight", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
+    w.o = get(p + "self_attn.o_proj.weight", {k.d_model, q_dim}, "hidden_size, num_attention_heads * head_dim");
+    if (k.attention_bias) {
+      w.q_bias = get(p + "self_attn.q_proj.bias", {q_dim}, "num_attention_heads * head_dim");
+      w.k_bias = get(p + "self_attn.k_proj.bias", {kv_dim}, "num_key_value_heads * head_dim");
+      w.v_bias = get(p + "self_attn.v_proj.bias", {kv_dim}, "num_key_value_heads * head_dim");
+    }
+    if (k.o_bias) w.o_bias = get(p + "self_attn.o_proj.bias", {k.d_model}, "hidden_size");
+    if (k.qk_norm) {
+      w.q_norm = get(p + "self_attn.q_norm.weight", {k.head_dim}, "head_dim");
+      w.k_norm = get(p + "self_attn.k_norm.weight", {k.head_dim}, "head_dim");
+    }
+    w.gate = get(p + "mlp.gate_proj.weight", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
+    w.up = get(p + "mlp.up_proj.weight", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
+    w.down = get(p + "mlp.down_proj.weight", {k.d_model, k.d_ff}, "hidden_size, intermediate_size");
+    if (k.mlp_bias) {
+      w.gate_bias = get(p + "mlp.gate_proj.bias", {k.d_ff}, "intermediate_size");
+      w.up_bias = get(p + "mlp.up_proj.bias", {k.d_ff}, "intermediate_size");
+      w.down_bias = get(p + "mlp.down_proj.bias", {k.d_model}, "hidden_size");
+    }
+    // Old Llama checkpoints store the RoPE table; we recompute it from the config.
+    if (checkpoint.has(p + "self_attn.rotary_emb.inv_freq")) checkpoint.get(p + "self_attn.rotary_emb.inv_freq");
+    layers_.push_back(std::move(w));
+  }
+  std::vector<std::string> unused = checkpoint.unused();
+  MERE_CHECK(unused.empty(), "{}: {} tensor(s) the {} family does not use, e.g. {}", checkpoint.path().string(),
+             unused.size(), k.model_type, unused.empty() ? "" : unused.front());
+
+  info_.model_type = k.model_type;
+  info_.family = "llama";
+  info_.vocab = k.vocab;
+  info_.max_positions = k.max_positions;
+  info_.weight_bytes = checkpoint.size_bytes();
+  for (const auto& name : checkpoint.names()) info_.n_params += shape_numel(checkpoint.info(name).shape);
+}
+
+std::unique_ptr<SeqState> Llama::make_state(int64_t capacity) const {
+  if (capacity <= 0) capacity = cfg_.max_positions;
+  return std::make_unique<SeqState>(cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, capacity);
+}
+
+Tensor Llama::forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const {
+  const LlamaConfig& k = cfg_;
+  const int64_t T = int64_t(tokens.size()), pos0 = state.length();
+  MERE_CHECK(T > 0, "forward: no tokens");
+  std::vector<int32_t> positions(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) positions[size_t(t)] = int32_t(pos0 + t);
+  const float scale = 1.0f / std::sqrt(float(k.head_dim));
+
+  Tensor h = ops::embed(tok_embed_, tokens);                                   // [T, d_model]
+  for (int l = 0; l < k.n_layers; ++l) {
+    const LlamaLayer& w = layers_[size_t(l)];
+    Tensor x = ops::rms_norm(h, w.attn_norm, k.norm_eps);
+    Tensor q = ops::linear(x, w.q, w.q_bias).reshape({T, k.n_heads, k.head_dim});
+    Tensor kk = ops::linear(x, w.k, w.k_bias).reshape({T, k.n_kv_heads, k.head_dim});
+    Tensor v = ops::linear(x, w.v, w.v_bias).reshape({T, k.n_kv_heads, k.head_dim});
+    if (k.qk_norm) {  // Qwen3: per-head RMSNorm before RoPE
+      q = ops::rms_norm(q, w.q_norm, k.norm_eps);
+      kk = ops::rms_norm(kk, w.k_norm, k.norm_eps);
+    }
+    ops::rope(q, positions, k.rope);
+    ops::rope(kk, positions, k.rope);
+    KvCache& cache = state.kv(l);
+    cache.write(pos0, kk, v);
+    Tensor a = ops::attention(q, cache.keys(pos0 + T), cache.values(pos0 + T), pos0, scale);
+    ops::add_inplace(h, ops::linear(a.reshape({T, -1}), w.o, w.o_bias));
+    x = ops::rms_norm(h, w.mlp_norm, k.norm_eps);
+    Tensor gate = ops::linear(x, w.gate, w.gate_bias), up = ops::linear(x, w.up, w.up_bias);
+    ops::add_inplace(h, ops::linear(ops::silu_mul(gate, up), w.down, w.down_bias));
+  }
+  state.advance(T);
+  if (!all_logits) h = h.slice_rows(T - 1, T);
+  return ops::linear(ops::rms_norm(h, final_norm_, k.norm_eps), lm_head_);     // [T or 1, vocab]
+}
+
+}  // namespace mere

@@ -1,0 +1,52 @@
+// Llama 2/3, Qwen2 and Qwen3 dense: config, weights and forward.
+#pragma once
+
+#include "io/checkpoint.h"
+#include "io/config.h"
+#include "models/model.h"
+#include "ops/ops.h"
+
+namespace mere {
+
+struct LlamaConfig {
+  std::string model_type;
+  int d_model = 0, d_ff = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t vocab = 0, max_positions = 0;
+  float norm_eps = 1e-6f;
+  bool tie_embeddings = false;
+  bool attention_bias = false;  // q/k/v (and for Llama also o) carry a bias
+  bool o_bias = false;
+  bool mlp_bias = false;
+  bool qk_norm = false;         // Qwen3: per-head RMSNorm on q and k before RoPE
+  ops::RopeTable rope;
+
+  static LlamaConfig parse(const ConfigJson& c);
+};
+
+struct LlamaLayer {
+  Tensor attn_norm, mlp_norm;
+  Tensor q, k, v, o;                // [out, in]
+  Tensor q_bias, k_bias, v_bias, o_bias;
+  Tensor q_norm, k_norm;            // [head_dim], Qwen3 only
+  Tensor gate, up, down;
+  Tensor gate_bias, up_bias, down_bias;
+};
+
+class Llama : public Model {
+ public:
+  Llama(const ConfigJson& config, const Checkpoint& checkpoint);
+
+  const ModelInfo& info() const override { return info_; }
+  std::unique_ptr<SeqState> make_state(int64_t capacity) const override;
+  Tensor forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const override;
+  const LlamaConfig& config() const { return cfg_; }
+
+ private:
+  LlamaConfig cfg_;
+  ModelInfo info_;
+  Checkpoint checkpoint_;  // keeps the mapped weights alive
+  Tensor tok_embed_, final_norm_, lm_head_;
+  std::vector<LlamaLayer> layers_;
+};
+
+}  // namespace mere

@@ -1,0 +1,40 @@
+// The interface every model family implements, and the registry that picks the
+// family from config.json.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "state/kv_cache.h"
+
+namespace mere {
+
+struct ModelInfo {
+  std::string model_type;   // config.json's model_type, e.g. "qwen3"
+  std::string family;       // the file that implements it, e.g. "llama"
+  int64_t vocab = 0;
+  int64_t max_positions = 0;
+  int64_t n_params = 0;
+  uint64_t weight_bytes = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelInfo& info() const = 0;
+  // A fresh sequence state holding up to `capacity` tokens (0: max_positions).
+  virtual std::unique_ptr<SeqState> make_state(int64_t capacity = 0) const = 0;
+  // Runs `tokens` at positions state.length() .. +T-1 and advances the state.
+  // Returns f32 logits [T, vocab] if all_logits, else [1, vocab] for the last token.
+  virtual Tensor forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const = 0;
+};
+
+// Loads the checkpoint in `dir`, picking the family from config.json's model_type.
+// Unknown types are an error that lists the supported ones.
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir);
+std::vector<std::string> supported_model_types();
+
+}  // namespace mere

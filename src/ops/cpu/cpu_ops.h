@@ -1,0 +1,22 @@
+// The CPU reference implementations behind ops.h. Arguments are already checked.
+#pragma once
+
+#include "ops/ops.h"
+
+namespace mere::ops::cpu {
+
+void embed(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out);
+void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
+void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
+void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
+void add_inplace(Tensor& h, const Tensor& x);
+void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table);
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale,
+               Tensor& out);
+
+// Converts n elements of a float tensor's storage (f32/f16/bf16) starting at
+// element `offset` into dst as f32.
+void load_f32(const Tensor& src, int64_t offset, int64_t n, float* dst);
+float dot(const float* a, const float* b, int64_t n);
+
+}  // namespace mere::ops::cpu

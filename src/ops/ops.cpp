@@ -1,0 +1,94 @@
+#include "ops/ops.h"
+
+#include "ops/cpu/cpu_ops.h"
+
+namespace mere::ops {
+namespace {
+
+bool is_float(DType dt) { return dt == DType::f32 || dt == DType::f16 || dt == DType::bf16; }
+
+void check_cpu(const Tensor& t, const char* op) {
+  MERE_CHECK(t.device() == Device::cpu, "{}: the CUDA backend is not built into this binary", op);
+}
+
+}  // namespace
+
+Tensor embed(const Tensor& table, const std::vector<int32_t>& ids) {
+  MERE_CHECK(table.rank() == 2 && is_float(table.dtype()), "embed: table must be a 2-D float tensor, got {} {}",
+             dtype_name(table.dtype()), shape_str(table.shape()));
+  for (int32_t id : ids)
+    MERE_CHECK(id >= 0 && id < table.dim(0), "embed: token id {} is outside the vocabulary [0, {})", id,
+               table.dim(0));
+  check_cpu(table, "embed");
+  Tensor out = Tensor::empty({int64_t(ids.size()), table.dim(1)}, DType::f32);
+  cpu::embed(table, ids, out);
+  return out;
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) {
+  MERE_CHECK(x.dtype() == DType::f32 && x.rank() >= 1, "rms_norm: x must be f32, got {}", dtype_name(x.dtype()));
+  MERE_CHECK(w.shape() == Shape{x.dim(-1)}, "rms_norm: weight has shape {} but x has last dim {}",
+             shape_str(w.shape()), x.dim(-1));
+  check_cpu(x, "rms_norm");
+  Tensor out = Tensor::empty(x.shape(), DType::f32);
+  cpu::rms_norm(x, w, eps, out);
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  MERE_CHECK(x.dtype() == DType::f32 && x.rank() == 2, "linear: x must be f32 [T, in], got {} {}",
+             dtype_name(x.dtype()), shape_str(x.shape()));
+  MERE_CHECK(w.rank() == 2 && w.dim(1) == x.dim(1) && is_float(w.dtype()),
+             "linear: weight {} {} does not match x {}", dtype_name(w.dtype()), shape_str(w.shape()),
+             shape_str(x.shape()));
+  MERE_CHECK(!bias.defined() || bias.shape() == Shape{w.dim(0)}, "linear: bias {} for {} outputs",
+             shape_str(bias.shape()), w.dim(0));
+  check_cpu(x, "linear");
+  Tensor out = Tensor::empty({x.dim(0), w.dim(0)}, DType::f32);
+  cpu::linear(x, w, bias, out);
+  return out;
+}
+
+Tensor silu_mul(const Tensor& gate, const Tensor& up) {
+  MERE_CHECK(gate.shape() == up.shape() && gate.dtype() == DType::f32 && up.dtype() == DType::f32,
+             "silu_mul: gate {} and up {} must be f32 of one shape", shape_str(gate.shape()),
+             shape_str(up.shape()));
+  check_cpu(gate, "silu_mul");
+  Tensor out = Tensor::empty(gate.shape(), DType::f32);
+  cpu::silu_mul(gate, up, out);
+  return out;
+}
+
+void add_inplace(Tensor& h, const Tensor& x) {
+  MERE_CHECK(h.shape() == x.shape() && h.dtype() == DType::f32 && x.dtype() == DType::f32,
+             "add_inplace: {} += {} must be f32 of one shape", shape_str(h.shape()), shape_str(x.shape()));
+  check_cpu(h, "add_inplace");
+  cpu::add_inplace(h, x);
+}
+
+void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table) {
+  MERE_CHECK(x.dtype() == DType::f32 && x.rank() == 3 && x.dim(0) == int64_t(positions.size()),
+             "rope: x must be f32 [T, heads, head_dim] with T = {} positions, got {}", positions.size(),
+             shape_str(x.shape()));
+  MERE_CHECK(table.rotary_dim() > 0 && table.rotary_dim() <= x.dim(2),
+             "rope: rotary dim {} does not fit head_dim {}", table.rotary_dim(), x.dim(2));
+  check_cpu(x, "rope");
+  cpu::rope(x, positions, table);
+}
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale) {
+  MERE_CHECK(q.rank() == 3 && k.rank() == 3 && v.shape() == k.shape(),
+             "attention: q {} k {} v {} must be [tokens, heads, head_dim]", shape_str(q.shape()),
+             shape_str(k.shape()), shape_str(v.shape()));
+  MERE_CHECK(q.dim(2) == k.dim(2) && k.dim(1) > 0 && q.dim(1) % k.dim(1) == 0,
+             "attention: {} query heads cannot share {} kv heads of dim {} (query head_dim {})", q.dim(1),
+             k.dim(1), k.dim(2), q.dim(2));
+  MERE_CHECK(pos0 >= 0 && k.dim(0) >= pos0 + q.dim(0), "attention: cache holds {} positions, need {}",
+             k.dim(0), pos0 + q.dim(0));
+  check_cpu(q, "attention");
+  Tensor out = Tensor::empty(q.shape(), DType::f32);
+  cpu::attention(q, k, v, pos0, scale, out);
+  return out;
+}
+
+}  // namespace mere::ops

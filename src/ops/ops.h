@@ -1,0 +1,47 @@
+// The op interface: every model forward is written against these functions.
+// Activations are f32 on the CPU; weights may be f32, f16 or bf16 (converted on
+// the fly, accumulation always in f32). Each op checks its arguments, then
+// dispatches on the device to ops/cpu (the reference) or ops/cuda.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mere::ops {
+
+// Rows of `table` [vocab, d] gathered for `ids` -> [T, d] f32. Ids are range-checked.
+Tensor embed(const Tensor& table, const std::vector<int32_t>& ids);
+
+// RMSNorm over the last dim: x * rsqrt(mean(x^2) + eps) * w. x f32 [..., d], w [d].
+Tensor rms_norm(const Tensor& x, const Tensor& w, float eps);
+
+// y = x @ w^T (+ bias). x f32 [T, in], w [out, in], bias [out] or undefined -> [T, out] f32.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+
+// silu(gate) * up, elementwise; both f32 of the same shape.
+Tensor silu_mul(const Tensor& gate, const Tensor& up);
+
+// h += x, elementwise, in place; both f32 of the same shape.
+void add_inplace(Tensor& h, const Tensor& x);
+
+// Rotary position embedding tables: the inverse frequencies of the rotated
+// dims and the factor the cos/sin are scaled by (YaRN's attention factor).
+struct RopeTable {
+  std::vector<float> inv_freq;  // [rotary_dim / 2]
+  float attention_factor = 1.0f;
+  bool interleaved = false;     // pairs (2i, 2i+1) as GPT-J; otherwise halves (i, i + d/2) as Llama
+  int rotary_dim() const { return int(inv_freq.size()) * 2; }
+};
+
+// Rotates x [T, n_heads, head_dim] in place; token t sits at positions[t].
+// Only the first rotary_dim dims of each head are rotated.
+void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table);
+
+// Causal grouped-query attention for T new tokens at positions pos0 .. pos0+T-1
+// over a cache holding every position 0 .. pos0+T-1.
+// q [T, n_heads, head_dim]; k, v [>= pos0+T, n_kv_heads, head_dim] -> [T, n_heads, head_dim].
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale);
+
+}  // namespace mere::ops

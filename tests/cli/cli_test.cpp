@@ -1,0 +1,75 @@
+// The mere binary end to end: help, bad flags, generate, eval logits and ppl.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "io/npy.h"
+#include "test_util.h"
+
+namespace mere {
+namespace {
+
+std::string fixture(const std::string& family) { return (test::fixtures_dir() / family).string(); }
+
+TEST(Cli, HelpExplainsEverySubcommand) {
+  auto r = test::run_mere("--help-all");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* s : {"text", "generate", "eval", "logits", "ppl", "tokenize", "--temperature", "--top-p"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s;
+}
+
+TEST(Cli, BadFlagsGetAClearMessage) {
+  auto r = test::run_mere("text generate -m " + fixture("qwen3") + " -p hi --temperature banana");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--temperature"), std::string::npos) << r.err;
+  r = test::run_mere("text generate --no-such-flag");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no-such-flag"), std::string::npos) << r.err;
+}
+
+TEST(Cli, MissingModelIsAnErrorNotACrash) {
+  auto r = test::run_mere("text generate -m /nonexistent/model -p hi");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("/nonexistent/model"), std::string::npos) << r.err;
+}
+
+TEST(Cli, GenerateStreamsTextAndReportsSpeed) {
+  auto r = test::run_mere("text generate -m " + fixture("qwen3") + " -p 'def forward' -n 12 --temperature 0 --no-echo");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  for (const char* s : {"prefill:", "decode:", "tok/s", "time to first token"})
+    EXPECT_NE(r.err.find(s), std::string::npos) << r.err;
+  // Same seed, same sampled text.
+  std::string cmd = "text generate -m " + fixture("qwen3") + " -p 'the' -n 16 --temperature 1 --seed 5 --no-echo";
+  EXPECT_EQ(test::run_mere(cmd).out, test::run_mere(cmd).out);
+}
+
+TEST(Cli, EvalLogitsWritesNpyMatchingTheReference) {
+  auto ref = nlohmann::json::parse(test::read_file(test::fixtures_dir() / "llama" / "reference.json"));
+  std::string ids;
+  for (int id : ref["ids"]) ids += std::to_string(id) + ",";
+  ids.pop_back();
+  auto out = test::temp_dir("npy") / "logits.npy";
+  auto r = test::run_mere("eval logits -m " + fixture("llama") + " --ids " + ids + " --out " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Tensor got = read_npy(out), want = read_npy(test::fixtures_dir() / "llama" / "logits.npy");
+  EXPECT_LE(test::max_abs_diff(got, want).diff, 1e-3f);
+  r = test::run_mere("eval logits -m " + fixture("llama") + " --ids 1,x,3 --out " + out.string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("'x' is not a token id"), std::string::npos) << r.err;
+  r = test::run_mere("eval logits -m " + fixture("llama") + " --ids 1,99999 --out " + out.string());
+  EXPECT_NE(r.err.find("outside the vocabulary"), std::string::npos) << r.err;
+}
+
+TEST(Cli, EvalPplPrintsPerplexity) {
+  auto text = test::temp_dir("ppl") / "text.txt";
+  test::write_file(text, "def forward(self, hidden_states):\n    return self.mlp(hidden_states)\n");
+  auto r = test::run_mere("eval ppl -m " + fixture("qwen2") + " -f " + text.string() + " --ctx 16 --stride 8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["ppl"].get<double>(), 1.0);
+  EXPECT_EQ(j["ctx"], 16);
+  EXPECT_NE(r.err.find("perplexity ["), std::string::npos);  // the progress bar
+}
+
+}  // namespace
+}  // namespace mere

@@ -1,0 +1,71 @@
+// Strict loading: a config or checkpoint that does not fit the family is a clear
+// error naming the file, field or tensor.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "models/model.h"
+#include "test_util.h"
+
+namespace mere {
+namespace {
+
+// A copy of a fixture with config.json edited by `edit`.
+std::filesystem::path edited_fixture(const std::string& family, const std::function<void(nlohmann::json&)>& edit) {
+  auto dir = test::temp_dir(family);
+  for (const auto& e : std::filesystem::directory_iterator(test::fixtures_dir() / family))
+    std::filesystem::copy(e.path(), dir / e.path().filename());
+  nlohmann::json config = nlohmann::json::parse(test::read_file(dir / "config.json"));
+  edit(config);
+  test::write_file(dir / "config.json", config.dump(2));
+  return dir;
+}
+
+std::string load_error(const std::filesystem::path& dir) {
+  try {
+    load_model(dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(ModelLoading, UnknownModelTypeListsSupported) {
+  auto msg = load_error(edited_fixture("qwen3", [](auto& c) { c["model_type"] = "gpt2"; }));
+  EXPECT_NE(msg.find("model_type 'gpt2' is not supported"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("llama, qwen2, qwen3"), std::string::npos) << msg;
+}
+
+TEST(ModelLoading, WrongShapeNamesTensorAndConfigField) {
+  auto msg = load_error(edited_fixture("qwen3", [](auto& c) { c["intermediate_size"] = 100; }));
+  EXPECT_NE(msg.find("model.layers.0.mlp.gate_proj.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("intermediate_size"), std::string::npos) << msg;
+}
+
+TEST(ModelLoading, MissingLayerIsAnError) {
+  auto msg = load_error(edited_fixture("llama", [](auto& c) { c["num_hidden_layers"] = 3; }));
+  EXPECT_NE(msg.find("missing tensor model.layers.2."), std::string::npos) << msg;
+}
+
+TEST(ModelLoading, UnusedTensorsAreAnError) {
+  auto msg = load_error(edited_fixture("llama", [](auto& c) { c["num_hidden_layers"] = 1; }));
+  EXPECT_NE(msg.find("does not use"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.layers.1."), std::string::npos) << msg;
+}
+
+TEST(ModelLoading, UnsupportedActivationAndRopeAreRefused) {
+  auto msg = load_error(edited_fixture("qwen2", [](auto& c) { c["hidden_act"] = "gelu"; }));
+  EXPECT_NE(msg.find("hidden_act"), std::string::npos) << msg;
+  msg = load_error(edited_fixture("qwen2", [](auto& c) { c["rope_parameters"]["rope_type"] = "longrope"; }));
+  EXPECT_NE(msg.find("rope type 'longrope' is not supported"), std::string::npos) << msg;
+}
+
+TEST(ModelLoading, MissingConfigFieldIsNamed) {
+  auto msg = load_error(edited_fixture("qwen3", [](auto& c) { c.erase("hidden_size"); }));
+  EXPECT_NE(msg.find("hidden_size"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("config.json"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace mere

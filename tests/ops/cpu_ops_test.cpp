@@ -1,0 +1,103 @@
+// The CPU reference ops pinned to hand-computed values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace mere {
+namespace {
+
+TEST(CpuOps, RmsNormByHand) {
+  Tensor x = Tensor::from_floats({3, 4}, {1, 2});
+  Tensor w = Tensor::from_floats({1, 2}, {2}).to(DType::bf16);
+  Tensor y = ops::rms_norm(x, w, 0.0f);
+  float inv = 1.0f / std::sqrt(12.5f);  // mean(9, 16)
+  EXPECT_FLOAT_EQ(y.at(0), 3 * inv);
+  EXPECT_FLOAT_EQ(y.at(1), 8 * inv);
+  EXPECT_THROW(ops::rms_norm(x, Tensor::from_floats({1, 2, 3}, {3}), 1e-6f), Error);
+}
+
+TEST(CpuOps, LinearWithBiasOverEveryWeightType) {
+  Tensor x = Tensor::from_floats({1, 2, 3, -1, 0, 2}, {2, 3});
+  Tensor w = Tensor::from_floats({1, 0, 0, 0.5f, 0.5f, 0.5f}, {2, 3});
+  Tensor b = Tensor::from_floats({10, 20}, {2});
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    Tensor y = ops::linear(x, w.to(dt), b);
+    EXPECT_EQ(y.shape(), (Shape{2, 2}));
+    EXPECT_FLOAT_EQ(y.at(0), 11);
+    EXPECT_FLOAT_EQ(y.at(1), 23);
+    EXPECT_FLOAT_EQ(y.at(2), 9);
+    EXPECT_FLOAT_EQ(y.at(3), 20.5f);
+  }
+  EXPECT_THROW(ops::linear(x, Tensor::from_floats({1, 2}, {1, 2})), Error);
+}
+
+TEST(CpuOps, LinearMatchesNaiveOnOddSizes) {
+  const int64_t T = 3, in = 37, out = 53;  // not multiples of the row block
+  std::vector<float> xv, wv;
+  for (int64_t i = 0; i < T * in; ++i) xv.push_back(std::sin(float(i)));
+  for (int64_t i = 0; i < out * in; ++i) wv.push_back(std::cos(float(i) * 0.37f));
+  Tensor y = ops::linear(Tensor::from_floats(xv, {T, in}), Tensor::from_floats(wv, {out, in}));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      double want = 0;
+      for (int64_t i = 0; i < in; ++i) want += double(xv[size_t(t * in + i)]) * wv[size_t(o * in + i)];
+      EXPECT_NEAR(y.at(t * out + o), want, 1e-4);
+    }
+}
+
+TEST(CpuOps, SiluMulByHand) {
+  Tensor g = Tensor::from_floats({0, 1}, {2});
+  Tensor u = Tensor::from_floats({5, 2}, {2});
+  Tensor y = ops::silu_mul(g, u);
+  EXPECT_FLOAT_EQ(y.at(0), 0);
+  EXPECT_NEAR(y.at(1), 2 / (1 + std::exp(-1.0f)), 1e-6);
+}
+
+TEST(CpuOps, RopeRotatesHalvesOrPairs) {
+  ops::RopeTable table;
+  table.inv_freq = {1.0f, 0.0f};  // dim 0 rotates by pos radians, dim 1 not at all
+  Tensor x = Tensor::from_floats({1, 2, 3, 4}, {1, 1, 4});
+  ops::rope(x, {1}, table);  // rotate-half pairs (0, 2) and (1, 3)
+  EXPECT_NEAR(x.at(0), std::cos(1.0f) - 3 * std::sin(1.0f), 1e-6);
+  EXPECT_NEAR(x.at(2), 3 * std::cos(1.0f) + std::sin(1.0f), 1e-6);
+  EXPECT_FLOAT_EQ(x.at(1), 2);
+  EXPECT_FLOAT_EQ(x.at(3), 4);
+  table.interleaved = true;  // pairs (0, 1) and (2, 3)
+  Tensor y = Tensor::from_floats({1, 2, 3, 4}, {1, 1, 4});
+  ops::rope(y, {1}, table);
+  EXPECT_NEAR(y.at(0), std::cos(1.0f) - 2 * std::sin(1.0f), 1e-6);
+  EXPECT_NEAR(y.at(1), 2 * std::cos(1.0f) + std::sin(1.0f), 1e-6);
+  EXPECT_FLOAT_EQ(y.at(2), 3);
+}
+
+TEST(CpuOps, CausalGqaAttentionByHand) {
+  // One kv head shared by two query heads; two positions.
+  Tensor k = Tensor::from_floats({1, 0, 0, 1}, {2, 1, 2});
+  Tensor v = Tensor::from_floats({10, 0, 0, 10}, {2, 1, 2});
+  Tensor q = Tensor::from_floats({1, 0, 0, 0, /*t1*/ 2, 0, 0, 0}, {2, 2, 2});
+  Tensor o = ops::attention(q, k, v, 0, 1.0f);
+  // t=0 sees only key 0: output v0 for both heads.
+  EXPECT_FLOAT_EQ(o.at(0), 10);
+  EXPECT_FLOAT_EQ(o.at(2), 10);
+  // t=1, head 0: scores (2, 0) -> softmax (e^2, 1)/(e^2+1).
+  float p0 = std::exp(2.0f) / (std::exp(2.0f) + 1);
+  EXPECT_NEAR(o.at(4), 10 * p0, 1e-5);
+  EXPECT_NEAR(o.at(5), 10 * (1 - p0), 1e-5);
+  // t=1, head 1: q = 0, uniform over both keys.
+  EXPECT_NEAR(o.at(6), 5, 1e-5);
+  EXPECT_THROW(ops::attention(q, k.slice_rows(0, 1), v.slice_rows(0, 1), 0, 1.0f), Error);
+}
+
+TEST(CpuOps, EmbedChecksIds) {
+  Tensor table = Tensor::from_floats({1, 2, 3, 4, 5, 6}, {3, 2}).to(DType::f16);
+  Tensor e = ops::embed(table, {2, 0});
+  EXPECT_FLOAT_EQ(e.at(0), 5);
+  EXPECT_FLOAT_EQ(e.at(3), 2);
+  EXPECT_THROW(ops::embed(table, {3}), Error);
+}
+
+}  // namespace
+}  // namespace mere
