@@ -14,12 +14,17 @@ int64_t shape_numel(const Shape& shape) {
 }
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
-  MERE_CHECK(device == Device::cpu, "Tensor::empty: device memory is allocated by the CUDA backend");
   for (int64_t d : shape) MERE_CHECK(d >= 0, "Tensor::empty: negative dimension in {}", shape_str(shape));
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   t.device_ = device;
+  if (device == Device::cuda) {
+    void* p = device_alloc(t.size_bytes());
+    t.data_ = p;
+    t.owner_ = std::shared_ptr<void>(p, device_free);
+    return t;
+  }
   // 64-byte alignment so vector loads never straddle cache lines.
   size_t bytes = (std::max<size_t>(t.size_bytes(), 1) + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, bytes);
@@ -31,7 +36,7 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
   Tensor t = empty(std::move(shape), dtype, device);
-  std::memset(t.data_, 0, t.size_bytes());
+  zero_bytes(t.data_, device, t.size_bytes());
   return t;
 }
 
@@ -108,6 +113,7 @@ float Tensor::at(int64_t i) const {
 }
 
 std::vector<float> Tensor::to_floats() const {
+  if (device_ != Device::cpu) return to_device(Device::cpu).to_floats();
   std::vector<float> out(static_cast<size_t>(numel()));
   for (int64_t i = 0; i < numel(); ++i) out[size_t(i)] = at(i);
   return out;
@@ -137,6 +143,17 @@ Tensor Tensor::to(DType dtype) const {
   return out;
 }
 
-Tensor Tensor::clone() const { return to(dtype_); }
+Tensor Tensor::clone() const {
+  Tensor out = empty(shape_, dtype_, device_);
+  copy_bytes(out.data_, device_, data_, device_, size_bytes());
+  return out;
+}
+
+Tensor Tensor::to_device(Device device) const {
+  if (device == device_) return *this;
+  Tensor out = empty(shape_, dtype_, device);
+  copy_bytes(out.data_, device, data_, device_, size_bytes());
+  return out;
+}
 
 }  // namespace mere

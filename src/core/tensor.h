@@ -10,12 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
 namespace mere {
-
-enum class Device : uint8_t { cpu, cuda };
 
 using Shape = std::vector<int64_t>;
 
@@ -51,7 +50,9 @@ class Tensor {
   Tensor reshape(Shape shape) const;
   // Rows [begin, end) of the leading dimension, sharing storage.
   Tensor slice_rows(int64_t begin, int64_t end) const;
-  // A copy converted to `dtype` (f32/f16/bf16 only).
+  // A copy on `device` (the same tensor if already there).
+  Tensor to_device(Device device) const;
+  // A copy converted to `dtype` (f32/f16/bf16 only; CPU tensors).
   Tensor to(DType dtype) const;
   Tensor clone() const;
   // Element i (flat) as float, for tests and small reads; any float dtype.

@@ -27,6 +27,7 @@ GenerateStats generate(const Model& model, const std::vector<int32_t>& prompt, c
   auto t0 = std::chrono::steady_clock::now();
   Tensor logits = model.forward(prompt, *state, /*all_logits=*/false);
   stats.prefill_ms = ms_since(t0);
+  logits = logits.to_device(Device::cpu);  // the sampler runs on the host for now
   auto decode_start = std::chrono::steady_clock::now();
   stats.stop_reason = "length";
   for (int i = 0; i < options.max_new_tokens; ++i) {
@@ -48,7 +49,7 @@ GenerateStats generate(const Model& model, const std::vector<int32_t>& prompt, c
       break;
     }
     if (i == 0) decode_start = std::chrono::steady_clock::now();
-    logits = model.forward({id}, *state, false);
+    logits = model.forward({id}, *state, false).to_device(Device::cpu);
   }
   stats.decode_ms = stats.generated_tokens > 1 ? ms_since(decode_start) : 0;
   return stats;

@@ -28,7 +28,7 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& ids,
     const int64_t end = std::min(begin + ctx, n);
     std::vector<int32_t> window(ids.begin() + begin, ids.begin() + end);
     auto state = model.make_state(end - begin);
-    Tensor logits = model.forward(window, *state, /*all_logits=*/true);  // [end - begin, vocab]
+    Tensor logits = model.forward(window, *state, /*all_logits=*/true).to_device(Device::cpu);  // [end - begin, vocab]
     for (int64_t i = std::max(prev_end, begin + 1); i < end; ++i) {
       const float* row = logits.data<float>() + (i - 1 - begin) * vocab;
       double max_logit = *std::max_element(row, row + vocab), sum = 0;

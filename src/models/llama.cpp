@@ -46,18 +46,21 @@ LlamaConfig LlamaConfig::parse(const ConfigJson& c) {
   return k;
 }
 
-Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint)
+Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device device)
     : cfg_(LlamaConfig::parse(config)), checkpoint_(checkpoint) {
   const LlamaConfig& k = cfg_;
   const int64_t q_dim = int64_t(k.n_heads) * k.head_dim, kv_dim = int64_t(k.n_kv_heads) * k.head_dim;
+  // Matrices and norms keep their checkpoint dtype; biases become f32 (added to f32 activations).
   auto get = [&](const std::string& name, Shape shape, const char* why) {
-    return checkpoint.get(name, shape, why);
+    Tensor t = checkpoint.get(name, shape, why);
+    if (name.ends_with(".bias") && t.dtype() != DType::f32) t = t.to(DType::f32);
+    return t.to_device(device);
   };
   tok_embed_ = get("model.embed_tokens.weight", {k.vocab, k.d_model}, "vocab_size, hidden_size");
   final_norm_ = get("model.norm.weight", {k.d_model}, "hidden_size");
   if (k.tie_embeddings) {
     lm_head_ = tok_embed_;
-    if (checkpoint.has("lm_head.weight")) get("lm_head.weight", {k.vocab, k.d_model}, "tied copy, unused");
+    if (checkpoint.has("lm_head.weight")) checkpoint.get("lm_head.weight", {k.vocab, k.d_model}, "tied copy, unused");
   } else {
     lm_head_ = get("lm_head.weight", {k.vocab, k.d_model}, "vocab_size, hidden_size");
   }
@@ -98,6 +101,7 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint)
 
   info_.model_type = k.model_type;
   info_.family = "llama";
+  info_.device = device;
   info_.vocab = k.vocab;
   info_.max_positions = k.max_positions;
   info_.weight_bytes = checkpoint.size_bytes();
@@ -106,7 +110,7 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint)
 
 std::unique_ptr<SeqState> Llama::make_state(int64_t capacity) const {
   if (capacity <= 0) capacity = cfg_.max_positions;
-  return std::make_unique<SeqState>(cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, capacity);
+  return std::make_unique<SeqState>(cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, capacity, info_.device);
 }
 
 Tensor Llama::forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const {

@@ -34,7 +34,7 @@ struct LlamaLayer {
 
 class Llama : public Model {
  public:
-  Llama(const ConfigJson& config, const Checkpoint& checkpoint);
+  Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device device);
 
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<SeqState> make_state(int64_t capacity) const override;

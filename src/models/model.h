@@ -15,6 +15,7 @@ namespace mere {
 struct ModelInfo {
   std::string model_type;   // config.json's model_type, e.g. "qwen3"
   std::string family;       // the file that implements it, e.g. "llama"
+  Device device = Device::cpu;
   int64_t vocab = 0;
   int64_t max_positions = 0;
   int64_t n_params = 0;
@@ -34,7 +35,8 @@ class Model {
 
 // Loads the checkpoint in `dir`, picking the family from config.json's model_type.
 // Unknown types are an error that lists the supported ones.
-std::unique_ptr<Model> load_model(const std::filesystem::path& dir);
+// Weights go to `device` as stored (bf16 stays bf16); activations are f32.
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, Device device = Device::cpu);
 std::vector<std::string> supported_model_types();
 
 }  // namespace mere

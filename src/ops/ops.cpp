@@ -1,14 +1,15 @@
 #include "ops/ops.h"
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace mere::ops {
 namespace {
 
 bool is_float(DType dt) { return dt == DType::f32 || dt == DType::f16 || dt == DType::bf16; }
 
-void check_cpu(const Tensor& t, const char* op) {
-  MERE_CHECK(t.device() == Device::cpu, "{}: the CUDA backend is not built into this binary", op);
+void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  MERE_CHECK(!b.defined() || a.device() == b.device(), "{}: operands on different devices", op);
 }
 
 }  // namespace
@@ -19,9 +20,11 @@ Tensor embed(const Tensor& table, const std::vector<int32_t>& ids) {
   for (int32_t id : ids)
     MERE_CHECK(id >= 0 && id < table.dim(0), "embed: token id {} is outside the vocabulary [0, {})", id,
                table.dim(0));
-  check_cpu(table, "embed");
-  Tensor out = Tensor::empty({int64_t(ids.size()), table.dim(1)}, DType::f32);
-  cpu::embed(table, ids, out);
+  Tensor out = Tensor::empty({int64_t(ids.size()), table.dim(1)}, DType::f32, table.device());
+  switch (table.device()) {
+    case Device::cpu: cpu::embed(table, ids, out); break;
+    case Device::cuda: cuda::embed(table, ids, out); break;
+  }
   return out;
 }
 
@@ -29,9 +32,12 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) {
   MERE_CHECK(x.dtype() == DType::f32 && x.rank() >= 1, "rms_norm: x must be f32, got {}", dtype_name(x.dtype()));
   MERE_CHECK(w.shape() == Shape{x.dim(-1)}, "rms_norm: weight has shape {} but x has last dim {}",
              shape_str(w.shape()), x.dim(-1));
-  check_cpu(x, "rms_norm");
-  Tensor out = Tensor::empty(x.shape(), DType::f32);
-  cpu::rms_norm(x, w, eps, out);
+  check_same_device("rms_norm", x, w);
+  Tensor out = Tensor::empty(x.shape(), DType::f32, x.device());
+  switch (x.device()) {
+    case Device::cpu: cpu::rms_norm(x, w, eps, out); break;
+    case Device::cuda: cuda::rms_norm(x, w, eps, out); break;
+  }
   return out;
 }
 
@@ -43,9 +49,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
              shape_str(x.shape()));
   MERE_CHECK(!bias.defined() || bias.shape() == Shape{w.dim(0)}, "linear: bias {} for {} outputs",
              shape_str(bias.shape()), w.dim(0));
-  check_cpu(x, "linear");
-  Tensor out = Tensor::empty({x.dim(0), w.dim(0)}, DType::f32);
-  cpu::linear(x, w, bias, out);
+  check_same_device("linear", x, w);
+  check_same_device("linear", x, bias);
+  Tensor out = Tensor::empty({x.dim(0), w.dim(0)}, DType::f32, x.device());
+  switch (x.device()) {
+    case Device::cpu: cpu::linear(x, w, bias, out); break;
+    case Device::cuda: cuda::linear(x, w, bias, out); break;
+  }
   return out;
 }
 
@@ -53,17 +63,23 @@ Tensor silu_mul(const Tensor& gate, const Tensor& up) {
   MERE_CHECK(gate.shape() == up.shape() && gate.dtype() == DType::f32 && up.dtype() == DType::f32,
              "silu_mul: gate {} and up {} must be f32 of one shape", shape_str(gate.shape()),
              shape_str(up.shape()));
-  check_cpu(gate, "silu_mul");
-  Tensor out = Tensor::empty(gate.shape(), DType::f32);
-  cpu::silu_mul(gate, up, out);
+  check_same_device("silu_mul", gate, up);
+  Tensor out = Tensor::empty(gate.shape(), DType::f32, gate.device());
+  switch (gate.device()) {
+    case Device::cpu: cpu::silu_mul(gate, up, out); break;
+    case Device::cuda: cuda::silu_mul(gate, up, out); break;
+  }
   return out;
 }
 
 void add_inplace(Tensor& h, const Tensor& x) {
   MERE_CHECK(h.shape() == x.shape() && h.dtype() == DType::f32 && x.dtype() == DType::f32,
              "add_inplace: {} += {} must be f32 of one shape", shape_str(h.shape()), shape_str(x.shape()));
-  check_cpu(h, "add_inplace");
-  cpu::add_inplace(h, x);
+  check_same_device("add_inplace", h, x);
+  switch (h.device()) {
+    case Device::cpu: cpu::add_inplace(h, x); break;
+    case Device::cuda: cuda::add_inplace(h, x); break;
+  }
 }
 
 void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table) {
@@ -72,8 +88,10 @@ void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& tab
              shape_str(x.shape()));
   MERE_CHECK(table.rotary_dim() > 0 && table.rotary_dim() <= x.dim(2),
              "rope: rotary dim {} does not fit head_dim {}", table.rotary_dim(), x.dim(2));
-  check_cpu(x, "rope");
-  cpu::rope(x, positions, table);
+  switch (x.device()) {
+    case Device::cpu: cpu::rope(x, positions, table); break;
+    case Device::cuda: cuda::rope(x, positions, table); break;
+  }
 }
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale) {
@@ -85,10 +103,26 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0
              k.dim(1), k.dim(2), q.dim(2));
   MERE_CHECK(pos0 >= 0 && k.dim(0) >= pos0 + q.dim(0), "attention: cache holds {} positions, need {}",
              k.dim(0), pos0 + q.dim(0));
-  check_cpu(q, "attention");
-  Tensor out = Tensor::empty(q.shape(), DType::f32);
-  cpu::attention(q, k, v, pos0, scale, out);
+  check_same_device("attention", q, k);
+  check_same_device("attention", q, v);
+  MERE_CHECK(q.dtype() == DType::f32, "attention: q must be f32, got {}", dtype_name(q.dtype()));
+  Tensor out = Tensor::empty(q.shape(), DType::f32, q.device());
+  switch (q.device()) {
+    case Device::cpu: cpu::attention(q, k, v, pos0, scale, out); break;
+    case Device::cuda: cuda::attention(q, k, v, pos0, scale, out); break;
+  }
   return out;
+}
+
+void convert_into(const Tensor& src, Tensor& dst) {
+  MERE_CHECK(src.numel() == dst.numel() && is_float(src.dtype()) && is_float(dst.dtype()),
+             "convert_into: {} {} into {} {}", dtype_name(src.dtype()), shape_str(src.shape()),
+             dtype_name(dst.dtype()), shape_str(dst.shape()));
+  check_same_device("convert_into", src, dst);
+  switch (src.device()) {
+    case Device::cpu: cpu::convert(src, dst); break;
+    case Device::cuda: cuda::convert(src, dst); break;
+  }
 }
 
 }  // namespace mere::ops

@@ -44,4 +44,7 @@ void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& tab
 // q [T, n_heads, head_dim]; k, v [>= pos0+T, n_kv_heads, head_dim] -> [T, n_heads, head_dim].
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale);
 
+// dst = src converted to dst's float dtype; same element count, same device.
+void convert_into(const Tensor& src, Tensor& dst);
+
 }  // namespace mere::ops

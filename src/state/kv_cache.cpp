@@ -3,21 +3,27 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ops/ops.h"
+
 namespace mere {
 
-KvCache::KvCache(int64_t n_kv_heads, int64_t head_dim, int64_t capacity)
-    : n_kv_heads_(n_kv_heads), head_dim_(head_dim), capacity_(capacity) {}
+KvCache::KvCache(int64_t n_kv_heads, int64_t head_dim, int64_t capacity, Device device)
+    : n_kv_heads_(n_kv_heads),
+      head_dim_(head_dim),
+      capacity_(capacity),
+      device_(device),
+      dtype_(device == Device::cpu ? DType::f32 : DType::bf16) {}
 
 void KvCache::reserve(int64_t n) {
   int64_t have = k_.defined() ? k_.dim(0) : 0;
   if (n <= have) return;
   // Double so a long generation reallocates O(log n) times.
   int64_t grown = std::min(capacity_, std::max({n, 2 * have, int64_t(256)}));
-  Tensor k = Tensor::empty({grown, n_kv_heads_, head_dim_}, DType::f32);
-  Tensor v = Tensor::empty({grown, n_kv_heads_, head_dim_}, DType::f32);
+  Tensor k = Tensor::empty({grown, n_kv_heads_, head_dim_}, dtype_, device_);
+  Tensor v = Tensor::empty({grown, n_kv_heads_, head_dim_}, dtype_, device_);
   if (have) {
-    std::memcpy(k.raw(), k_.raw(), k_.size_bytes());
-    std::memcpy(v.raw(), v_.raw(), v_.size_bytes());
+    copy_bytes(k.raw(), device_, k_.raw(), device_, k_.size_bytes());
+    copy_bytes(v.raw(), device_, v_.raw(), device_, v_.size_bytes());
   }
   k_ = k;
   v_ = v;
@@ -29,15 +35,15 @@ void KvCache::write(int64_t pos, const Tensor& k, const Tensor& v) {
              pos + T, capacity_);
   MERE_ASSERT(k.shape() == v.shape() && k.dim(1) == n_kv_heads_ && k.dim(2) == head_dim_);
   reserve(pos + T);
-  size_t row_bytes = size_t(n_kv_heads_ * head_dim_) * 4;
-  std::memcpy(k_.data<char>() + pos * row_bytes, k.raw(), size_t(T) * row_bytes);
-  std::memcpy(v_.data<char>() + pos * row_bytes, v.raw(), size_t(T) * row_bytes);
+  Tensor k_rows = k_.slice_rows(pos, pos + T), v_rows = v_.slice_rows(pos, pos + T);
+  ops::convert_into(k, k_rows);
+  ops::convert_into(v, v_rows);
 }
 
-SeqState::SeqState(int n_layers, int64_t n_kv_heads, int64_t head_dim, int64_t capacity)
+SeqState::SeqState(int n_layers, int64_t n_kv_heads, int64_t head_dim, int64_t capacity, Device device)
     : capacity_(capacity) {
   layers_.reserve(size_t(n_layers));
-  for (int l = 0; l < n_layers; ++l) layers_.emplace_back(n_kv_heads, head_dim, capacity);
+  for (int l = 0; l < n_layers; ++l) layers_.emplace_back(n_kv_heads, head_dim, capacity, device);
 }
 
 void SeqState::advance(int64_t T) { length_ += T; }

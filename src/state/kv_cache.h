@@ -1,5 +1,6 @@
-// Contiguous per-layer K/V cache on the CPU, f32, grown on demand up to a
-// fixed capacity. Keys are stored post-RoPE. (Paged blocks and quantized modes
+// Contiguous per-layer K/V cache, grown on demand up to a fixed capacity: f32 on
+// the CPU (the reference), bf16 on CUDA (half the bytes attention reads).
+// Keys are stored post-RoPE. (Paged blocks and quantized modes
 // replace this in the sequence-state work; the interface stays.)
 #pragma once
 
@@ -9,7 +10,7 @@ namespace mere {
 
 class KvCache {
  public:
-  KvCache(int64_t n_kv_heads, int64_t head_dim, int64_t capacity);
+  KvCache(int64_t n_kv_heads, int64_t head_dim, int64_t capacity, Device device);
 
   // Writes k, v [T, n_kv_heads, head_dim] at positions pos .. pos+T-1.
   void write(int64_t pos, const Tensor& k, const Tensor& v);
@@ -23,6 +24,8 @@ class KvCache {
   void reserve(int64_t n);
 
   int64_t n_kv_heads_, head_dim_, capacity_;
+  Device device_;
+  DType dtype_;
   Tensor k_, v_;  // [allocated, n_kv_heads, head_dim]
 };
 
@@ -30,7 +33,7 @@ class KvCache {
 // the state that layer kind needs.
 class SeqState {
  public:
-  SeqState(int n_layers, int64_t n_kv_heads, int64_t head_dim, int64_t capacity);
+  SeqState(int n_layers, int64_t n_kv_heads, int64_t head_dim, int64_t capacity, Device device);
 
   int64_t length() const { return length_; }
   int64_t capacity() const { return capacity_; }

@@ -13,7 +13,11 @@ std::string fixture(const std::string& family) { return (test::fixtures_dir() / 
 TEST(Cli, HelpExplainsEverySubcommand) {
   auto r = test::run_mere("--help-all");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* s : {"text", "generate", "eval", "logits", "ppl", "tokenize", "--temperature", "--top-p"})
+  for (const char* s : {"text", "generate", "eval", "logits", "ppl", "tokenize"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s;
+  r = test::run_mere("text generate --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* s : {"--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repetition-penalty", "-n,"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
 }
 
@@ -21,7 +25,7 @@ TEST(Cli, BadFlagsGetAClearMessage) {
   auto r = test::run_mere("text generate -m " + fixture("qwen3") + " -p hi --temperature banana");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--temperature"), std::string::npos) << r.err;
-  r = test::run_mere("text generate --no-such-flag");
+  r = test::run_mere("text generate -p hi --no-such-flag");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("no-such-flag"), std::string::npos) << r.err;
 }
@@ -30,6 +34,21 @@ TEST(Cli, MissingModelIsAnErrorNotACrash) {
   auto r = test::run_mere("text generate -m /nonexistent/model -p hi");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("/nonexistent/model"), std::string::npos) << r.err;
+}
+
+TEST(Cli, CorruptCheckpointExitsWithTheFileName) {
+  auto dir = test::temp_dir("corrupt");
+  for (const auto& e : std::filesystem::directory_iterator(test::fixtures_dir() / "qwen3"))
+    std::filesystem::copy(e.path(), dir / e.path().filename());
+  std::string bytes = test::read_file(dir / "model.safetensors");
+  test::write_file(dir / "model.safetensors", bytes.substr(0, bytes.size() / 2));  // cut the data section
+  auto r = test::run_mere("eval logits -m " + dir.string() + " --ids 1,2 --out " + (dir / "x.npy").string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("model.safetensors"), std::string::npos) << r.err;
+  test::write_file(dir / "config.json", "{\"model_type\": \"qwen3\",");  // malformed JSON
+  r = test::run_mere("text generate -m " + dir.string() + " -p hi");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("config.json"), std::string::npos) << r.err;
 }
 
 TEST(Cli, GenerateStreamsTextAndReportsSpeed) {

@@ -1,4 +1,5 @@
 #include <cstring>
+#include <vector>
 
 #include "ops/cpu/cpu_ops.h"
 
@@ -22,6 +23,19 @@ void load_f32(const Tensor& src, int64_t offset, int64_t n, float* dst) {
     default:
       fail("load_f32: {} is not a float dtype", dtype_name(src.dtype()));
   }
+}
+
+void convert(const Tensor& src, Tensor& dst) {
+  const int64_t n = src.numel();
+  if (dst.dtype() == DType::f32) {
+    load_f32(src, 0, n, dst.data<float>());
+    return;
+  }
+  std::vector<float> tmp(static_cast<size_t>(n));
+  load_f32(src, 0, n, tmp.data());
+  uint16_t* out = dst.data<uint16_t>();
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = dst.dtype() == DType::bf16 ? f32_to_bf16(tmp[size_t(i)]) : f32_to_f16(tmp[size_t(i)]);
 }
 
 // Eight-lane partial sums let the compiler vectorise without reassociating globally.

@@ -11,6 +11,7 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
 void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
 void add_inplace(Tensor& h, const Tensor& x);
 void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table);
+void convert(const Tensor& src, Tensor& dst);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale,
                Tensor& out);
 

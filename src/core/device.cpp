@@ -1,0 +1,90 @@
+// Device memory and copies: cudaMalloc/cudaMemcpy with the CUDA backend,
+// stubs that report no GPU without it.
+#include "core/device.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+#ifdef MERE_HAVE_CUDA
+
+#include "core/cuda_check.h"
+
+namespace mere {
+
+bool cuda_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string cuda_device_description() {
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess || n == 0) return std::string("no CUDA device: ") + cudaGetErrorString(err);
+  cudaDeviceProp p;
+  MERE_CUDA(cudaGetDeviceProperties(&p, 0));
+  return fmt::format("{}, {} SMs, {:.0f} GB, sm_{}{}", p.name, p.multiProcessorCount, p.totalGlobalMem / 1e9,
+                     p.major, p.minor);
+}
+
+void* device_alloc(size_t bytes) {
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 256));
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it so later calls do not see it
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    fail("out of GPU memory: cannot allocate {:.2f} GB ({:.2f} GB free of {:.2f} GB)", bytes / 1e9,
+         free_bytes / 1e9, total / 1e9);
+  }
+  return p;
+}
+
+void device_free(void* p) {
+  if (p) cudaFree(p);
+}
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  cudaMemcpyKind kind = src_device == Device::cpu
+                            ? (dst_device == Device::cpu ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
+                            : (dst_device == Device::cpu ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
+  MERE_CUDA(cudaMemcpy(dst, src, bytes, kind));
+}
+
+void zero_bytes(void* p, Device device, size_t bytes) {
+  if (device == Device::cpu) {
+    std::memset(p, 0, bytes);
+  } else {
+    MERE_CUDA(cudaMemset(p, 0, bytes));
+  }
+}
+
+void device_synchronize() { MERE_CUDA(cudaDeviceSynchronize()); }
+
+}  // namespace mere
+
+#else
+
+namespace mere {
+
+bool cuda_available() { return false; }
+std::string cuda_device_description() { return "this binary was built without the CUDA backend"; }
+void* device_alloc(size_t) { fail("CUDA is not available: this binary was built without the CUDA backend"); }
+void device_free(void*) {}
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  MERE_CHECK(dst_device == Device::cpu && src_device == Device::cpu,
+             "CUDA is not available: this binary was built without the CUDA backend");
+  std::memcpy(dst, src, bytes);
+}
+void zero_bytes(void* p, Device device, size_t bytes) {
+  MERE_CHECK(device == Device::cpu, "CUDA is not available: this binary was built without the CUDA backend");
+  std::memset(p, 0, bytes);
+}
+void device_synchronize() {}
+
+}  // namespace mere
+
+
+#endif

@@ -1,0 +1,192 @@
+// The Tensor-level CUDA ops behind ops.h: unpack tensors, pick the kernel,
+// check the launch. Prefill matmuls go through cuBLASLt here. A build without
+// the CUDA backend gets stubs (no tensor can be on the GPU there).
+#include "ops/cuda/cuda_ops.h"
+
+#ifdef MERE_HAVE_CUDA
+
+#include <cublasLt.h>
+
+#include <algorithm>
+
+#include "core/cuda_check.h"
+#include "ops/cuda/launchers.h"
+
+namespace mere::ops::cuda {
+namespace {
+
+using namespace mere::cuda;
+
+// The stream every op runs on. Blocking with respect to the legacy default
+// stream, so plain cudaMemcpy sees finished results.
+cudaStream_t stream() {
+  static cudaStream_t s = [] {
+    cudaStream_t created;
+    MERE_CUDA(cudaStreamCreateWithFlags(&created, cudaStreamDefault));
+    return created;
+  }();
+  return s;
+}
+
+#define MERE_CUBLAS(call)                                                                         \
+  do {                                                                                            \
+    cublasStatus_t mere_st_ = (call);                                                             \
+    if (mere_st_ != CUBLAS_STATUS_SUCCESS)                                                        \
+      ::mere::fail("cuBLASLt error {} in {} ({}:{})", int(mere_st_), #call, __FILE__, __LINE__); \
+  } while (0)
+
+cublasLtHandle_t lt_handle() {
+  static cublasLtHandle_t h = [] {
+    cublasLtHandle_t created;
+    MERE_CUBLAS(cublasLtCreate(&created));
+    return created;
+  }();
+  return h;
+}
+
+constexpr size_t kWorkspaceBytes = 32 << 20;
+void* lt_workspace() {
+  static void* p = device_alloc(kWorkspaceBytes);
+  return p;
+}
+
+cudaDataType_t cuda_type(DType dt) {
+  switch (dt) {
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: return CUDA_R_32F;
+  }
+}
+
+// Y[T, out] (row-major) = X[T, in] W[out, in]^T. Column-major, that is
+// Y^T[out, T] = op_T(W as [in, out]) x X as [in, T]. f32 accumulation; f32
+// weights use plain FP32 (no TF32) so they match the CPU reference.
+void gemm(const Tensor& x, const Tensor& w, Tensor& y) {
+  const int64_t T = x.dim(0), in = x.dim(1), n_out = w.dim(0);
+  cudaDataType_t ab = cuda_type(w.dtype());
+  cublasLtMatmulDesc_t desc;
+  MERE_CUBLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+  MERE_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
+  MERE_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof(no_trans)));
+  cublasLtMatrixLayout_t a, b, c;
+  MERE_CUBLAS(cublasLtMatrixLayoutCreate(&a, ab, in, n_out, in));
+  MERE_CUBLAS(cublasLtMatrixLayoutCreate(&b, ab, in, T, in));
+  MERE_CUBLAS(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, n_out, T, n_out));
+  cublasLtMatmulPreference_t pref;
+  MERE_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = kWorkspaceBytes;
+  MERE_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  cublasLtMatmulHeuristicResult_t heuristic;
+  int found = 0;
+  MERE_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc, a, b, c, c, pref, 1, &heuristic, &found));
+  MERE_CHECK(found > 0, "cuBLASLt found no algorithm for [{}, {}] x [{}, {}]^T", T, in, n_out, in);
+  float alpha = 1, beta = 0;
+  MERE_CUBLAS(cublasLtMatmul(lt_handle(), desc, &alpha, w.raw(), a, x.raw(), b, &beta, y.raw(), c, y.raw(), c,
+                             &heuristic.algo, lt_workspace(), ws, stream()));
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(a);
+  cublasLtMatrixLayoutDestroy(b);
+  cublasLtMatrixLayoutDestroy(c);
+  cublasLtMatmulDescDestroy(desc);
+}
+
+Tensor upload_ints(const std::vector<int32_t>& values) {
+  Tensor host = Tensor::empty({int64_t(values.size())}, DType::i32);
+  std::copy(values.begin(), values.end(), host.data<int32_t>());
+  return host.to_device(Device::cuda);
+}
+
+}  // namespace
+
+void embed(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) {
+  Tensor ids_dev = upload_ints(ids);
+  MERE_CUDA(launch_embed(table.raw(), table.dtype(), ids_dev.data<int32_t>(), int64_t(ids.size()), table.dim(1),
+                         out.data<float>(), stream()));
+}
+
+void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  int64_t d = x.dim(-1);
+  MERE_CUDA(launch_rms_norm(x.data<float>(), w.raw(), w.dtype(), out.data<float>(), x.numel() / d, d, eps, stream()));
+}
+
+void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
+  const int64_t T = x.dim(0), in = x.dim(1), n_out = w.dim(0);
+  MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
+             dtype_name(bias.dtype()));
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  const bool aligned = (in * int64_t(dtype_size(w.dtype()))) % 16 == 0 && reinterpret_cast<uintptr_t>(w.raw()) % 16 == 0;
+  if (T <= kMaxMatvecTokens && aligned) {
+    MERE_CUDA(launch_matvec(x.data<float>(), w.raw(), w.dtype(), b, out.data<float>(), T, in, n_out, stream()));
+    return;
+  }
+  Tensor xw = x;  // tensor cores take both operands in the weight's dtype
+  if (w.dtype() != DType::f32) {
+    xw = Tensor::empty(x.shape(), w.dtype(), Device::cuda);
+    MERE_CUDA(launch_convert(x.raw(), DType::f32, xw.raw(), w.dtype(), x.numel(), stream()));
+  }
+  gemm(xw, w, out);
+  if (b) MERE_CUDA(launch_add_bias(out.data<float>(), b, T, n_out, stream()));
+}
+
+void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  MERE_CUDA(launch_silu_mul(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel(), stream()));
+}
+
+void add_inplace(Tensor& h, const Tensor& x) {
+  MERE_CUDA(launch_add(h.data<float>(), x.data<float>(), h.numel(), stream()));
+}
+
+void convert(const Tensor& src, Tensor& dst) {
+  MERE_CUDA(launch_convert(src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel(), stream()));
+}
+
+void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table) {
+  RopeParams p{};
+  p.half = int(table.inv_freq.size());
+  MERE_CHECK(p.half <= kMaxRopeHalf, "rope (CUDA): rotary dim {} exceeds {}", 2 * p.half, 2 * kMaxRopeHalf);
+  std::copy(table.inv_freq.begin(), table.inv_freq.end(), p.inv_freq);
+  p.attention_factor = table.attention_factor;
+  p.interleaved = table.interleaved;
+  // Consecutive positions (every forward today) need no upload.
+  bool consecutive = true;
+  for (size_t t = 1; t < positions.size(); ++t) consecutive &= positions[t] == positions[0] + int32_t(t);
+  Tensor pos_dev = consecutive ? Tensor() : upload_ints(positions);
+  MERE_CUDA(launch_rope(x.data<float>(), consecutive ? nullptr : pos_dev.data<int32_t>(),
+                        positions.empty() ? 0 : positions[0], x.dim(0), x.dim(1), x.dim(2), p, stream()));
+}
+
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
+  const int T = int(q.dim(0)), n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
+  MERE_CHECK(head_dim <= kMaxAttentionHeadDim, "attention (CUDA): head_dim {} exceeds {}", head_dim,
+             kMaxAttentionHeadDim);
+  const int64_t splits = attention_splits(pos0 + T);
+  Tensor part_m = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
+  Tensor part_l = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
+  Tensor part_o = Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda);
+  MERE_CUDA(launch_attention(q.data<float>(), k.raw(), v.raw(), k.dtype(), part_m.data<float>(), part_l.data<float>(),
+                             part_o.data<float>(), out.data<float>(), T, n_heads, int(k.dim(1)), head_dim, pos0,
+                             scale, stream()));
+}
+
+}  // namespace mere::ops::cuda
+
+#else  // no CUDA backend: unreachable, since no tensor can live on the GPU
+
+namespace mere::ops::cuda {
+namespace {
+[[noreturn]] void no_cuda() { fail("this binary was built without the CUDA backend"); }
+}  // namespace
+
+void embed(const Tensor&, const std::vector<int32_t>&, Tensor&) { no_cuda(); }
+void rms_norm(const Tensor&, const Tensor&, float, Tensor&) { no_cuda(); }
+void linear(const Tensor&, const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
+void silu_mul(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
+void add_inplace(Tensor&, const Tensor&) { no_cuda(); }
+void rope(Tensor&, const std::vector<int32_t>&, const RopeTable&) { no_cuda(); }
+void attention(const Tensor&, const Tensor&, const Tensor&, int64_t, float, Tensor&) { no_cuda(); }
+void convert(const Tensor&, Tensor&) { no_cuda(); }
+
+}  // namespace mere::ops::cuda
+
+#endif

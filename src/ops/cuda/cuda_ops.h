@@ -1,0 +1,18 @@
+// The CUDA implementations behind ops.h. Arguments are already checked; every
+// launch goes on mere::cuda::stream() and is checked with MERE_CUDA_LAUNCHED.
+#pragma once
+
+#include "ops/ops.h"
+
+namespace mere::ops::cuda {
+
+void embed(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out);
+void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
+void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
+void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
+void add_inplace(Tensor& h, const Tensor& x);
+void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table);
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out);
+void convert(const Tensor& src, Tensor& dst);
+
+}  // namespace mere::ops::cuda

@@ -1,0 +1,59 @@
+// Elementwise kernels: one thread per element, grid-stride.
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/launchers.h"
+
+namespace mere::cuda {
+namespace {
+
+__global__ void silu_mul_kernel(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float g = gate[i];
+    out[i] = g / (1.0f + __expf(-g)) * up[i];
+  }
+}
+
+__global__ void add_kernel(float* h, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    h[i] += x[i];
+}
+
+__global__ void add_bias_kernel(float* y, const float* bias, int64_t rows, int64_t cols) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * cols; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += bias[i % cols];
+}
+
+template <typename Src, typename Dst>
+__global__ void convert_kernel(const Src* src, Dst* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = from_float<Dst>(to_float(src[i]));
+}
+
+}  // namespace
+
+cudaError_t launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
+  silu_mul_kernel<<<grid_for(n), 256, 0, stream>>>(gate, up, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add(float* h, const float* x, int64_t n, cudaStream_t stream) {
+  add_kernel<<<grid_for(n), 256, 0, stream>>>(h, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+  add_bias_kernel<<<grid_for(rows * cols), 256, 0, stream>>>(y, bias, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                           cudaStream_t stream) {
+  cudaError_t inner = cudaSuccess;
+  cudaError_t outer = visit_float(src_dtype, [&]<typename S>() {
+    inner = visit_float(dst_dtype, [&]<typename D>() {
+      convert_kernel<S, D><<<grid_for(n), 256, 0, stream>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
+    });
+  });
+  return inner != cudaSuccess ? inner : outer;
+}
+
+}  // namespace mere::cuda

@@ -1,0 +1,48 @@
+// Kernel launchers of the CUDA backend: raw pointers, sizes and a stream, no
+// Tensor and no {fmt} (nvcc compiles only the .cu files that define these).
+// Each returns the launch's cudaError_t; cuda_ops.cpp checks it.
+// Weight and cache element types are passed as DType (f32, f16 or bf16).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace mere::cuda {
+
+cudaError_t launch_embed(const void* table, DType table_dtype, const int32_t* ids, int64_t T, int64_t d, float* out,
+                         cudaStream_t stream);
+cudaError_t launch_rms_norm(const float* x, const void* w, DType w_dtype, float* y, int64_t rows, int64_t d,
+                            float eps, cudaStream_t stream);
+// y[T, out] = x[T, in] w[out, in]^T (+ bias[out]); T <= kMaxMatvecTokens, rows 16-byte aligned.
+constexpr int kMaxMatvecTokens = 8;
+cudaError_t launch_matvec(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t T,
+                          int64_t in, int64_t out, cudaStream_t stream);
+cudaError_t launch_add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+cudaError_t launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+cudaError_t launch_add(float* h, const float* x, int64_t n, cudaStream_t stream);
+cudaError_t launch_convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                           cudaStream_t stream);
+
+constexpr int kMaxRopeHalf = 256;  // head_dim up to 512
+struct RopeParams {
+  float inv_freq[kMaxRopeHalf];
+  float attention_factor;
+  int half;
+  bool interleaved;
+};
+// x [T, heads, head_dim]; positions may be null, then token t is at pos0 + t.
+cudaError_t launch_rope(float* x, const int32_t* positions, int32_t pos0, int64_t T, int64_t heads, int64_t head_dim,
+                        const RopeParams& params, cudaStream_t stream);
+
+// Split-K flash attention; the partial buffers hold T * n_heads * attention_splits(pos0 + T) entries
+// (times head_dim for part_o).
+int attention_splits(int64_t n_keys);
+constexpr int kMaxAttentionHeadDim = 256;
+cudaError_t launch_attention(const float* q, const void* k, const void* v, DType kv_dtype, float* part_m,
+                             float* part_l, float* part_o, float* out, int T, int n_heads, int n_kv_heads,
+                             int head_dim, int64_t pos0, float scale, cudaStream_t stream);
+
+}  // namespace mere::cuda
