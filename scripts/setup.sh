@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev
-          libpcre2-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev)
+          libpcre2-dev libicu-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
