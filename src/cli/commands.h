@@ -7,6 +7,8 @@ namespace mere {
 
 void add_tokenize_command(CLI::App& app);  // mere tokenize
 void add_text_commands(CLI::App& app);     // mere text generate
+void add_template_command(CLI::App& text); // mere text template
 void add_eval_commands(CLI::App& app);     // mere eval logits | ppl
+void add_bench_command(CLI::App& app);     // mere bench
 
 }  // namespace mere

@@ -39,6 +39,27 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
+void add_device_option(CLI::App& cmd, std::string& device) {
+  cmd.add_option("--device", device, "cpu, cuda, or auto: cuda when a GPU is present (default)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+}
+
+Device resolve_device(const std::string& flag) {
+  if (flag == "cpu") return Device::cpu;
+  if (flag == "cuda") {
+    MERE_CHECK(cuda_available(), "--device cuda: {}", cuda_device_description());
+    return Device::cuda;
+  }
+  return cuda_available() ? Device::cuda : Device::cpu;
+}
+
+std::vector<int64_t> parse_int_list(const std::string& text, const char* flag) {
+  std::vector<int64_t> out;
+  for (int32_t v : parse_ids(text)) out.push_back(v);
+  MERE_CHECK(!out.empty(), "{}: no values in '{}'", flag, text);
+  return out;
+}
+
 void add_threads_option(CLI::App& cmd, int& threads) {
   cmd.add_option("-t,--threads", threads, "CPU threads (default: one per hardware thread)")
       ->check(CLI::NonNegativeNumber);

@@ -15,7 +15,7 @@ namespace mere {
 namespace {
 
 struct LogitsFlags {
-  std::string model, ids, out;
+  std::string model, ids, out, device = "auto";
   int threads = 0;
 };
 
@@ -23,19 +23,19 @@ void run_logits(const LogitsFlags& f) {
   apply_threads(f.threads);
   std::vector<int32_t> ids = parse_ids(f.ids);
   MERE_CHECK(!ids.empty(), "--ids: no token ids given");
-  std::unique_ptr<Model> model = load_model(resolve_model_dir(f.model));
+  std::unique_ptr<Model> model = load_model(resolve_model_dir(f.model), resolve_device(f.device));
   for (int32_t id : ids)
     MERE_CHECK(id < model->info().vocab, "--ids: token id {} is outside the vocabulary of {}", id,
                model->info().vocab);
   auto state = model->make_state(int64_t(ids.size()));
-  Tensor logits = model->forward(ids, *state, /*all_logits=*/true);
+  Tensor logits = model->forward(ids, *state, /*all_logits=*/true).to_device(Device::cpu);
   write_npy(f.out, logits);
   std::fprintf(stderr, "wrote %s: float32 [%zu, %lld]\n", f.out.c_str(), ids.size(),
                (long long)model->info().vocab);
 }
 
 struct PplFlags {
-  std::string model, file;
+  std::string model, file, device = "auto";
   int64_t ctx = 512, stride = 0;
   int threads = 0;
   bool json = false;
@@ -48,7 +48,7 @@ void run_ppl(const PplFlags& f) {
   MERE_CHECK(in.good(), "{}: cannot open", f.file);
   std::stringstream text;
   text << in.rdbuf();
-  std::unique_ptr<Model> model = load_model(dir);
+  std::unique_ptr<Model> model = load_model(dir, resolve_device(f.device));
   Tokenizer tokenizer = Tokenizer::load(dir);
   std::vector<int32_t> ids = tokenizer.encode(text.str(), /*add_special_tokens=*/false);
   int64_t ctx = std::min<int64_t>(f.ctx, model->info().max_positions);
@@ -81,6 +81,7 @@ void add_eval_commands(CLI::App& app) {
   logits->add_option("--ids", lf->ids, "Token ids, e.g. 1,2,3")->required();
   logits->add_option("--out", lf->out, "Output .npy file; shape [n, vocab]")->required();
   add_threads_option(*logits, lf->threads);
+  add_device_option(*logits, lf->device);
   logits->callback([lf] { run_logits(*lf); });
 
   auto pf = std::make_shared<PplFlags>();
@@ -93,6 +94,7 @@ void add_eval_commands(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   ppl->add_flag("--json", pf->json, "Print the result as one JSON object");
   add_threads_option(*ppl, pf->threads);
+  add_device_option(*ppl, pf->device);
   ppl->callback([pf] { run_ppl(*pf); });
 }
 

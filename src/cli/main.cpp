@@ -9,8 +9,10 @@ int main(int argc, char** argv) {
   CLI::App app{"mere: run large language models from Hugging Face checkpoints, on the CPU or one NVIDIA GPU"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show the help of every subcommand");
+  mere::add_tokenize_command(app);
   mere::add_text_commands(app);
   mere::add_eval_commands(app);
+  mere::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -14,7 +14,7 @@ namespace mere {
 namespace {
 
 struct GenerateFlags {
-  std::string model, prompt;
+  std::string model, prompt, device = "auto";
   std::vector<std::string> stops;
   int max_new_tokens = 128, threads = 0;
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
@@ -41,7 +41,7 @@ SamplingParams sampling_from(const GenerateFlags& f, const GenerationConfig& g) 
 void run_generate(const GenerateFlags& f) {
   apply_threads(f.threads);
   auto dir = resolve_model_dir(f.model);
-  std::unique_ptr<Model> model = load_model(dir);
+  std::unique_ptr<Model> model = load_model(dir, resolve_device(f.device));
   Tokenizer tokenizer = Tokenizer::load(dir);
   GenerationConfig gen = GenerationConfig::load(dir);
 
@@ -75,6 +75,7 @@ void run_generate(const GenerateFlags& f) {
 void add_text_commands(CLI::App& app) {
   CLI::App* text = app.add_subcommand("text", "Generate text with a language model");
   text->require_subcommand(1);
+  add_template_command(*text);
   auto flags = std::make_shared<GenerateFlags>();
   CLI::App* gen = text->add_subcommand("generate", "Stream a continuation of a prompt to stdout");
   gen->add_option("-m,--model", flags->model, "Model directory (default: the embedded demo model)");
@@ -98,6 +99,7 @@ void add_text_commands(CLI::App& app) {
   gen->add_option("--stop", flags->stops, "Stop when this string appears (repeatable)");
   gen->add_flag("--no-echo", flags->no_echo, "Print only the continuation, not the prompt");
   add_threads_option(*gen, flags->threads);
+  add_device_option(*gen, flags->device);
   gen->callback([flags] { run_generate(*flags); });
 }
 

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "core/error.h"
 
@@ -28,21 +31,74 @@ std::string cuda_device_description() {
                      p.major, p.minor);
 }
 
+// A caching allocator: freed blocks wait in per-size free lists and are handed
+// out again, so a forward pass that allocates the same activations every step
+// never calls cudaMalloc/cudaFree (cudaFree synchronises the whole device).
+// Sizes round up to 512 bytes; when cudaMalloc fails the cache is released and
+// the allocation retried.
+namespace {
+
+struct BlockCache {
+  std::mutex mutex;
+  std::unordered_map<size_t, std::vector<void*>> free_blocks;
+  std::unordered_map<void*, size_t> sizes;  // every live or cached block
+  size_t cached_bytes = 0;
+
+  void release_cached() {
+    for (auto& [size, blocks] : free_blocks)
+      for (void* p : blocks) {
+        cudaFree(p);
+        sizes.erase(p);
+      }
+    free_blocks.clear();
+    cached_bytes = 0;
+  }
+};
+
+BlockCache& block_cache() {
+  static BlockCache* cache = new BlockCache;  // never destroyed: frees may come during exit
+  return *cache;
+}
+
+}  // namespace
+
 void* device_alloc(size_t bytes) {
+  const size_t size = std::max<size_t>((bytes + 511) / 512 * 512, 512);
+  BlockCache& cache = block_cache();
+  std::lock_guard lock(cache.mutex);
+  auto it = cache.free_blocks.find(size);
+  if (it != cache.free_blocks.end() && !it->second.empty()) {
+    void* p = it->second.back();
+    it->second.pop_back();
+    cache.cached_bytes -= size;
+    return p;
+  }
   void* p = nullptr;
-  cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 256));
+  cudaError_t err = cudaMalloc(&p, size);
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear it so later calls do not see it
+    cache.release_cached();
+    err = cudaMalloc(&p, size);
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();
     size_t free_bytes = 0, total = 0;
     cudaMemGetInfo(&free_bytes, &total);
     fail("out of GPU memory: cannot allocate {:.2f} GB ({:.2f} GB free of {:.2f} GB)", bytes / 1e9,
          free_bytes / 1e9, total / 1e9);
   }
+  cache.sizes[p] = size;
   return p;
 }
 
 void device_free(void* p) {
-  if (p) cudaFree(p);
+  if (!p) return;
+  BlockCache& cache = block_cache();
+  std::lock_guard lock(cache.mutex);
+  auto it = cache.sizes.find(p);
+  if (it == cache.sizes.end()) return;
+  cache.free_blocks[it->second].push_back(p);
+  cache.cached_bytes += it->second;
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {

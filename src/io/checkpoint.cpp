@@ -18,7 +18,8 @@ struct Checkpoint::Impl {
   std::vector<SafetensorsFile> files;
   struct Entry {
     TensorInfo info;
-    size_t file;  // index into `files`
+    size_t file;    // index into `files`; unused for in-memory tensors
+    Tensor memory;  // set for checkpoints made by from_tensors()
   };
   std::map<std::string, Entry> tensors;
   uint64_t size_bytes = 0;
@@ -34,7 +35,7 @@ struct Checkpoint::Impl {
 void Checkpoint::Impl::add_file(const fs::path& file) {
   SafetensorsFile f = SafetensorsFile::open(file);
   for (const SafetensorsEntry& e : f.entries()) {
-    auto [it, inserted] = tensors.try_emplace(e.name, Entry{{e.name, e.dtype, e.shape, file}, files.size()});
+    auto [it, inserted] = tensors.try_emplace(e.name, Entry{{e.name, e.dtype, e.shape, file}, files.size(), Tensor()});
     MERE_CHECK(inserted, "{}: tensor {} is in both {} and {}", path.string(), e.name,
                it->second.info.file.string(), file.string());
     size_bytes += e.size_bytes();
@@ -88,6 +89,18 @@ const Checkpoint::Impl::Entry& Checkpoint::Impl::find(const std::string& name) c
   fail("{}: missing tensor {}", path.string(), name);
 }
 
+Checkpoint Checkpoint::from_tensors(const std::string& name, std::map<std::string, Tensor> tensors) {
+  auto impl = std::make_shared<Impl>();
+  impl->path = name;
+  for (auto& [tensor_name, t] : tensors) {
+    impl->size_bytes += t.size_bytes();
+    impl->tensors.emplace(tensor_name, Impl::Entry{{tensor_name, t.dtype(), t.shape(), name}, 0, t});
+  }
+  Checkpoint c;
+  c.impl_ = std::move(impl);
+  return c;
+}
+
 Checkpoint Checkpoint::open(const fs::path& dir_or_file) {
   auto impl = std::make_shared<Impl>();
   impl->path = dir_or_file;
@@ -134,7 +147,7 @@ Tensor Checkpoint::get(const std::string& name, const Shape& expected, const std
   if (!expected.empty() && expected != e.info.shape)
     fail("{}: {} has shape {}, expected {}{}", e.info.file.string(), name, shape_str(e.info.shape),
          shape_str(expected), why.empty() ? std::string() : " (" + why + ")");
-  Tensor t = impl_->files[e.file].tensor(name);
+  Tensor t = e.memory.defined() ? e.memory : impl_->files[e.file].tensor(name);
   std::lock_guard lock(impl_->mu);
   impl_->used.insert(name);
   return t;

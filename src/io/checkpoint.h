@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,9 @@ class Checkpoint {
  public:
   // A directory (model.safetensors, else model.safetensors.index.json) or a .safetensors file.
   static Checkpoint open(const std::filesystem::path& dir_or_file);
+  // Tensors already in memory (CPU or GPU), e.g. random weights of a published
+  // shape for `mere bench --shape`; `name` stands for the file in messages.
+  static Checkpoint from_tensors(const std::string& name, std::map<std::string, Tensor> tensors);
 
   bool has(const std::string& name) const;
   // Error naming the checkpoint if absent.

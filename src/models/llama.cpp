@@ -46,6 +46,41 @@ LlamaConfig LlamaConfig::parse(const ConfigJson& c) {
   return k;
 }
 
+std::vector<std::pair<std::string, Shape>> LlamaConfig::tensor_shapes() const {
+  const int64_t q_dim = int64_t(n_heads) * head_dim, kv_dim = int64_t(n_kv_heads) * head_dim;
+  std::vector<std::pair<std::string, Shape>> out = {{"model.embed_tokens.weight", {vocab, d_model}},
+                                                    {"model.norm.weight", {d_model}}};
+  if (!tie_embeddings) out.push_back({"lm_head.weight", {vocab, d_model}});
+  for (int l = 0; l < n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    out.push_back({p + "input_layernorm.weight", {d_model}});
+    out.push_back({p + "post_attention_layernorm.weight", {d_model}});
+    out.push_back({p + "self_attn.q_proj.weight", {q_dim, d_model}});
+    out.push_back({p + "self_attn.k_proj.weight", {kv_dim, d_model}});
+    out.push_back({p + "self_attn.v_proj.weight", {kv_dim, d_model}});
+    out.push_back({p + "self_attn.o_proj.weight", {d_model, q_dim}});
+    if (attention_bias) {
+      out.push_back({p + "self_attn.q_proj.bias", {q_dim}});
+      out.push_back({p + "self_attn.k_proj.bias", {kv_dim}});
+      out.push_back({p + "self_attn.v_proj.bias", {kv_dim}});
+    }
+    if (o_bias) out.push_back({p + "self_attn.o_proj.bias", {d_model}});
+    if (qk_norm) {
+      out.push_back({p + "self_attn.q_norm.weight", {head_dim}});
+      out.push_back({p + "self_attn.k_norm.weight", {head_dim}});
+    }
+    out.push_back({p + "mlp.gate_proj.weight", {d_ff, d_model}});
+    out.push_back({p + "mlp.up_proj.weight", {d_ff, d_model}});
+    out.push_back({p + "mlp.down_proj.weight", {d_model, d_ff}});
+    if (mlp_bias) {
+      out.push_back({p + "mlp.gate_proj.bias", {d_ff}});
+      out.push_back({p + "mlp.up_proj.bias", {d_ff}});
+      out.push_back({p + "mlp.down_proj.bias", {d_model}});
+    }
+  }
+  return out;
+}
+
 Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device device)
     : cfg_(LlamaConfig::parse(config)), checkpoint_(checkpoint) {
   const LlamaConfig& k = cfg_;
@@ -106,6 +141,29 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   info_.max_positions = k.max_positions;
   info_.weight_bytes = checkpoint.size_bytes();
   for (const auto& name : checkpoint.names()) info_.n_params += shape_numel(checkpoint.info(name).shape);
+}
+
+uint64_t Llama::decode_bytes(int64_t context) const {
+  uint64_t bytes = tok_embed_.size_bytes() / uint64_t(cfg_.vocab) + final_norm_.size_bytes() + lm_head_.size_bytes();
+  for (const LlamaLayer& w : layers_)
+    for (const Tensor* t : {&w.attn_norm, &w.mlp_norm, &w.q, &w.k, &w.v, &w.o, &w.q_bias, &w.k_bias, &w.v_bias,
+                            &w.o_bias, &w.q_norm, &w.k_norm, &w.gate, &w.up, &w.down, &w.gate_bias, &w.up_bias,
+                            &w.down_bias})
+      if (t->defined()) bytes += t->size_bytes();
+  const uint64_t kv_elem_bytes = info_.device == Device::cpu ? 4 : 2;  // f32 on CPU, bf16 on CUDA
+  bytes += uint64_t(context) * 2 * uint64_t(cfg_.n_layers) * uint64_t(cfg_.n_kv_heads) * uint64_t(cfg_.head_dim) *
+           kv_elem_bytes;
+  return bytes;
+}
+
+double Llama::prefill_flops(int64_t T, int64_t context) const {
+  const double q_dim = double(cfg_.n_heads) * cfg_.head_dim, kv_dim = double(cfg_.n_kv_heads) * cfg_.head_dim;
+  const double per_token_matmul =
+      2.0 * cfg_.n_layers * (cfg_.d_model * (q_dim + 2 * kv_dim) + q_dim * cfg_.d_model + 3.0 * cfg_.d_model * cfg_.d_ff);
+  // Causal attention: each token scores and mixes context + its own position (q.k and p.v).
+  const double avg_keys = double(context) + double(T + 1) / 2;
+  const double attention = 4.0 * cfg_.n_layers * q_dim * avg_keys;
+  return T * (per_token_matmul + attention) + 2.0 * cfg_.d_model * double(cfg_.vocab);  // lm_head on the last token
 }
 
 std::unique_ptr<SeqState> Llama::make_state(int64_t capacity) const {

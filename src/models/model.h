@@ -31,6 +31,12 @@ class Model {
   // Runs `tokens` at positions state.length() .. +T-1 and advances the state.
   // Returns f32 logits [T, vocab] if all_logits, else [1, vocab] for the last token.
   virtual Tensor forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const = 0;
+
+  // The performance model: bytes one decoded token reads at `context` cached
+  // tokens (weights once, one embedding row, the K/V of every cached position),
+  // and the matmul FLOPs of a prefill of T tokens after `context` cached ones.
+  virtual uint64_t decode_bytes(int64_t context) const = 0;
+  virtual double prefill_flops(int64_t T, int64_t context) const = 0;
 };
 
 // Loads the checkpoint in `dir`, picking the family from config.json's model_type.

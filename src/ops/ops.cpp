@@ -114,6 +114,14 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0
   return out;
 }
 
+void fill_random(Tensor& t, uint64_t seed, float scale, float offset) {
+  MERE_CHECK(is_float(t.dtype()), "fill_random: {} is not a float dtype", dtype_name(t.dtype()));
+  switch (t.device()) {
+    case Device::cpu: cpu::fill_random(t, seed, scale, offset); break;
+    case Device::cuda: cuda::fill_random(t, seed, scale, offset); break;
+  }
+}
+
 void convert_into(const Tensor& src, Tensor& dst) {
   MERE_CHECK(src.numel() == dst.numel() && is_float(src.dtype()) && is_float(dst.dtype()),
              "convert_into: {} {} into {} {}", dtype_name(src.dtype()), shape_str(src.shape()),

@@ -44,6 +44,10 @@ void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& tab
 // q [T, n_heads, head_dim]; k, v [>= pos0+T, n_kv_heads, head_dim] -> [T, n_heads, head_dim].
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale);
 
+// Fills t (f32/f16/bf16, CPU or GPU) with offset + scale * u, u uniform in [-1, 1),
+// from a counter-based hash of (seed, index): the same values on every device.
+void fill_random(Tensor& t, uint64_t seed, float scale, float offset = 0.0f);
+
 // dst = src converted to dst's float dtype; same element count, same device.
 void convert_into(const Tensor& src, Tensor& dst);
 

@@ -141,6 +141,10 @@ void convert(const Tensor& src, Tensor& dst) {
   MERE_CUDA(launch_convert(src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel(), stream()));
 }
 
+void fill_random(Tensor& t, uint64_t seed, float scale, float offset) {
+  MERE_CUDA(launch_fill_random(t.raw(), t.dtype(), t.numel(), seed, scale, offset, stream()));
+}
+
 void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table) {
   RopeParams p{};
   p.half = int(table.inv_freq.size());
@@ -186,6 +190,7 @@ void add_inplace(Tensor&, const Tensor&) { no_cuda(); }
 void rope(Tensor&, const std::vector<int32_t>&, const RopeTable&) { no_cuda(); }
 void attention(const Tensor&, const Tensor&, const Tensor&, int64_t, float, Tensor&) { no_cuda(); }
 void convert(const Tensor&, Tensor&) { no_cuda(); }
+void fill_random(Tensor&, uint64_t, float, float) { no_cuda(); }
 
 }  // namespace mere::ops::cuda
 

@@ -14,5 +14,6 @@ void add_inplace(Tensor& h, const Tensor& x);
 void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out);
 void convert(const Tensor& src, Tensor& dst);
+void fill_random(Tensor& t, uint64_t seed, float scale, float offset);
 
 }  // namespace mere::ops::cuda

@@ -57,3 +57,25 @@ cudaError_t launch_convert(const void* src, DType src_dtype, void* dst, DType ds
 }
 
 }  // namespace mere::cuda
+
+#include "ops/random_hash.h"
+
+namespace mere::cuda {
+namespace {
+
+template <typename T>
+__global__ void fill_random_kernel(T* dst, int64_t n, uint64_t seed, float scale, float offset) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = from_float<T>(offset + scale * ops::random_uniform_pm1(seed, uint64_t(i)));
+}
+
+}  // namespace
+
+cudaError_t launch_fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float scale, float offset,
+                               cudaStream_t stream) {
+  return visit_float(dtype, [&]<typename T>() {
+    fill_random_kernel<T><<<grid_for(n), 256, 0, stream>>>(static_cast<T*>(dst), n, seed, scale, offset);
+  });
+}
+
+}  // namespace mere::cuda

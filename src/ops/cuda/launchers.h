@@ -26,6 +26,9 @@ cudaError_t launch_add(float* h, const float* x, int64_t n, cudaStream_t stream)
 cudaError_t launch_convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
                            cudaStream_t stream);
 
+cudaError_t launch_fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float scale, float offset,
+                               cudaStream_t stream);
+
 constexpr int kMaxRopeHalf = 256;  // head_dim up to 512
 struct RopeParams {
   float inv_freq[kMaxRopeHalf];

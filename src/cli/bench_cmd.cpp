@@ -1,0 +1,109 @@
+// mere bench: llama-bench style throughput rows, each against its roofline.
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <ctime>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "engine/bench.h"
+#include "models/model.h"
+#include "models/shapes.h"
+
+namespace mere {
+namespace {
+
+struct BenchFlags {
+  std::string model, shape, prompt = "512", gen = "128", depth = "0", device = "auto";
+  int reps = 5, threads = 0;
+  bool json = false, calibrate = false;
+  double bandwidth = 0, matmul_rate = 0;
+};
+
+void run_bench(const BenchFlags& f) {
+  apply_threads(f.threads);
+  Device device = resolve_device(f.device);
+  Ceilings ceilings;
+  if (device == Device::cpu) ceilings = Ceilings{0, 0, false};  // the defaults are the H200's; no CPU ceiling known
+  if (f.calibrate) {
+    ceilings = calibrate(device);
+    std::fprintf(stderr, "calibrated %s: copy %.3f TB/s, bf16 matmul %.1f TFLOP/s\n",
+                 cuda_device_description().c_str(), ceilings.copy_bytes_per_s / 1e12,
+                 ceilings.matmul_flop_per_s / 1e12);
+  }
+  if (f.bandwidth > 0) ceilings.copy_bytes_per_s = f.bandwidth;
+  if (f.matmul_rate > 0) ceilings.matmul_flop_per_s = f.matmul_rate;
+  if (f.shape.empty() && f.model.empty() && f.calibrate) return;
+
+  MERE_CHECK(f.shape.empty() || f.model.empty(), "give either -m or --shape, not both");
+  std::unique_ptr<Model> model;
+  std::string name;
+  if (!f.shape.empty()) {
+    model = random_model(f.shape, device);
+    name = f.shape + " (random)";
+  } else {
+    auto dir = resolve_model_dir(f.model);
+    model = load_model(dir, device);
+    name = dir.filename().string();
+  }
+  const ModelInfo& info = model->info();
+  const char* backend = device == Device::cuda ? "cuda" : "cpu";
+
+  std::vector<BenchRow> rows;
+  for (int64_t d : parse_int_list(f.depth, "-d")) {
+    for (int64_t p : parse_int_list(f.prompt, "-p"))
+      if (p > 0) rows.push_back(bench_prefill(*model, p, d, f.reps, ceilings));
+    for (int64_t n : parse_int_list(f.gen, "-n"))
+      if (n > 0) rows.push_back(bench_decode(*model, n, d, f.reps, ceilings));
+  }
+
+  if (f.json) {
+    nlohmann::json out = {{"model", name},
+                          {"backend", backend},
+                          {"device", device == Device::cuda ? cuda_device_description() : "cpu"},
+                          {"params", info.n_params},
+                          {"weight_bytes", info.weight_bytes},
+                          {"copy_bytes_per_s", ceilings.copy_bytes_per_s},
+                          {"matmul_flop_per_s", ceilings.matmul_flop_per_s},
+                          {"calibrated", ceilings.calibrated},
+                          {"rows", nlohmann::json::array()}};
+    for (const BenchRow& r : rows)
+      out["rows"].push_back({{"test", r.test}, {"tok_s", r.tok_s}, {"mean_tok_s", r.mean_tok_s},
+                             {"sd_tok_s", r.sd_tok_s}, {"ttft_ms", r.ttft_ms}, {"roofline_tok_s", r.roofline_tok_s},
+                             {"fraction", r.fraction}, {"bytes_per_token", r.bytes_per_token}, {"flops", r.flops}});
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  std::printf("| model | size | params | backend | test | t/s | ttft ms | roofline t/s | fraction |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (const BenchRow& r : rows)
+    std::printf("| %s | %.2f GB | %.2f B | %s | %s | %.1f ± %.1f | %s | %s | %s |\n", name.c_str(),
+                info.weight_bytes / 1e9, info.n_params / 1e9, backend, r.test.c_str(), r.mean_tok_s, r.sd_tok_s,
+                r.prefill ? fmt::format("{:.1f}", r.ttft_ms).c_str() : "",
+                r.roofline_tok_s > 0 ? fmt::format("{:.0f}", r.roofline_tok_s).c_str() : "-",
+                r.roofline_tok_s > 0
+                    ? fmt::format("{:.3f}{}", r.fraction, r.prefill ? " of matmul peak" : " of bandwidth").c_str()
+                    : "- (no ceiling for this device; pass --bandwidth)");
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto f = std::make_shared<BenchFlags>();
+  CLI::App* cmd = app.add_subcommand("bench", "Measure prefill and decode throughput against the roofline");
+  cmd->add_option("-m,--model", f->model, "Model directory");
+  cmd->add_option("--shape", f->shape, "A published shape with random weights: llama3-8b, qwen3-8b, qwen3-0.6b");
+  cmd->add_option("-p,--prompt-tokens", f->prompt, "Prefill lengths, comma-separated (pp rows; 0: none)");
+  cmd->add_option("-n,--gen-tokens", f->gen, "Decode lengths, comma-separated (tg rows; 0: none)");
+  cmd->add_option("-d,--depth", f->depth, "Tokens already in the cache, comma-separated");
+  cmd->add_option("-r,--reps", f->reps, "Repetitions per row, after one warm-up")->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", f->json, "Print the rows as JSON");
+  cmd->add_flag("--calibrate", f->calibrate, "Measure this GPU's copy bandwidth and bf16 matmul rate first");
+  cmd->add_option("--bandwidth", f->bandwidth, "Copy bandwidth in bytes/s for the roofline (default: H200, 4.255e12)");
+  cmd->add_option("--matmul-rate", f->matmul_rate, "bf16 matmul rate in FLOP/s (default: H200, 770e12)");
+  add_device_option(*cmd, f->device);
+  add_threads_option(*cmd, f->threads);
+  cmd->callback([f] { run_bench(*f); });
+}
+
+}  // namespace mere

@@ -1,0 +1,145 @@
+#include "engine/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "ops/ops.h"
+#include "sampling/sampler.h"
+
+namespace mere {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t counter[4] = {uint32_t(i), 0, 0, 0}, out[4];
+    philox4x32(counter, seed, out);
+    ids[size_t(i)] = int32_t(out[0] % uint32_t(vocab));
+  }
+  return ids;
+}
+
+void finish(BenchRow& row) {
+  double n = double(row.tok_s.size());
+  row.mean_tok_s = std::accumulate(row.tok_s.begin(), row.tok_s.end(), 0.0) / n;
+  double var = 0;
+  for (double v : row.tok_s) var += (v - row.mean_tok_s) * (v - row.mean_tok_s);
+  row.sd_tok_s = n > 1 ? std::sqrt(var / (n - 1)) : 0;
+  row.fraction = row.roofline_tok_s > 0 ? row.mean_tok_s / row.roofline_tok_s : 0;
+}
+
+std::string label(const char* kind, int64_t tokens, int64_t depth) {
+  return std::string(kind) + std::to_string(tokens) + (depth ? " @ d" + std::to_string(depth) : "");
+}
+
+// A state holding `depth` cached tokens, with room for `extra` more.
+std::unique_ptr<SeqState> state_at_depth(const Model& model, int64_t depth, int64_t extra) {
+  auto state = model.make_state(depth + extra + 1);
+  for (int64_t done = 0; done < depth;) {  // in chunks, so deep contexts do not need one huge activation
+    int64_t n = std::min<int64_t>(2048, depth - done);
+    model.forward(random_ids(n, model.info().vocab, 7 + uint64_t(done)), *state, false);
+    done += n;
+  }
+  return state;
+}
+
+}  // namespace
+
+Ceilings calibrate(Device device) {
+  MERE_CHECK(device == Device::cuda, "--calibrate measures a GPU; there is none here ({})", cuda_device_description());
+  Ceilings c;
+  c.calibrated = true;
+  // Copy bandwidth: a 4 GB device-to-device copy counts 8 GB moved.
+  const size_t bytes = size_t(4) << 30;
+  Tensor a = Tensor::empty({int64_t(bytes / 2)}, DType::bf16, device), b = Tensor::empty({int64_t(bytes / 2)}, DType::bf16, device);
+  ops::fill_random(a, 1, 1.0f);
+  std::vector<double> rates;
+  for (int i = 0; i < 6; ++i) {
+    device_synchronize();
+    auto t0 = Clock::now();
+    copy_bytes(b.raw(), device, a.raw(), device, bytes);
+    device_synchronize();
+    if (i > 0) rates.push_back(2.0 * double(bytes) / seconds_since(t0));
+  }
+  std::sort(rates.begin(), rates.end());
+  c.copy_bytes_per_s = rates[rates.size() / 2];
+  // Matmul rate: ops::linear at 8192^3 with bf16 weights (random, never zeros).
+  const int64_t n = 8192;
+  Tensor x = Tensor::empty({n, n}, DType::f32, device), w = Tensor::empty({n, n}, DType::bf16, device);
+  ops::fill_random(x, 2, 1.0f);
+  ops::fill_random(w, 3, 1.0f);
+  rates.clear();
+  for (int i = 0; i < 6; ++i) {
+    device_synchronize();
+    auto t0 = Clock::now();
+    Tensor y = ops::linear(x, w);
+    device_synchronize();
+    if (i > 0) rates.push_back(2.0 * double(n) * double(n) * double(n) / seconds_since(t0));
+  }
+  std::sort(rates.begin(), rates.end());
+  c.matmul_flop_per_s = rates[rates.size() / 2];
+  return c;
+}
+
+BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings) {
+  BenchRow row;
+  row.test = label("pp", tokens, depth);
+  row.tokens = tokens;
+  row.depth = depth;
+  row.prefill = true;
+  row.flops = model.prefill_flops(tokens, depth);
+  row.roofline_tok_s = ceilings.matmul_flop_per_s / (row.flops / double(tokens));
+  std::vector<int32_t> ids = random_ids(tokens, model.info().vocab, 11);
+  std::vector<double> ttft;
+  Sampler greedy(SamplingParams{.temperature = 0});
+  for (int r = -1; r < reps; ++r) {  // r = -1 warms up
+    auto state = state_at_depth(model, depth, tokens);
+    device_synchronize();
+    auto t0 = Clock::now();
+    Tensor logits = model.forward(ids, *state, false);
+    device_synchronize();
+    double prefill_s = seconds_since(t0);
+    Tensor host = logits.to_device(Device::cpu);
+    greedy.sample(host.data<float>(), model.info().vocab, {});
+    if (r < 0) continue;
+    row.tok_s.push_back(double(tokens) / prefill_s);
+    ttft.push_back(seconds_since(t0) * 1e3);
+  }
+  std::sort(ttft.begin(), ttft.end());
+  row.ttft_ms = ttft[ttft.size() / 2];
+  finish(row);
+  return row;
+}
+
+BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings) {
+  BenchRow row;
+  row.test = label("tg", tokens, depth);
+  row.tokens = tokens;
+  row.depth = depth;
+  // The mean context over the run decides the K/V bytes.
+  row.bytes_per_token = double(model.decode_bytes(depth + tokens / 2));
+  row.roofline_tok_s = ceilings.copy_bytes_per_s / row.bytes_per_token;
+  Sampler greedy(SamplingParams{.temperature = 0});
+  for (int r = -1; r < reps; ++r) {
+    auto state = state_at_depth(model, depth, tokens + 1);
+    Tensor logits = model.forward({1}, *state, false).to_device(Device::cpu);
+    int32_t id = greedy.sample(logits.data<float>(), model.info().vocab, {});
+    auto t0 = Clock::now();
+    for (int64_t i = 0; i < tokens; ++i) {
+      logits = model.forward({id}, *state, false).to_device(Device::cpu);
+      id = greedy.sample(logits.data<float>(), model.info().vocab, {});
+    }
+    double s = seconds_since(t0);
+    if (r >= 0) row.tok_s.push_back(double(tokens) / s);
+  }
+  finish(row);
+  return row;
+}
+
+}  // namespace mere

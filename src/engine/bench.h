@@ -1,0 +1,39 @@
+// `mere bench`: prefill and decode throughput of a model, llama-bench style,
+// with each figure set against its roofline (bytes over bandwidth for decode,
+// FLOPs over the matmul rate for prefill).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+
+namespace mere {
+
+struct Ceilings {
+  double copy_bytes_per_s = 4.255e12;  // H200, a large device copy (read + write), measured
+  double matmul_flop_per_s = 770e12;   // H200, bf16 8192^3 on random data, measured
+  bool calibrated = false;
+};
+
+// Measures this device's copy bandwidth and bf16 matmul rate (GPU only).
+Ceilings calibrate(Device device);
+
+struct BenchRow {
+  std::string test;          // "pp512", "tg128", "tg128 @ d8192"
+  int64_t tokens = 0, depth = 0;
+  bool prefill = false;
+  std::vector<double> tok_s; // one per repetition
+  double mean_tok_s = 0, sd_tok_s = 0;
+  double ttft_ms = 0;        // prefill rows: prefill plus the first sample, median
+  double roofline_tok_s = 0; // what the ceiling allows
+  double fraction = 0;       // mean over roofline
+  double bytes_per_token = 0, flops = 0;
+};
+
+// One prefill of `tokens` after `depth` cached tokens, `reps` times after a warm-up.
+BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings);
+// `tokens` decode steps (forward, logits to the host, greedy pick) after `depth` cached tokens.
+BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings);
+
+}  // namespace mere

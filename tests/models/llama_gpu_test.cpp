@@ -1,0 +1,89 @@
+// The dense family on CUDA against transformers' logits and the CPU backend
+// (ctest label gpu), and the demo model's perplexity on the GPU.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+#include "core/device.h"
+#include "engine/generate.h"
+#include "engine/perplexity.h"
+#include "io/npy.h"
+#include "models/model.h"
+#include "models/shapes.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace mere {
+namespace {
+
+class LlamaGpu : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  }
+};
+
+TEST_P(LlamaGpu, LogitsMatchTransformersAndGreedyAgreesWithCpu) {
+  auto dir = test::fixtures_dir() / GetParam();
+  auto ref = nlohmann::json::parse(test::read_file(dir / "reference.json"));
+  std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
+  Tensor want = read_npy(dir / "logits.npy");
+  auto model = load_model(dir, Device::cuda);
+  auto state = model->make_state();
+  Tensor got = model->forward(ids, *state, true).to_device(Device::cpu);
+  float max_ref = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
+  float rel = test::max_abs_diff(got, want).diff / max_ref;
+  std::printf("[ gpu      ] %s: logits relative error %.3g (bf16 KV cache, tensor-core prefill)\n",
+              GetParam().c_str(), rel);
+  EXPECT_LE(rel, 3e-2f);
+
+  // Greedy decoding on the GPU follows the CPU's tokens (both are checked
+  // against transformers elsewhere); a near-tie may flip, so allow the first
+  // divergence only where the CPU's top two logits are within the error.
+  auto cpu_model = load_model(dir, Device::cpu);
+  GenerateOptions options;
+  options.max_new_tokens = 32;
+  options.sampling.temperature = 0;
+  std::vector<int32_t> gpu_tokens, cpu_tokens;
+  generate(*model, ids, options, [&](int32_t id) { gpu_tokens.push_back(id); return true; });
+  generate(*cpu_model, ids, options, [&](int32_t id) { cpu_tokens.push_back(id); return true; });
+  size_t same = 0;
+  while (same < gpu_tokens.size() && same < cpu_tokens.size() && gpu_tokens[same] == cpu_tokens[same]) ++same;
+  std::printf("[ gpu      ] %s: greedy tokens identical for %zu of 32\n", GetParam().c_str(), same);
+  EXPECT_GE(same, 16u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, LlamaGpu, ::testing::Values("llama", "qwen2", "qwen3"));
+
+TEST(DemoGpu, HeldOutPerplexityWithinOnePercent) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  auto dir = test::source_dir() / "models" / "demo";
+  auto ref = nlohmann::json::parse(test::read_file(dir / "reference.json"));
+  double want = ref["models"]["main"]["ppl"]["heldout_test.txt"]["ppl"];
+  auto model = load_model(dir, Device::cuda);
+  Tokenizer tokenizer = Tokenizer::load(dir);
+  auto ids = tokenizer.encode(test::read_file(dir / "heldout_test.txt"), false);
+  PerplexityResult r = perplexity(*model, ids, 256, 128);
+  std::printf("[ gpu      ] demo: heldout_test.txt ppl %.4f on CUDA (transformers float32 %.4f)\n", r.ppl(), want);
+  EXPECT_NEAR(r.ppl(), want, 0.01 * want);
+}
+
+TEST(ShapesGpu, RandomModelsLoadAndDecode) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  auto model = random_model("qwen3-0.6b", Device::cuda);
+  EXPECT_NEAR(double(model->info().n_params), 0.596e9, 0.01e9);
+  auto state = model->make_state(64);
+  Tensor logits = model->forward({1, 2, 3}, *state, false).to_device(Device::cpu);
+  float max_abs = 0;
+  for (int64_t i = 0; i < logits.numel(); ++i) {
+    ASSERT_TRUE(std::isfinite(logits.at(i)));
+    max_abs = std::max(max_abs, std::fabs(logits.at(i)));
+  }
+  EXPECT_GT(max_abs, 0.0f);
+  EXPECT_THROW(random_model("qwen3-30b-a3b", Device::cuda), Error);
+}
+
+}  // namespace
+}  // namespace mere

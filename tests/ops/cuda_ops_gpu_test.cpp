@@ -1,0 +1,131 @@
+// Every CUDA op against the CPU reference on seeded random inputs of awkward
+// shapes (ctest label gpu). Errors are measured relative to the largest
+// reference magnitude, with tolerances from the dtype of the arithmetic.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/device.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace mere {
+namespace {
+
+Tensor random(Shape shape, DType dt, uint64_t seed, float scale = 1.0f, float offset = 0.0f) {
+  Tensor t = Tensor::empty(std::move(shape), dt);
+  ops::fill_random(t, seed, scale, offset);
+  return t;
+}
+
+Tensor gpu(const Tensor& t) { return t.to_device(Device::cuda); }
+
+// max |got - want| / max |want|, printed with the case.
+float relative_error(const Tensor& got_device, const Tensor& want, const std::string& label) {
+  Tensor got = got_device.to_device(Device::cpu);
+  EXPECT_EQ(got.shape(), want.shape()) << label;
+  float max_ref = 1e-30f;
+  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
+  test::MaxDiff d = test::max_abs_diff(got, want);
+  float rel = d.diff / max_ref;
+  std::printf("[ gpu      ] %-48s rel err %.2e\n", label.c_str(), rel);
+  return rel;
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  }
+};
+
+TEST_F(CudaOps, RandomFillMatchesCpuBitForBit) {
+  Tensor cpu = random({1000, 37}, DType::bf16, 5);
+  Tensor dev = Tensor::empty({1000, 37}, DType::bf16, Device::cuda);
+  ops::fill_random(dev, 5, 1.0f);
+  EXPECT_EQ(test::max_abs_diff(dev.to_device(Device::cpu), cpu).diff, 0.0f);
+}
+
+TEST_F(CudaOps, RmsNorm) {
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 64}, {7, 4096}, {33, 5120}, {2, 129}})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      Tensor x = random({rows, cols}, DType::f32, uint64_t(rows * cols)), w = random({cols}, dt, 9, 0.2f, 1.0f);
+      Tensor want = ops::rms_norm(x, w, 1e-6f);
+      EXPECT_LE(relative_error(ops::rms_norm(gpu(x), gpu(w), 1e-6f), want,
+                               fmt::format("rms_norm {}x{} {}", rows, cols, dtype_name(dt))), 1e-5f);
+    }
+}
+
+TEST_F(CudaOps, LinearMatvecAndGemm) {
+  struct Case { int64_t T, in, out; };
+  for (Case c : {Case{1, 4096, 4096}, Case{3, 512, 1000}, Case{8, 1024, 96}, Case{9, 256, 320}, Case{64, 384, 1024},
+                 Case{1, 129, 77}, Case{24, 64, 512}})
+    for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+      Tensor x = random({c.T, c.in}, DType::f32, 3), w = random({c.out, c.in}, dt, 4, 1.0f / std::sqrt(float(c.in)));
+      Tensor b = random({c.out}, DType::f32, 6, 0.1f);
+      Tensor want = ops::linear(x, w, b);
+      // The matvec accumulates the same f32 products; the tensor-core GEMM rounds
+      // activations to the weight dtype first (bf16: 8 bits of mantissa).
+      bool gemm = c.T > 8 || (c.in * int64_t(dtype_size(dt))) % 16 != 0;
+      float tol = !gemm || dt == DType::f32 ? 1e-4f : dt == DType::f16 ? 3e-3f : 2e-2f;
+      EXPECT_LE(relative_error(ops::linear(gpu(x), gpu(w), gpu(b)), want,
+                               fmt::format("linear T={} {}x{} {}{}", c.T, c.out, c.in, dtype_name(dt),
+                                           gemm ? " gemm" : " matvec")), tol);
+    }
+}
+
+TEST_F(CudaOps, ElementwiseEmbedAndConvert) {
+  Tensor g = random({5, 333}, DType::f32, 1, 4.0f), u = random({5, 333}, DType::f32, 2);
+  EXPECT_LE(relative_error(ops::silu_mul(gpu(g), gpu(u)), ops::silu_mul(g, u), "silu_mul"), 1e-6f);
+  Tensor h = random({5, 333}, DType::f32, 3), hd = gpu(h);
+  ops::add_inplace(hd, gpu(u));
+  ops::add_inplace(h, u);
+  EXPECT_LE(relative_error(hd, h, "add_inplace"), 1e-7f);
+  Tensor table = random({100, 96}, DType::bf16, 4);
+  std::vector<int32_t> ids = {5, 99, 0, 5};
+  EXPECT_EQ(relative_error(ops::embed(gpu(table), ids), ops::embed(table, ids), "embed bf16"), 0.0f);
+  Tensor dst = Tensor::empty({5, 333}, DType::bf16, Device::cuda), dst_cpu = Tensor::empty({5, 333}, DType::bf16);
+  ops::convert_into(gpu(g), dst);
+  ops::convert_into(g, dst_cpu);
+  EXPECT_EQ(relative_error(dst, dst_cpu, "convert f32 -> bf16"), 0.0f);
+}
+
+TEST_F(CudaOps, Rope) {
+  for (bool interleaved : {false, true})
+    for (int head_dim : {16, 64, 128}) {
+      ops::RopeTable table;
+      for (int i = 0; i < head_dim / 2; ++i) table.inv_freq.push_back(std::pow(10000.0f, -2.0f * i / head_dim));
+      table.attention_factor = 1.1f;
+      table.interleaved = interleaved;
+      Tensor x = random({5, 3, head_dim}, DType::f32, uint64_t(head_dim));
+      Tensor xd = gpu(x);
+      for (std::vector<int32_t> pos : {std::vector<int32_t>{1000, 1001, 1002, 1003, 1004}, std::vector<int32_t>{7, 3, 90, 4095, 0}}) {
+        Tensor want = x.clone(), got = xd.clone();
+        ops::rope(want, pos, table);
+        ops::rope(got, pos, table);
+        EXPECT_LE(relative_error(got, want, fmt::format("rope d={} {}", head_dim, interleaved ? "interleaved" : "half")),
+                  2e-5f);
+      }
+    }
+}
+
+TEST_F(CudaOps, AttentionDecodeAndPrefillWithGqa) {
+  struct Case { int64_t T, pos0, heads, kv_heads, head_dim; };
+  for (Case c : {Case{1, 0, 8, 2, 64}, Case{1, 300, 32, 8, 128}, Case{1, 4100, 16, 4, 128}, Case{17, 0, 4, 1, 32},
+                 Case{24, 100, 4, 2, 16}, Case{3, 600, 6, 2, 256}})
+    for (DType kv : {DType::f32, DType::bf16}) {
+      int64_t S = c.pos0 + c.T;
+      Tensor q = random({c.T, c.heads, c.head_dim}, DType::f32, 1);
+      // The CPU reference reads the same values the GPU cache holds (bf16 rounded).
+      Tensor k = random({S, c.kv_heads, c.head_dim}, kv, 2), v = random({S, c.kv_heads, c.head_dim}, kv, 3);
+      float scale = 1.0f / std::sqrt(float(c.head_dim));
+      Tensor want = ops::attention(q, k.to(DType::f32), v.to(DType::f32), c.pos0, scale);
+      EXPECT_LE(relative_error(ops::attention(gpu(q), gpu(k), gpu(v), c.pos0, scale), want,
+                               fmt::format("attention T={} pos0={} {}/{}x{} kv {}", c.T, c.pos0, c.heads, c.kv_heads,
+                                           c.head_dim, dtype_name(kv))),
+                1e-4f);
+    }
+}
+
+}  // namespace
+}  // namespace mere
