@@ -20,9 +20,9 @@ for what in "${@:-tests bench}"; do
     bench)
       m="$root/.devrun/mere"
       "$m" bench --calibrate --device cuda 2>&1 | tee "$out/bench.log"
-      "$m" bench --device cuda --shape llama3-8b -p 512,4096 -n 128 -d 0,8192 -r 3 2>&1 | tee -a "$out/bench.log"
-      "$m" bench --device cuda --shape qwen3-8b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/bench.log"
-      "$m" bench --device cuda --shape qwen3-0.6b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/bench.log"
-      "$m" bench --device cuda -p 256 -n 128 -r 3 2>&1 | tee -a "$out/bench.log" ;;
+      "$m" bench --device cuda --baseline --shape llama3-8b -p 512,4096 -n 128 -d 0,8192 -r 3 2>&1 | tee -a "$out/bench.log"
+      "$m" bench --device cuda --baseline --shape qwen3-8b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/bench.log"
+      "$m" bench --device cuda --baseline --shape qwen3-0.6b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/bench.log"
+      "$m" bench --device cuda --baseline -p 256 -n 128 -r 3 2>&1 | tee -a "$out/bench.log" ;;
   esac
 done

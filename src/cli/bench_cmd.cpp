@@ -16,7 +16,7 @@ namespace {
 struct BenchFlags {
   std::string model, shape, prompt = "512", gen = "128", depth = "0", device = "auto";
   int reps = 5, threads = 0;
-  bool json = false, calibrate = false;
+  bool json = false, calibrate = false, baseline = false;
   double bandwidth = 0, matmul_rate = 0;
 };
 
@@ -53,8 +53,12 @@ void run_bench(const BenchFlags& f) {
   for (int64_t d : parse_int_list(f.depth, "-d")) {
     for (int64_t p : parse_int_list(f.prompt, "-p"))
       if (p > 0) rows.push_back(bench_prefill(*model, p, d, f.reps, ceilings));
-    for (int64_t n : parse_int_list(f.gen, "-n"))
-      if (n > 0) rows.push_back(bench_decode(*model, n, d, f.reps, ceilings));
+    for (int64_t n : parse_int_list(f.gen, "-n")) {
+      if (n <= 0) continue;
+      Levers levers = Levers::from_env();
+      rows.push_back(bench_decode(*model, n, d, f.reps, ceilings, levers));
+      if (f.baseline) rows.push_back(bench_decode(*model, n, d, f.reps, ceilings, Levers{.cuda_graphs = false}));
+    }
   }
 
   if (f.json) {
@@ -68,17 +72,18 @@ void run_bench(const BenchFlags& f) {
                           {"calibrated", ceilings.calibrated},
                           {"rows", nlohmann::json::array()}};
     for (const BenchRow& r : rows)
-      out["rows"].push_back({{"test", r.test}, {"tok_s", r.tok_s}, {"mean_tok_s", r.mean_tok_s},
+      out["rows"].push_back({{"test", r.test}, {"levers", r.levers}, {"tok_s", r.tok_s}, {"mean_tok_s", r.mean_tok_s},
                              {"sd_tok_s", r.sd_tok_s}, {"ttft_ms", r.ttft_ms}, {"roofline_tok_s", r.roofline_tok_s},
                              {"fraction", r.fraction}, {"bytes_per_token", r.bytes_per_token}, {"flops", r.flops}});
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
-  std::printf("| model | size | params | backend | test | t/s | ttft ms | roofline t/s | fraction |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| model | size | params | backend | test | levers | t/s | ttft ms | roofline t/s | fraction |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BenchRow& r : rows)
-    std::printf("| %s | %.2f GB | %.2f B | %s | %s | %.1f ± %.1f | %s | %s | %s |\n", name.c_str(),
-                info.weight_bytes / 1e9, info.n_params / 1e9, backend, r.test.c_str(), r.mean_tok_s, r.sd_tok_s,
+    std::printf("| %s | %.2f GB | %.2f B | %s | %s | %s | %.1f ± %.1f | %s | %s | %s |\n", name.c_str(),
+                info.weight_bytes / 1e9, info.n_params / 1e9, backend, r.test.c_str(), r.levers.c_str(),
+                r.mean_tok_s, r.sd_tok_s,
                 r.prefill ? fmt::format("{:.1f}", r.ttft_ms).c_str() : "",
                 r.roofline_tok_s > 0 ? fmt::format("{:.0f}", r.roofline_tok_s).c_str() : "-",
                 r.roofline_tok_s > 0
@@ -98,6 +103,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("-d,--depth", f->depth, "Tokens already in the cache, comma-separated");
   cmd->add_option("-r,--reps", f->reps, "Repetitions per row, after one warm-up")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", f->json, "Print the rows as JSON");
+  cmd->add_flag("--baseline", f->baseline, "Also run every decode row with all levers off, for comparison");
   cmd->add_flag("--calibrate", f->calibrate, "Measure this GPU's copy bandwidth and bf16 matmul rate first");
   cmd->add_option("--bandwidth", f->bandwidth, "Copy bandwidth in bytes/s for the roofline (default: H200, 4.255e12)");
   cmd->add_option("--matmul-rate", f->matmul_rate, "bf16 matmul rate in FLOP/s (default: H200, 770e12)");

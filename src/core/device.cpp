@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/error.h"
@@ -43,6 +44,17 @@ struct BlockCache {
   std::unordered_map<size_t, std::vector<void*>> free_blocks;
   std::unordered_map<void*, size_t> sizes;  // every live or cached block
   size_t cached_bytes = 0;
+  // Blocks a CUDA graph captured: theirs until the graph is destroyed. While
+  // capturing, a block freed by a dead tensor may serve a later allocation of the
+  // same capture (the graph keeps stream order), never anything outside it.
+  struct GraphBlocks {
+    std::vector<void*> all;
+    std::unordered_map<size_t, std::vector<void*>> reusable;
+    std::unordered_set<void*> live;
+    bool capturing = true;
+  };
+  GraphBlocks* capturing = nullptr;
+  std::unordered_map<void*, GraphBlocks*> owner;
 
   void release_cached() {
     for (auto& [size, blocks] : free_blocks)
@@ -66,12 +78,29 @@ void* device_alloc(size_t bytes) {
   const size_t size = std::max<size_t>((bytes + 511) / 512 * 512, 512);
   BlockCache& cache = block_cache();
   std::lock_guard lock(cache.mutex);
+  auto take = [&](void* p) {
+    if (cache.capturing) {
+      cache.capturing->all.push_back(p);
+      cache.capturing->live.insert(p);
+      cache.owner[p] = cache.capturing;
+    }
+    return p;
+  };
+  if (cache.capturing) {
+    auto& reusable = cache.capturing->reusable[size];
+    if (!reusable.empty()) {
+      void* p = reusable.back();
+      reusable.pop_back();
+      cache.capturing->live.insert(p);
+      return p;
+    }
+  }
   auto it = cache.free_blocks.find(size);
   if (it != cache.free_blocks.end() && !it->second.empty()) {
     void* p = it->second.back();
     it->second.pop_back();
     cache.cached_bytes -= size;
-    return p;
+    return take(p);
   }
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, size);
@@ -88,7 +117,7 @@ void* device_alloc(size_t bytes) {
          free_bytes / 1e9, total / 1e9);
   }
   cache.sizes[p] = size;
-  return p;
+  return take(p);
 }
 
 void device_free(void* p) {
@@ -97,9 +126,95 @@ void device_free(void* p) {
   std::lock_guard lock(cache.mutex);
   auto it = cache.sizes.find(p);
   if (it == cache.sizes.end()) return;
+  auto owned = cache.owner.find(p);
+  if (owned != cache.owner.end()) {  // the graph still uses it; it returns with the graph
+    BlockCache::GraphBlocks* g = owned->second;
+    g->live.erase(p);
+    if (g->capturing) g->reusable[it->second].push_back(p);
+    return;
+  }
   cache.free_blocks[it->second].push_back(p);
   cache.cached_bytes += it->second;
 }
+
+void* cuda_stream() {
+  static cudaStream_t s = [] {
+    cudaStream_t created;
+    MERE_CUDA(cudaStreamCreateWithFlags(&created, cudaStreamDefault));
+    return created;
+  }();
+  return s;
+}
+
+void copy_to_device_async(void* dst, const void* src, size_t bytes) {
+  MERE_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(cuda_stream())));
+}
+
+std::shared_ptr<void> pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  MERE_CUDA(cudaMallocHost(&p, bytes));
+  return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+}
+
+struct CudaGraph::Impl {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  BlockCache::GraphBlocks blocks;
+};
+
+CudaGraph::CudaGraph() : impl_(std::make_unique<Impl>()) {}
+
+CudaGraph::~CudaGraph() {
+  if (impl_->exec) cudaGraphExecDestroy(impl_->exec);
+  if (impl_->graph) cudaGraphDestroy(impl_->graph);
+  BlockCache& cache = block_cache();
+  std::lock_guard lock(cache.mutex);
+  for (void* p : impl_->blocks.all) {
+    cache.owner.erase(p);
+    if (!impl_->blocks.live.count(p)) {  // no tensor holds it: back to the free lists
+      cache.free_blocks[cache.sizes[p]].push_back(p);
+      cache.cached_bytes += cache.sizes[p];
+    }
+  }
+}
+
+void CudaGraph::capture(const std::function<void()>& work) {
+  MERE_CHECK(!impl_->exec, "CudaGraph::capture: already captured");
+  auto stream = static_cast<cudaStream_t>(cuda_stream());
+  {
+    BlockCache& cache = block_cache();
+    std::lock_guard lock(cache.mutex);
+    cache.capturing = &impl_->blocks;
+  }
+  auto stop_capturing = [&] {
+    BlockCache& cache = block_cache();
+    std::lock_guard lock(cache.mutex);
+    cache.capturing = nullptr;
+    impl_->blocks.capturing = false;
+    impl_->blocks.reusable.clear();
+  };
+  MERE_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  try {
+    work();
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(stream, &broken);
+    if (broken) cudaGraphDestroy(broken);
+    stop_capturing();
+    throw;
+  }
+  cudaError_t ended = cudaStreamEndCapture(stream, &impl_->graph);
+  stop_capturing();
+  MERE_CUDA(ended);
+  MERE_CUDA(cudaGraphInstantiate(&impl_->exec, impl_->graph, 0));
+}
+
+void CudaGraph::replay() {
+  MERE_CHECK(impl_->exec, "CudaGraph::replay: nothing captured");
+  MERE_CUDA(cudaGraphLaunch(impl_->exec, static_cast<cudaStream_t>(cuda_stream())));
+}
+
+bool CudaGraph::is_captured() const { return impl_->exec != nullptr; }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return;
@@ -139,6 +254,21 @@ void zero_bytes(void* p, Device device, size_t bytes) {
   std::memset(p, 0, bytes);
 }
 void device_synchronize() {}
+
+void* cuda_stream() { return nullptr; }
+void copy_to_device_async(void*, const void*, size_t) {
+  fail("CUDA is not available: this binary was built without the CUDA backend");
+}
+std::shared_ptr<void> pinned_alloc(size_t bytes) { return std::shared_ptr<void>(::operator new(bytes), [](void* p) { ::operator delete(p); }); }
+
+struct CudaGraph::Impl {};
+CudaGraph::CudaGraph() : impl_(std::make_unique<Impl>()) {}
+CudaGraph::~CudaGraph() = default;
+void CudaGraph::capture(const std::function<void()>&) {
+  fail("CUDA graphs need the CUDA backend; this binary was built without it");
+}
+void CudaGraph::replay() { fail("CUDA graphs need the CUDA backend; this binary was built without it"); }
+bool CudaGraph::is_captured() const { return false; }
 
 }  // namespace mere
 

@@ -1,8 +1,10 @@
-// Device memory and copies. The CUDA implementation lives in core/cuda/device.cu;
-// a CPU-only build gets the stubs in device_cpu_only.cpp, which report no GPU.
+// Device memory, copies, the compute stream and CUDA graphs. device.cpp holds the
+// CUDA implementation and, for a build without it, stubs that report no GPU.
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <string>
 
 namespace mere {
@@ -20,5 +22,34 @@ void device_free(void* p);         // back to the cache, for the next allocation
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 void zero_bytes(void* p, Device device, size_t bytes);
 void device_synchronize();
+
+// The stream every CUDA op runs on (a cudaStream_t), blocking with respect to the
+// legacy default stream so plain cudaMemcpy sees finished results.
+void* cuda_stream();
+// Host-to-device copy queued on the compute stream (from pinned memory it does not block).
+void copy_to_device_async(void* dst, const void* src, size_t bytes);
+// Page-locked host memory, so that async copies really are async.
+std::shared_ptr<void> pinned_alloc(size_t bytes);
+
+// A captured sequence of CUDA work on the compute stream, replayed with one
+// launch. Memory allocated while capturing belongs to the graph until it is
+// destroyed (its pointers are baked into the captured kernels), so tensors freed
+// during capture are not handed to anyone else.
+class CudaGraph {
+ public:
+  CudaGraph();
+  ~CudaGraph();
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+
+  // Runs `work` once under stream capture; nothing executes until replay().
+  void capture(const std::function<void()>& work);
+  void replay();
+  bool is_captured() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace mere

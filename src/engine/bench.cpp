@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "engine/decode_graph.h"
 #include "ops/ops.h"
 #include "sampling/sampler.h"
 
@@ -117,9 +118,12 @@ BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int re
   return row;
 }
 
-BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings) {
+BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings,
+                      const Levers& levers) {
   BenchRow row;
   row.test = label("tg", tokens, depth);
+  const bool graphs = model.info().device == Device::cuda && levers.cuda_graphs;
+  row.levers = graphs ? "cuda_graphs=on" : "cuda_graphs=off";
   row.tokens = tokens;
   row.depth = depth;
   // The mean context over the run decides the K/V bytes.
@@ -127,12 +131,16 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
   row.roofline_tok_s = ceilings.copy_bytes_per_s / row.bytes_per_token;
   Sampler greedy(SamplingParams{.temperature = 0});
   for (int r = -1; r < reps; ++r) {
-    auto state = state_at_depth(model, depth, tokens + 1);
-    Tensor logits = model.forward({1}, *state, false).to_device(Device::cpu);
+    auto state = state_at_depth(model, depth, tokens + 2);
+    std::unique_ptr<DecodeGraph> graph = graphs ? std::make_unique<DecodeGraph>(model, *state) : nullptr;
+    auto decode = [&](int32_t id) {
+      return (graph ? graph->step(id) : model.forward({id}, *state, false)).to_device(Device::cpu);
+    };
+    Tensor logits = decode(1);  // the first step captures the graph: not timed
     int32_t id = greedy.sample(logits.data<float>(), model.info().vocab, {});
     auto t0 = Clock::now();
     for (int64_t i = 0; i < tokens; ++i) {
-      logits = model.forward({id}, *state, false).to_device(Device::cpu);
+      logits = decode(id);
       id = greedy.sample(logits.data<float>(), model.info().vocab, {});
     }
     double s = seconds_since(t0);

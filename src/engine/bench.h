@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/levers.h"
 #include "models/model.h"
 
 namespace mere {
@@ -21,6 +22,7 @@ Ceilings calibrate(Device device);
 
 struct BenchRow {
   std::string test;          // "pp512", "tg128", "tg128 @ d8192"
+  std::string levers;        // what ran, e.g. "cuda_graphs=on"
   int64_t tokens = 0, depth = 0;
   bool prefill = false;
   std::vector<double> tok_s; // one per repetition
@@ -33,7 +35,9 @@ struct BenchRow {
 
 // One prefill of `tokens` after `depth` cached tokens, `reps` times after a warm-up.
 BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings);
-// `tokens` decode steps (forward, logits to the host, greedy pick) after `depth` cached tokens.
-BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings);
+// `tokens` decode steps (forward, logits to the host, greedy pick) after `depth`
+// cached tokens, with the engine's levers as given (CUDA graphs on the GPU).
+BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings,
+                      const Levers& levers);
 
 }  // namespace mere

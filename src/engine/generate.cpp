@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "engine/decode_graph.h"
+
 namespace mere {
 namespace {
 
@@ -16,9 +18,14 @@ GenerateStats generate(const Model& model, const std::vector<int32_t>& prompt, c
                        const TokenSink& on_token) {
   MERE_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
   const int64_t vocab = model.info().vocab;
-  std::unique_ptr<SeqState> state = model.make_state();
-  MERE_CHECK(int64_t(prompt.size()) < state->capacity(),
-             "the prompt has {} tokens; the model's context holds {}", prompt.size(), state->capacity());
+  MERE_CHECK(int64_t(prompt.size()) < model.info().max_positions,
+             "the prompt has {} tokens; the model's context holds {}", prompt.size(), model.info().max_positions);
+  // Room for the prompt and the budget, within the model's context.
+  std::unique_ptr<SeqState> state = model.make_state(
+      std::min<int64_t>(model.info().max_positions, int64_t(prompt.size()) + options.max_new_tokens + 1));
+  std::unique_ptr<DecodeGraph> graph;
+  if (model.info().device == Device::cuda && options.levers.cuda_graphs)
+    graph = std::make_unique<DecodeGraph>(model, *state);
   Sampler sampler(options.sampling);
   std::vector<int32_t> context = prompt;
   GenerateStats stats;
@@ -49,7 +56,16 @@ GenerateStats generate(const Model& model, const std::vector<int32_t>& prompt, c
       break;
     }
     if (i == 0) decode_start = std::chrono::steady_clock::now();
-    logits = model.forward({id}, *state, false).to_device(Device::cpu);
+    if (graph) {
+      logits = graph->step(id).to_device(Device::cpu);
+    } else {
+      logits = model.forward({id}, *state, false).to_device(Device::cpu);
+      ++stats.eager_decode_steps;
+    }
+  }
+  if (graph) {
+    stats.graph_captures = graph->captures();
+    stats.graph_replays = graph->replays();
   }
   stats.decode_ms = stats.generated_tokens > 1 ? ms_since(decode_start) : 0;
   return stats;

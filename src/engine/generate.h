@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/levers.h"
 #include "models/model.h"
 #include "sampling/sampler.h"
 
@@ -15,12 +16,15 @@ struct GenerateOptions {
   int max_new_tokens = 128;
   SamplingParams sampling;
   std::vector<int32_t> eos_ids;
+  Levers levers = Levers::from_env();
 };
 
 struct GenerateStats {
   int64_t prompt_tokens = 0, generated_tokens = 0;
   double prefill_ms = 0, decode_ms = 0, ttft_ms = 0;
   std::string stop_reason;  // "eos", "length", "stop", "context"
+  // What actually ran, counted by the engine (tests assert on these).
+  int64_t eager_decode_steps = 0, graph_captures = 0, graph_replays = 0;
 
   double prefill_tok_s() const { return prefill_ms > 0 ? prompt_tokens * 1e3 / prefill_ms : 0; }
   // Decode rate over the tokens after the first (the first comes from prefill).

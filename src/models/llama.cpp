@@ -171,15 +171,12 @@ std::unique_ptr<SeqState> Llama::make_state(int64_t capacity) const {
   return std::make_unique<SeqState>(cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, capacity, info_.device);
 }
 
-Tensor Llama::forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const {
+Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool all_logits) const {
   const LlamaConfig& k = cfg_;
-  const int64_t T = int64_t(tokens.size()), pos0 = state.length();
-  MERE_CHECK(T > 0, "forward: no tokens");
-  std::vector<int32_t> positions(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) positions[size_t(t)] = int32_t(pos0 + t);
+  const int64_t T = ids.numel();
   const float scale = 1.0f / std::sqrt(float(k.head_dim));
 
-  Tensor h = ops::embed(tok_embed_, tokens);                                   // [T, d_model]
+  Tensor h = ops::embed(tok_embed_, ids);                                      // [T, d_model]
   for (int l = 0; l < k.n_layers; ++l) {
     const LlamaLayer& w = layers_[size_t(l)];
     Tensor x = ops::rms_norm(h, w.attn_norm, k.norm_eps);
@@ -190,17 +187,16 @@ Tensor Llama::forward(const std::vector<int32_t>& tokens, SeqState& state, bool 
       q = ops::rms_norm(q, w.q_norm, k.norm_eps);
       kk = ops::rms_norm(kk, w.k_norm, k.norm_eps);
     }
-    ops::rope(q, positions, k.rope);
-    ops::rope(kk, positions, k.rope);
+    ops::rope(q, pos, k.rope);
+    ops::rope(kk, pos, k.rope);
     KvCache& cache = state.kv(l);
-    cache.write(pos0, kk, v);
-    Tensor a = ops::attention(q, cache.keys(pos0 + T), cache.values(pos0 + T), pos0, scale);
+    cache.write(pos, kk, v);
+    Tensor a = ops::attention(q, cache.keys(), cache.values(), pos, scale);   // [T, n_heads, head_dim]
     ops::add_inplace(h, ops::linear(a.reshape({T, -1}), w.o, w.o_bias));
     x = ops::rms_norm(h, w.mlp_norm, k.norm_eps);
     Tensor gate = ops::linear(x, w.gate, w.gate_bias), up = ops::linear(x, w.up, w.up_bias);
     ops::add_inplace(h, ops::linear(ops::silu_mul(gate, up), w.down, w.down_bias));
   }
-  state.advance(T);
   if (!all_logits) h = h.slice_rows(T - 1, T);
   return ops::linear(ops::rms_norm(h, final_norm_, k.norm_eps), lm_head_);     // [T or 1, vocab]
 }

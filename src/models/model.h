@@ -28,9 +28,15 @@ class Model {
   virtual const ModelInfo& info() const = 0;
   // A fresh sequence state holding up to `capacity` tokens (0: max_positions).
   virtual std::unique_ptr<SeqState> make_state(int64_t capacity = 0) const = 0;
-  // Runs `tokens` at positions state.length() .. +T-1 and advances the state.
+  // The step every backend runs: T tokens whose ids are `ids` (i32 [T]) at
+  // positions *pos .. *pos + T - 1 (pos: i32 [1]), both on the model's device,
+  // with the state's rows already reserved. Does not advance the state; a CUDA
+  // graph captures exactly this call and replays it with new ids and pos.
   // Returns f32 logits [T, vocab] if all_logits, else [1, vocab] for the last token.
-  virtual Tensor forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const = 0;
+  virtual Tensor run(const Tensor& ids, const Tensor& pos, SeqState& state, bool all_logits) const = 0;
+
+  // Runs `tokens` at positions state.length() .. +T-1 and advances the state.
+  Tensor forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const;
 
   // The performance model: bytes one decoded token reads at `context` cached
   // tokens (weights once, one embedding row, the K/V of every cached position),

@@ -28,6 +28,23 @@ Tensor embed(const Tensor& table, const std::vector<int32_t>& ids) {
   return out;
 }
 
+// A device-resident i32 scalar or id list, read on the host for the CPU backend.
+int32_t host_scalar(const Tensor& t, const char* op) {
+  MERE_CHECK(t.dtype() == DType::i32 && t.numel() >= 1, "{}: position must be an i32 tensor", op);
+  return t.device() == Device::cpu ? t.data<int32_t>()[0] : int32_t(t.to_device(Device::cpu).data<int32_t>()[0]);
+}
+
+Tensor embed(const Tensor& table, const Tensor& ids) {
+  MERE_CHECK(ids.dtype() == DType::i32 && ids.rank() == 1, "embed: ids must be i32 [T], got {} {}",
+             dtype_name(ids.dtype()), shape_str(ids.shape()));
+  check_same_device("embed", table, ids);
+  if (table.device() == Device::cpu)
+    return embed(table, std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel()));
+  Tensor out = Tensor::empty({ids.numel(), table.dim(1)}, DType::f32, table.device());
+  cuda::embed(table, ids, out);
+  return out;
+}
+
 Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) {
   MERE_CHECK(x.dtype() == DType::f32 && x.rank() >= 1, "rms_norm: x must be f32, got {}", dtype_name(x.dtype()));
   MERE_CHECK(w.shape() == Shape{x.dim(-1)}, "rms_norm: weight has shape {} but x has last dim {}",
@@ -92,6 +109,50 @@ void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& tab
     case Device::cpu: cpu::rope(x, positions, table); break;
     case Device::cuda: cuda::rope(x, positions, table); break;
   }
+}
+
+void rope(Tensor& x, const Tensor& start_pos, const RopeTable& table) {
+  check_same_device("rope", x, start_pos);
+  if (x.device() == Device::cpu) {
+    int32_t p0 = host_scalar(start_pos, "rope");
+    std::vector<int32_t> positions(static_cast<size_t>(x.dim(0)));
+    for (size_t t = 0; t < positions.size(); ++t) positions[t] = p0 + int32_t(t);
+    rope(x, positions, table);
+    return;
+  }
+  MERE_CHECK(x.dtype() == DType::f32 && x.rank() == 3, "rope: x must be f32 [T, heads, head_dim], got {}",
+             shape_str(x.shape()));
+  cuda::rope(x, start_pos, table);
+}
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale) {
+  check_same_device("attention", q, start_pos);
+  if (q.device() == Device::cpu) {
+    int64_t p0 = host_scalar(start_pos, "attention");
+    return attention(q, k.slice_rows(0, p0 + q.dim(0)), v.slice_rows(0, p0 + q.dim(0)), p0, scale);
+  }
+  MERE_CHECK(q.rank() == 3 && k.rank() == 3 && v.shape() == k.shape() && q.dim(2) == k.dim(2) &&
+                 q.dim(1) % k.dim(1) == 0 && q.dtype() == DType::f32,
+             "attention: q {} k {} v {} do not fit", shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
+  check_same_device("attention", q, k);
+  Tensor out = Tensor::empty(q.shape(), DType::f32, q.device());
+  cuda::attention(q, k, v, start_pos, scale, out);
+  return out;
+}
+
+void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos) {
+  MERE_CHECK(src.rank() >= 1 && dst.rank() == src.rank() && src.numel() / std::max<int64_t>(src.dim(0), 1) ==
+                 dst.numel() / std::max<int64_t>(dst.dim(0), 1) && src.dtype() == DType::f32,
+             "store_rows: {} rows do not fit {}", shape_str(src.shape()), shape_str(dst.shape()));
+  check_same_device("store_rows", src, dst);
+  if (src.device() == Device::cpu) {
+    int64_t p0 = host_scalar(start_pos, "store_rows");
+    MERE_CHECK(p0 + src.dim(0) <= dst.dim(0), "store_rows: rows {}..{} past {}", p0, p0 + src.dim(0), dst.dim(0));
+    Tensor rows = dst.slice_rows(p0, p0 + src.dim(0));
+    cpu::convert(src, rows);
+    return;
+  }
+  cuda::store_rows(src, dst, start_pos);
 }
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale) {

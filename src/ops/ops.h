@@ -14,6 +14,10 @@ namespace mere::ops {
 // Rows of `table` [vocab, d] gathered for `ids` -> [T, d] f32. Ids are range-checked.
 Tensor embed(const Tensor& table, const std::vector<int32_t>& ids);
 
+// The same, with the ids already on the table's device (i32 [T]); a CUDA graph
+// captures this form, so a replay reads whatever id was written there.
+Tensor embed(const Tensor& table, const Tensor& ids);
+
 // RMSNorm over the last dim: x * rsqrt(mean(x^2) + eps) * w. x f32 [..., d], w [d].
 Tensor rms_norm(const Tensor& x, const Tensor& w, float eps);
 
@@ -39,10 +43,20 @@ struct RopeTable {
 // Only the first rotary_dim dims of each head are rotated.
 void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table);
 
+// The same with the first token's position in device memory (i32 [1]): token t
+// sits at *start_pos + t. For graph replay.
+void rope(Tensor& x, const Tensor& start_pos, const RopeTable& table);
+
 // Causal grouped-query attention for T new tokens at positions pos0 .. pos0+T-1
 // over a cache holding every position 0 .. pos0+T-1.
 // q [T, n_heads, head_dim]; k, v [>= pos0+T, n_kv_heads, head_dim] -> [T, n_heads, head_dim].
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale);
+// The same with pos0 = *start_pos read on the device; k and v may hold more rows
+// than are visible (a cache at full capacity). For graph replay.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale);
+
+// dst rows [*start_pos, *start_pos + T) = src [T, ...] converted to dst's dtype.
+void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos);
 
 // Fills t (f32/f16/bf16, CPU or GPU) with offset + scale * u, u uniform in [-1, 1),
 // from a counter-based hash of (seed, index): the same values on every device.

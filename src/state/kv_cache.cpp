@@ -15,6 +15,7 @@ KvCache::KvCache(int64_t n_kv_heads, int64_t head_dim, int64_t capacity, Device 
       dtype_(device == Device::cpu ? DType::f32 : DType::bf16) {}
 
 void KvCache::reserve(int64_t n) {
+  MERE_CHECK(n <= capacity_, "context is full: {} positions exceed the cache capacity of {} tokens", n, capacity_);
   int64_t have = k_.defined() ? k_.dim(0) : 0;
   if (n <= have) return;
   // Double so a long generation reallocates O(log n) times.
@@ -29,24 +30,23 @@ void KvCache::reserve(int64_t n) {
   v_ = v;
 }
 
-void KvCache::write(int64_t pos, const Tensor& k, const Tensor& v) {
-  const int64_t T = k.dim(0);
-  MERE_CHECK(pos + T <= capacity_, "context is full: position {} exceeds the cache capacity of {} tokens",
-             pos + T, capacity_);
-  MERE_ASSERT(k.shape() == v.shape() && k.dim(1) == n_kv_heads_ && k.dim(2) == head_dim_);
-  reserve(pos + T);
-  Tensor k_rows = k_.slice_rows(pos, pos + T), v_rows = v_.slice_rows(pos, pos + T);
-  ops::convert_into(k, k_rows);
-  ops::convert_into(v, v_rows);
+void KvCache::write(const Tensor& start_pos, const Tensor& k, const Tensor& v) {
+  MERE_ASSERT(k.shape() == v.shape() && k.dim(1) == n_kv_heads_ && k.dim(2) == head_dim_ && k_.defined());
+  ops::store_rows(k, k_, start_pos);
+  ops::store_rows(v, v_, start_pos);
 }
 
 SeqState::SeqState(int n_layers, int64_t n_kv_heads, int64_t head_dim, int64_t capacity, Device device)
-    : capacity_(capacity) {
+    : capacity_(capacity), device_(device) {
   layers_.reserve(size_t(n_layers));
   for (int l = 0; l < n_layers; ++l) layers_.emplace_back(n_kv_heads, head_dim, capacity, device);
 }
 
 void SeqState::advance(int64_t T) { length_ += T; }
+
+void SeqState::reserve(int64_t n) {
+  for (KvCache& kv : layers_) kv.reserve(n);
+}
 
 void SeqState::truncate(int64_t length) {
   MERE_CHECK(length >= 0 && length <= length_, "truncate: cannot roll back from {} to {}", length_, length);

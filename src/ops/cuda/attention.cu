@@ -12,18 +12,21 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kMaxPerLane = kMaxAttentionHeadDim / 32;
-constexpr int kKeysPerSplit = 256;
+constexpr int kKeysPerSplit = 256;  // eager launches: one split per 256 visible keys
 
 template <typename KV>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
                            float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
-                           int n_heads, int n_kv_heads, int head_dim, int64_t pos0, float scale, int n_splits) {
+                           int n_heads, int n_kv_heads, int head_dim, const int32_t* __restrict__ pos_dev,
+                           int64_t pos0, float scale, int n_splits) {
   const int h = blockIdx.x, t = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kv_h = h / (n_heads / n_kv_heads);
-  const int64_t n_keys = pos0 + t + 1;
-  const int64_t begin = int64_t(split) * kKeysPerSplit, end = min(begin + kKeysPerSplit, n_keys);
+  // A graph replays with the position in device memory; the splits share the keys evenly.
+  const int64_t n_keys = (pos_dev ? *pos_dev : pos0) + t + 1;
+  const int64_t per_split = (n_keys + n_splits - 1) / n_splits;
+  const int64_t begin = int64_t(split) * per_split, end = min(begin + per_split, n_keys);
 
   float qv[kMaxPerLane], o[kMaxPerLane];
   const float* qr = q + (int64_t(t) * n_heads + h) * head_dim;
@@ -83,19 +86,21 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// One block per (token, head): merge the splits that saw any key.
+// One block per (token, head): merge the splits that saw any key (an empty
+// split has max -inf).
 __global__ void attention_merge_kernel(const float* part_m, const float* part_l, const float* part_o, float* out,
-                                       int n_heads, int head_dim, int64_t pos0, int n_splits) {
+                                       int n_heads, int head_dim, int n_splits) {
   const int h = blockIdx.x, t = blockIdx.y;
-  const int used = int((pos0 + t + 1 + kKeysPerSplit - 1) / kKeysPerSplit);
   const int64_t base = (int64_t(t) * n_heads + h) * n_splits;
   float m = -INFINITY;
-  for (int s = 0; s < used; ++s) m = fmaxf(m, part_m[base + s]);
+  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, part_m[base + s]);
   float l = 0;
-  for (int s = 0; s < used; ++s) l += part_l[base + s] * __expf(part_m[base + s] - m);
+  for (int s = 0; s < n_splits; ++s)
+    if (part_m[base + s] != -INFINITY) l += part_l[base + s] * __expf(part_m[base + s] - m);
   for (int j = threadIdx.x; j < head_dim; j += blockDim.x) {
     float acc = 0;
-    for (int s = 0; s < used; ++s) acc += part_o[(base + s) * head_dim + j] * __expf(part_m[base + s] - m);
+    for (int s = 0; s < n_splits; ++s)
+      if (part_m[base + s] != -INFINITY) acc += part_o[(base + s) * head_dim + j] * __expf(part_m[base + s] - m);
     out[(int64_t(t) * n_heads + h) * head_dim + j] = acc / l;
   }
 }
@@ -106,16 +111,16 @@ int attention_splits(int64_t n_keys) { return ceil_div(n_keys, kKeysPerSplit); }
 
 cudaError_t launch_attention(const float* q, const void* k, const void* v, DType kv_dtype, float* part_m,
                              float* part_l, float* part_o, float* out, int T, int n_heads, int n_kv_heads,
-                             int head_dim, int64_t pos0, float scale, cudaStream_t stream) {
-  const int n_splits = attention_splits(pos0 + T);
+                             int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
+                             cudaStream_t stream) {
   cudaError_t err = visit_float(kv_dtype, [&]<typename KV>() {
     attention_split_kernel<KV><<<dim3(n_heads, T, n_splits), kWarps * 32, 0, stream>>>(
         q, static_cast<const KV*>(k), static_cast<const KV*>(v), part_m, part_l, part_o, n_heads, n_kv_heads,
-        head_dim, pos0, scale, n_splits);
+        head_dim, pos_dev, pos0, scale, n_splits);
   });
   if (err != cudaSuccess) return err;
   attention_merge_kernel<<<dim3(n_heads, T), 128, 0, stream>>>(part_m, part_l, part_o, out, n_heads, head_dim,
-                                                               pos0, n_splits);
+                                                               n_splits);
   return cudaGetLastError();
 }
 

@@ -17,16 +17,7 @@ namespace {
 
 using namespace mere::cuda;
 
-// The stream every op runs on. Blocking with respect to the legacy default
-// stream, so plain cudaMemcpy sees finished results.
-cudaStream_t stream() {
-  static cudaStream_t s = [] {
-    cudaStream_t created;
-    MERE_CUDA(cudaStreamCreateWithFlags(&created, cudaStreamDefault));
-    return created;
-  }();
-  return s;
-}
+cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
 
 #define MERE_CUBLAS(call)                                                                         \
   do {                                                                                            \
@@ -101,8 +92,17 @@ Tensor upload_ints(const std::vector<int32_t>& values) {
 
 void embed(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) {
   Tensor ids_dev = upload_ints(ids);
-  MERE_CUDA(launch_embed(table.raw(), table.dtype(), ids_dev.data<int32_t>(), int64_t(ids.size()), table.dim(1),
+  embed(table, ids_dev, out);
+}
+
+void embed(const Tensor& table, const Tensor& ids, Tensor& out) {
+  MERE_CUDA(launch_embed(table.raw(), table.dtype(), ids.data<int32_t>(), ids.numel(), table.dim(1),
                          out.data<float>(), stream()));
+}
+
+void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos) {
+  MERE_CUDA(launch_store_rows(src.data<float>(), dst.raw(), dst.dtype(), start_pos.data<int32_t>(), src.dim(0),
+                              src.numel() / src.dim(0), stream()));
 }
 
 void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
@@ -115,7 +115,8 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
   MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
              dtype_name(bias.dtype()));
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
-  const bool aligned = (in * int64_t(dtype_size(w.dtype()))) % 16 == 0 && reinterpret_cast<uintptr_t>(w.raw()) % 16 == 0;
+  const bool aligned = (in * int64_t(dtype_size(w.dtype()))) % 16 == 0 && reinterpret_cast<uintptr_t>(w.raw()) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0;
   if (T <= kMaxMatvecTokens && aligned) {
     MERE_CUDA(launch_matvec(x.data<float>(), w.raw(), w.dtype(), b, out.data<float>(), T, in, n_out, stream()));
     return;
@@ -145,18 +146,32 @@ void fill_random(Tensor& t, uint64_t seed, float scale, float offset) {
   MERE_CUDA(launch_fill_random(t.raw(), t.dtype(), t.numel(), seed, scale, offset, stream()));
 }
 
-void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table) {
+namespace {
+
+RopeParams rope_params(const RopeTable& table) {
   RopeParams p{};
   p.half = int(table.inv_freq.size());
   MERE_CHECK(p.half <= kMaxRopeHalf, "rope (CUDA): rotary dim {} exceeds {}", 2 * p.half, 2 * kMaxRopeHalf);
   std::copy(table.inv_freq.begin(), table.inv_freq.end(), p.inv_freq);
   p.attention_factor = table.attention_factor;
   p.interleaved = table.interleaved;
+  return p;
+}
+
+}  // namespace
+
+void rope(Tensor& x, const Tensor& start_pos, const RopeTable& table) {
+  MERE_CUDA(launch_rope(x.data<float>(), nullptr, start_pos.data<int32_t>(), 0, x.dim(0), x.dim(1), x.dim(2),
+                        rope_params(table), stream()));
+}
+
+void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table) {
+  RopeParams p = rope_params(table);
   // Consecutive positions (every forward today) need no upload.
   bool consecutive = true;
   for (size_t t = 1; t < positions.size(); ++t) consecutive &= positions[t] == positions[0] + int32_t(t);
   Tensor pos_dev = consecutive ? Tensor() : upload_ints(positions);
-  MERE_CUDA(launch_rope(x.data<float>(), consecutive ? nullptr : pos_dev.data<int32_t>(),
+  MERE_CUDA(launch_rope(x.data<float>(), consecutive ? nullptr : pos_dev.data<int32_t>(), nullptr,
                         positions.empty() ? 0 : positions[0], x.dim(0), x.dim(1), x.dim(2), p, stream()));
 }
 
@@ -164,13 +179,28 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, 
   const int T = int(q.dim(0)), n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
   MERE_CHECK(head_dim <= kMaxAttentionHeadDim, "attention (CUDA): head_dim {} exceeds {}", head_dim,
              kMaxAttentionHeadDim);
-  const int64_t splits = attention_splits(pos0 + T);
+  const int splits = attention_splits(pos0 + T);
   Tensor part_m = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
   Tensor part_l = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
   Tensor part_o = Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda);
   MERE_CUDA(launch_attention(q.data<float>(), k.raw(), v.raw(), k.dtype(), part_m.data<float>(), part_l.data<float>(),
-                             part_o.data<float>(), out.data<float>(), T, n_heads, int(k.dim(1)), head_dim, pos0,
-                             scale, stream()));
+                             part_o.data<float>(), out.data<float>(), T, n_heads, int(k.dim(1)), head_dim, nullptr,
+                             pos0, splits, scale, stream()));
+}
+
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale, Tensor& out) {
+  const int T = int(q.dim(0)), n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
+  MERE_CHECK(head_dim <= kMaxAttentionHeadDim, "attention (CUDA): head_dim {} exceeds {}", head_dim,
+             kMaxAttentionHeadDim);
+  // The split count is fixed at capture: enough shares of the whole cache to keep
+  // every SM busy at long contexts, at most 64 so short ones waste few blocks.
+  const int splits = std::min(attention_splits(k.dim(0)), 64);
+  Tensor part_m = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
+  Tensor part_l = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
+  Tensor part_o = Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda);
+  MERE_CUDA(launch_attention(q.data<float>(), k.raw(), v.raw(), k.dtype(), part_m.data<float>(), part_l.data<float>(),
+                             part_o.data<float>(), out.data<float>(), T, n_heads, int(k.dim(1)), head_dim,
+                             start_pos.data<int32_t>(), 0, splits, scale, stream()));
 }
 
 }  // namespace mere::ops::cuda
@@ -190,6 +220,10 @@ void add_inplace(Tensor&, const Tensor&) { no_cuda(); }
 void rope(Tensor&, const std::vector<int32_t>&, const RopeTable&) { no_cuda(); }
 void attention(const Tensor&, const Tensor&, const Tensor&, int64_t, float, Tensor&) { no_cuda(); }
 void convert(const Tensor&, Tensor&) { no_cuda(); }
+void embed(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
+void rope(Tensor&, const Tensor&, const RopeTable&) { no_cuda(); }
+void attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, Tensor&) { no_cuda(); }
+void store_rows(const Tensor&, Tensor&, const Tensor&) { no_cuda(); }
 void fill_random(Tensor&, uint64_t, float, float) { no_cuda(); }
 
 }  // namespace mere::ops::cuda

@@ -14,6 +14,11 @@ void add_inplace(Tensor& h, const Tensor& x);
 void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out);
 void convert(const Tensor& src, Tensor& dst);
+// Graph-replayable forms: positions and ids read from device memory.
+void embed(const Tensor& table, const Tensor& ids, Tensor& out);
+void rope(Tensor& x, const Tensor& start_pos, const RopeTable& table);
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale, Tensor& out);
+void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos);
 void fill_random(Tensor& t, uint64_t seed, float scale, float offset);
 
 }  // namespace mere::ops::cuda

@@ -28,7 +28,21 @@ __global__ void convert_kernel(const Src* src, Dst* dst, int64_t n) {
     dst[i] = from_float<Dst>(to_float(src[i]));
 }
 
+template <typename D>
+__global__ void store_rows_kernel(const float* src, D* dst, const int32_t* pos_dev, int64_t n, int64_t row) {
+  const int64_t offset = int64_t(*pos_dev) * row;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[offset + i] = from_float<D>(src[i]);
+}
+
 }  // namespace
+
+cudaError_t launch_store_rows(const float* src, void* dst, DType dst_dtype, const int32_t* pos_dev, int64_t T,
+                              int64_t row, cudaStream_t stream) {
+  return visit_float(dst_dtype, [&]<typename D>() {
+    store_rows_kernel<D><<<grid_for(T * row), 256, 0, stream>>>(src, static_cast<D*>(dst), pos_dev, T * row, row);
+  });
+}
 
 cudaError_t launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
   silu_mul_kernel<<<grid_for(n), 256, 0, stream>>>(gate, up, out, n);

@@ -36,16 +36,23 @@ struct RopeParams {
   int half;
   bool interleaved;
 };
-// x [T, heads, head_dim]; positions may be null, then token t is at pos0 + t.
-cudaError_t launch_rope(float* x, const int32_t* positions, int32_t pos0, int64_t T, int64_t heads, int64_t head_dim,
-                        const RopeParams& params, cudaStream_t stream);
+// x [T, heads, head_dim]; token t is at positions[t] when positions is set, else
+// at *start_pos + t when start_pos is set (graph replay), else at pos0 + t.
+cudaError_t launch_rope(float* x, const int32_t* positions, const int32_t* start_pos, int32_t pos0, int64_t T,
+                        int64_t heads, int64_t head_dim, const RopeParams& params, cudaStream_t stream);
 
-// Split-K flash attention; the partial buffers hold T * n_heads * attention_splits(pos0 + T) entries
-// (times head_dim for part_o).
-int attention_splits(int64_t n_keys);
+// Split-K flash attention over n_splits even shares of the visible keys; the
+// partial buffers hold T * n_heads * n_splits entries (times head_dim for part_o).
+// The first token's position is *pos_dev when pos_dev is set (graph replay), else pos0.
+int attention_splits(int64_t n_keys);  // for eager launches: one per 256 keys
 constexpr int kMaxAttentionHeadDim = 256;
 cudaError_t launch_attention(const float* q, const void* k, const void* v, DType kv_dtype, float* part_m,
                              float* part_l, float* part_o, float* out, int T, int n_heads, int n_kv_heads,
-                             int head_dim, int64_t pos0, float scale, cudaStream_t stream);
+                             int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
+                             cudaStream_t stream);
+
+// dst rows [*pos_dev, *pos_dev + T) = src [T, row] converted to dst's dtype.
+cudaError_t launch_store_rows(const float* src, void* dst, DType dst_dtype, const int32_t* pos_dev, int64_t T,
+                              int64_t row, cudaStream_t stream);
 
 }  // namespace mere::cuda

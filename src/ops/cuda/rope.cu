@@ -6,13 +6,13 @@
 namespace mere::cuda {
 namespace {
 
-__global__ void rope_kernel(float* x, const int32_t* positions, int32_t pos0, int64_t T, int64_t heads,
-                            int64_t head_dim, const __grid_constant__ RopeParams p) {
+__global__ void rope_kernel(float* x, const int32_t* positions, const int32_t* start_pos, int32_t pos0, int64_t T,
+                            int64_t heads, int64_t head_dim, const __grid_constant__ RopeParams p) {
   int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (idx >= T * heads * p.half) return;
   int i = int(idx % p.half);
   int64_t th = idx / p.half, t = th / heads;
-  float pos = float(positions ? positions[t] : pos0 + int32_t(t));
+  float pos = float(positions ? positions[t] : (start_pos ? *start_pos : pos0) + int32_t(t));
   float angle = p.inv_freq[i] * pos;  // the f32 product transformers computes
   float s, c;
   sincosf(angle, &s, &c);
@@ -27,10 +27,10 @@ __global__ void rope_kernel(float* x, const int32_t* positions, int32_t pos0, in
 
 }  // namespace
 
-cudaError_t launch_rope(float* x, const int32_t* positions, int32_t pos0, int64_t T, int64_t heads, int64_t head_dim,
-                        const RopeParams& params, cudaStream_t stream) {
+cudaError_t launch_rope(float* x, const int32_t* positions, const int32_t* start_pos, int32_t pos0, int64_t T,
+                        int64_t heads, int64_t head_dim, const RopeParams& params, cudaStream_t stream) {
   int64_t n = T * heads * params.half;
-  rope_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(x, positions, pos0, T, heads, head_dim, params);
+  rope_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(x, positions, start_pos, pos0, T, heads, head_dim, params);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,29 @@
+#include "engine/levers.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace mere {
+namespace {
+
+bool env_flag(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  if (!std::strcmp(v, "1") || !std::strcmp(v, "true") || !std::strcmp(v, "on")) return true;
+  if (!std::strcmp(v, "0") || !std::strcmp(v, "false") || !std::strcmp(v, "off")) return false;
+  fail("{}={}: expected 0 or 1", name, v);
+}
+
+}  // namespace
+
+Levers Levers::from_env() {
+  Levers l;
+  l.cuda_graphs = env_flag("MERERUN_CUDA_GRAPHS", l.cuda_graphs);
+  return l;
+}
+
+std::string Levers::describe() const { return std::string("cuda_graphs=") + (cuda_graphs ? "on" : "off"); }
+
+}  // namespace mere
