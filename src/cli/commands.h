@@ -8,6 +8,8 @@ namespace mere {
 void add_tokenize_command(CLI::App& app);  // mere tokenize
 void add_text_commands(CLI::App& app);     // mere text generate
 void add_template_command(CLI::App& text); // mere text template
+void add_chat_command(CLI::App& text);     // mere text chat
+void add_model_commands(CLI::App& app);    // mere model add | list | show | remove | runtime
 void add_eval_commands(CLI::App& app);     // mere eval logits | ppl
 void add_bench_command(CLI::App& app);     // mere bench
 

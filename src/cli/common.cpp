@@ -1,18 +1,103 @@
 #include "cli/common.h"
 
+#include <cstdio>
+
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "registry/registry.h"
 
 namespace mere {
 
-std::filesystem::path default_model_dir() { return std::filesystem::path(MERE_SOURCE_DIR) / "models" / "demo"; }
+namespace fs = std::filesystem;
 
-std::filesystem::path resolve_model_dir(const std::string& flag) {
-  if (!flag.empty()) return flag;
-  auto dir = default_model_dir();
-  MERE_CHECK(std::filesystem::exists(dir / "config.json"),
-             "no model given (-m DIR) and the embedded default model is missing at {}", dir.string());
-  return dir;
+fs::path default_model_dir() { return fs::path(MERE_SOURCE_DIR) / "models" / "demo"; }
+
+ResolvedModel resolve_model(const std::string& flag) {
+  ResolvedModel r;
+  if (flag.empty()) {
+    r.dir = default_model_dir();
+    MERE_CHECK(fs::exists(r.dir / "config.json"),
+               "no model given (-m DIR) and the embedded default model is missing at {}", r.dir.string());
+    return r;
+  }
+  std::error_code ec;
+  if (fs::exists(flag, ec)) {  // a path wins, so a registry problem never blocks a plain directory
+    r.dir = flag;
+    return r;
+  }
+  MERE_CHECK(is_valid_model_name(flag),
+             "{}: no such file or directory (and not a model name: those are letters, digits, '.', '_' and '-')",
+             flag);
+  Registry registry = Registry::load(Registry::default_file());
+  const RegistryEntry* entry = registry.find(flag);
+  if (!entry) {
+    std::string names;
+    for (const auto& e : registry.entries()) names += (names.empty() ? "" : ", ") + e.name;
+    fail("{}: no such file or directory, and no model of that name in the registry {} (registered: {})", flag,
+         registry.file().string(), names.empty() ? "none" : names);
+  }
+  MERE_CHECK(fs::exists(entry->path, ec), "model '{}' (registry {}) points to {}, which does not exist", flag,
+             registry.file().string(), entry->path.string());
+  r.dir = entry->path;
+  r.name = entry->name;
+  r.runtime = entry->runtime;
+  return r;
+}
+
+fs::path resolve_model_dir(const std::string& flag) { return resolve_model(flag).dir; }
+
+void add_runtime_options(CLI::App& cmd, RuntimeFlags& flags) {
+  cmd.add_option("--kv-cache-mode", flags.kv_cache_mode,
+                 "KV cache: default, bf16 or affine8 (default: the model's registry setting, else default)");
+}
+
+RuntimeSettings effective_runtime(const ResolvedModel& model, const RuntimeFlags& flags, Device device) {
+  RuntimeSettings settings = model.runtime;
+  std::string source = model.name.empty() ? "built-in default" : "registry entry '" + model.name + "'";
+  if (!flags.kv_cache_mode.empty()) {
+    auto mode = parse_kv_cache_mode(flags.kv_cache_mode);
+    MERE_CHECK(mode, "--kv-cache-mode {}: expected {}", flags.kv_cache_mode, kKvCacheModeNames);
+    settings.kv_cache_mode = *mode;
+    source = "--kv-cache-mode";
+  }
+  try {
+    check_engageable(settings, device);
+  } catch (const Error& e) {
+    fail("{} (set by the {}{})", e.what(), source,
+         source == "--kv-cache-mode" ? "" : "; override it with --kv-cache-mode");
+  }
+  std::fprintf(stderr, "runtime: %s (%s)\n", describe(settings).c_str(), source.c_str());
+  return settings;
+}
+
+void add_sampling_options(CLI::App& cmd, SamplingFlags& flags) {
+  cmd.add_option("--temperature", flags.temperature,
+                 "Sampling temperature; 0 is greedy (default: generation_config.json, else greedy)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--top-p", flags.top_p, "Nucleus sampling: keep the smallest set of tokens with this mass")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd.add_option("--top-k", flags.top_k, "Keep only the k most likely tokens (0: off)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("--min-p", flags.min_p, "Drop tokens less likely than min-p times the best one")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd.add_option("--repetition-penalty", flags.repetition_penalty,
+                 "Penalise tokens already in the context (transformers' rule; 1: off)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--presence-penalty", flags.presence_penalty,
+                 "Subtract this from the logit of every token already in the context (0: off)");
+  cmd.add_option("--seed", flags.seed, "Random seed: the same seed gives the same text");
+}
+
+SamplingParams sampling_from(const SamplingFlags& f, const GenerationConfig& g) {
+  SamplingParams p;
+  bool sample = g.do_sample.value_or(g.temperature.has_value());
+  p.temperature = f.temperature.value_or(sample ? g.temperature.value_or(1.0f) : 0.0f);
+  p.top_p = f.top_p.value_or(sample ? g.top_p.value_or(1.0f) : 1.0f);
+  p.top_k = f.top_k.value_or(sample ? g.top_k.value_or(0) : 0);
+  p.min_p = f.min_p.value_or(sample ? g.min_p.value_or(0.0f) : 0.0f);
+  p.repetition_penalty = f.repetition_penalty.value_or(g.repetition_penalty.value_or(1.0f));
+  p.presence_penalty = f.presence_penalty;
+  p.seed = f.seed;
+  return p;
 }
 
 std::vector<int32_t> parse_ids(const std::string& text) {
