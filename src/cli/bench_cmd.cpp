@@ -39,11 +39,11 @@ void run_bench(const BenchFlags& f) {
   std::unique_ptr<Model> model;
   std::string name;
   if (!f.shape.empty()) {
-    model = random_model(f.shape, device);
+    model = random_model(f.shape, device, Levers::from_env().load_options(device));
     name = f.shape + " (random)";
   } else {
     auto dir = resolve_model_dir(f.model);
-    model = load_model(dir, device);
+    model = load_model(dir, device, Levers::from_env().load_options(device));
     name = dir.filename().string();
   }
   const ModelInfo& info = model->info();
@@ -53,11 +53,18 @@ void run_bench(const BenchFlags& f) {
   for (int64_t d : parse_int_list(f.depth, "-d")) {
     for (int64_t p : parse_int_list(f.prompt, "-p"))
       if (p > 0) rows.push_back(bench_prefill(*model, p, d, f.reps, ceilings));
-    for (int64_t n : parse_int_list(f.gen, "-n")) {
-      if (n <= 0) continue;
-      Levers levers = Levers::from_env();
-      rows.push_back(bench_decode(*model, n, d, f.reps, ceilings, levers));
-      if (f.baseline) rows.push_back(bench_decode(*model, n, d, f.reps, ceilings, Levers{.cuda_graphs = false}));
+    for (int64_t n : parse_int_list(f.gen, "-n"))
+      if (n > 0) rows.push_back(bench_decode(*model, n, d, f.reps, ceilings, Levers::from_env()));
+  }
+  if (f.baseline) {  // the same rows with every lever off, the weights laid out unfused
+    model.reset();
+    model = !f.shape.empty() ? random_model(f.shape, device, Levers::all_off().load_options(device))
+                             : load_model(resolve_model_dir(f.model), device, Levers::all_off().load_options(device));
+    for (int64_t d : parse_int_list(f.depth, "-d")) {
+      for (int64_t p : parse_int_list(f.prompt, "-p"))
+        if (p > 0) rows.push_back(bench_prefill(*model, p, d, f.reps, ceilings));
+      for (int64_t n : parse_int_list(f.gen, "-n"))
+        if (n > 0) rows.push_back(bench_decode(*model, n, d, f.reps, ceilings, Levers::all_off()));
     }
   }
 
@@ -103,7 +110,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("-d,--depth", f->depth, "Tokens already in the cache, comma-separated");
   cmd->add_option("-r,--reps", f->reps, "Repetitions per row, after one warm-up")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", f->json, "Print the rows as JSON");
-  cmd->add_flag("--baseline", f->baseline, "Also run every decode row with all levers off, for comparison");
+  cmd->add_flag("--baseline", f->baseline, "Also run every row with all levers off, for comparison");
   cmd->add_flag("--calibrate", f->calibrate, "Measure this GPU's copy bandwidth and bf16 matmul rate first");
   cmd->add_option("--bandwidth", f->bandwidth, "Copy bandwidth in bytes/s for the roofline (default: H200, 4.255e12)");
   cmd->add_option("--matmul-rate", f->matmul_rate, "bf16 matmul rate in FLOP/s (default: H200, 770e12)");

@@ -18,6 +18,7 @@
 #include "chat/turn_stops.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "engine/levers.h"
 #include "core/error.h"
 #include "engine/generate.h"
 #include "engine/text_stream.h"
@@ -106,7 +107,7 @@ class ChatSession {
     }
     Device device = resolve_device(f.device);
     effective_runtime(resolved_, f.runtime, device);  // nothing beyond the default engages yet; this refuses the rest
-    model_ = load_model(resolved_.dir, device);
+    model_ = load_model(resolved_.dir, device, Levers::from_env().load_options(device));
     GenerationConfig gen = GenerationConfig::load(resolved_.dir);
     options_.max_new_tokens = f.max_new_tokens;
     options_.sampling = sampling_from(f.sampling, gen);

@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "engine/levers.h"
 #include "core/progress.h"
 #include "engine/perplexity.h"
 #include "io/npy.h"
@@ -23,7 +24,8 @@ void run_logits(const LogitsFlags& f) {
   apply_threads(f.threads);
   std::vector<int32_t> ids = parse_ids(f.ids);
   MERE_CHECK(!ids.empty(), "--ids: no token ids given");
-  std::unique_ptr<Model> model = load_model(resolve_model_dir(f.model), resolve_device(f.device));
+  std::unique_ptr<Model> model = load_model(resolve_model_dir(f.model), resolve_device(f.device),
+                                              Levers::from_env().load_options(resolve_device(f.device)));
   for (int32_t id : ids)
     MERE_CHECK(id < model->info().vocab, "--ids: token id {} is outside the vocabulary of {}", id,
                model->info().vocab);
@@ -48,7 +50,7 @@ void run_ppl(const PplFlags& f) {
   MERE_CHECK(in.good(), "{}: cannot open", f.file);
   std::stringstream text;
   text << in.rdbuf();
-  std::unique_ptr<Model> model = load_model(dir, resolve_device(f.device));
+  std::unique_ptr<Model> model = load_model(dir, resolve_device(f.device), Levers::from_env().load_options(resolve_device(f.device)));
   Tokenizer tokenizer = Tokenizer::load(dir);
   std::vector<int32_t> ids = tokenizer.encode(text.str(), /*add_special_tokens=*/false);
   int64_t ctx = std::min<int64_t>(f.ctx, model->info().max_positions);

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "engine/levers.h"
 #include "engine/generate.h"
 #include "engine/text_stream.h"
 #include "io/config.h"
@@ -28,7 +29,7 @@ void run_generate(const GenerateFlags& f) {
   const auto& dir = resolved.dir;
   Device device = resolve_device(f.device);
   effective_runtime(resolved, f.runtime, device);  // nothing beyond the default engages yet; this refuses the rest
-  std::unique_ptr<Model> model = load_model(dir, device);
+  std::unique_ptr<Model> model = load_model(dir, device, Levers::from_env().load_options(device));
   Tokenizer tokenizer = Tokenizer::load(dir);
   GenerationConfig gen = GenerationConfig::load(dir);
 

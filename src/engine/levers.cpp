@@ -21,9 +21,17 @@ bool env_flag(const char* name, bool fallback) {
 Levers Levers::from_env() {
   Levers l;
   l.cuda_graphs = env_flag("MERERUN_CUDA_GRAPHS", l.cuda_graphs);
+  l.fused_projections = env_flag("MERERUN_FUSED_PROJECTIONS", l.fused_projections);
   return l;
 }
 
-std::string Levers::describe() const { return std::string("cuda_graphs=") + (cuda_graphs ? "on" : "off"); }
+std::string Levers::describe() const {
+  return std::string("cuda_graphs=") + (cuda_graphs ? "on" : "off") +
+         " fused_projections=" + (fused_projections ? "on" : "off");
+}
+
+LoadOptions Levers::load_options(Device device) const {
+  return LoadOptions{.fuse_projections = fused_projections && device == Device::cuda};
+}
 
 }  // namespace mere

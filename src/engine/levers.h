@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "models/model.h"
+
 namespace mere {
 
 struct Levers {
@@ -11,10 +13,16 @@ struct Levers {
   // memory). Default: its parity test (greedy and seeded sampling identical to
   // the plain loop) passes on the fixtures and the demo model.
   bool cuda_graphs = true;
+  // Q/K/V and gate/up weights concatenated at load, one matmul each (CUDA only:
+  // on the CPU it would copy every weight out of the memory-mapped checkpoint).
+  bool fused_projections = true;
 
-  // MERERUN_CUDA_GRAPHS=0|1 overrides the default.
+  // MERERUN_CUDA_GRAPHS=0|1 and MERERUN_FUSED_PROJECTIONS=0|1 override the defaults.
   static Levers from_env();
+  static Levers all_off() { return Levers{.cuda_graphs = false, .fused_projections = false}; }
   std::string describe() const;
+  // How a model is laid out on `device` under these levers.
+  LoadOptions load_options(Device device) const;
 };
 
 }  // namespace mere

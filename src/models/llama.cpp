@@ -81,7 +81,7 @@ std::vector<std::pair<std::string, Shape>> LlamaConfig::tensor_shapes() const {
   return out;
 }
 
-Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device device)
+Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device device, const LoadOptions& options)
     : cfg_(LlamaConfig::parse(config)), checkpoint_(checkpoint) {
   const LlamaConfig& k = cfg_;
   const int64_t q_dim = int64_t(k.n_heads) * k.head_dim, kv_dim = int64_t(k.n_kv_heads) * k.head_dim;
@@ -104,30 +104,34 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
     LlamaLayer w;
     w.attn_norm = get(p + "input_layernorm.weight", {k.d_model}, "hidden_size");
     w.mlp_norm = get(p + "post_attention_layernorm.weight", {k.d_model}, "hidden_size");
-    w.q = get(p + "self_attn.q_proj.weight", {q_dim, k.d_model}, "num_attention_heads * head_dim, hidden_size");
-    w.k = get(p + "self_attn.k_proj.weight", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
-    w.v = get(p + "self_attn.v_proj.weight", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
+    w.qkv.q = get(p + "self_attn.q_proj.weight", {q_dim, k.d_model}, "num_attention_heads * head_dim, hidden_size");
+    w.qkv.k = get(p + "self_attn.k_proj.weight", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
+    w.qkv.v = get(p + "self_attn.v_proj.weight", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
     w.o = get(p + "self_attn.o_proj.weight", {k.d_model, q_dim}, "hidden_size, num_attention_heads * head_dim");
     if (k.attention_bias) {
-      w.q_bias = get(p + "self_attn.q_proj.bias", {q_dim}, "num_attention_heads * head_dim");
-      w.k_bias = get(p + "self_attn.k_proj.bias", {kv_dim}, "num_key_value_heads * head_dim");
-      w.v_bias = get(p + "self_attn.v_proj.bias", {kv_dim}, "num_key_value_heads * head_dim");
+      w.qkv.q_bias = get(p + "self_attn.q_proj.bias", {q_dim}, "num_attention_heads * head_dim");
+      w.qkv.k_bias = get(p + "self_attn.k_proj.bias", {kv_dim}, "num_key_value_heads * head_dim");
+      w.qkv.v_bias = get(p + "self_attn.v_proj.bias", {kv_dim}, "num_key_value_heads * head_dim");
     }
     if (k.o_bias) w.o_bias = get(p + "self_attn.o_proj.bias", {k.d_model}, "hidden_size");
     if (k.qk_norm) {
       w.q_norm = get(p + "self_attn.q_norm.weight", {k.head_dim}, "head_dim");
       w.k_norm = get(p + "self_attn.k_norm.weight", {k.head_dim}, "head_dim");
     }
-    w.gate = get(p + "mlp.gate_proj.weight", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
-    w.up = get(p + "mlp.up_proj.weight", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
-    w.down = get(p + "mlp.down_proj.weight", {k.d_model, k.d_ff}, "hidden_size, intermediate_size");
+    w.mlp.gate = get(p + "mlp.gate_proj.weight", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
+    w.mlp.up = get(p + "mlp.up_proj.weight", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
+    w.mlp.down = get(p + "mlp.down_proj.weight", {k.d_model, k.d_ff}, "hidden_size, intermediate_size");
     if (k.mlp_bias) {
-      w.gate_bias = get(p + "mlp.gate_proj.bias", {k.d_ff}, "intermediate_size");
-      w.up_bias = get(p + "mlp.up_proj.bias", {k.d_ff}, "intermediate_size");
-      w.down_bias = get(p + "mlp.down_proj.bias", {k.d_model}, "hidden_size");
+      w.mlp.gate_bias = get(p + "mlp.gate_proj.bias", {k.d_ff}, "intermediate_size");
+      w.mlp.up_bias = get(p + "mlp.up_proj.bias", {k.d_ff}, "intermediate_size");
+      w.mlp.down_bias = get(p + "mlp.down_proj.bias", {k.d_model}, "hidden_size");
     }
     // Old Llama checkpoints store the RoPE table; we recompute it from the config.
     if (checkpoint.has(p + "self_attn.rotary_emb.inv_freq")) checkpoint.get(p + "self_attn.rotary_emb.inv_freq");
+    if (options.fuse_projections) {
+      w.qkv.fuse();
+      w.mlp.fuse();
+    }
     layers_.push_back(std::move(w));
   }
   std::vector<std::string> unused = checkpoint.unused();
@@ -137,6 +141,7 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   info_.model_type = k.model_type;
   info_.family = "llama";
   info_.device = device;
+  info_.fused_projections = options.fuse_projections;
   info_.vocab = k.vocab;
   info_.max_positions = k.max_positions;
   info_.weight_bytes = checkpoint.size_bytes();
@@ -145,11 +150,11 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
 
 uint64_t Llama::decode_bytes(int64_t context) const {
   uint64_t bytes = tok_embed_.size_bytes() / uint64_t(cfg_.vocab) + final_norm_.size_bytes() + lm_head_.size_bytes();
-  for (const LlamaLayer& w : layers_)
-    for (const Tensor* t : {&w.attn_norm, &w.mlp_norm, &w.q, &w.k, &w.v, &w.o, &w.q_bias, &w.k_bias, &w.v_bias,
-                            &w.o_bias, &w.q_norm, &w.k_norm, &w.gate, &w.up, &w.down, &w.gate_bias, &w.up_bias,
-                            &w.down_bias})
+  for (const LlamaLayer& w : layers_) {
+    bytes += w.qkv.size_bytes() + w.mlp.size_bytes();
+    for (const Tensor* t : {&w.attn_norm, &w.mlp_norm, &w.o, &w.o_bias, &w.q_norm, &w.k_norm})
       if (t->defined()) bytes += t->size_bytes();
+  }
   const uint64_t kv_elem_bytes = info_.device == Device::cpu ? 4 : 2;  // f32 on CPU, bf16 on CUDA
   bytes += uint64_t(context) * 2 * uint64_t(cfg_.n_layers) * uint64_t(cfg_.n_kv_heads) * uint64_t(cfg_.head_dim) *
            kv_elem_bytes;
@@ -177,12 +182,13 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool al
   const float scale = 1.0f / std::sqrt(float(k.head_dim));
 
   Tensor h = ops::embed(tok_embed_, ids);                                      // [T, d_model]
+  Tensor x = ops::rms_norm(h, layers_[0].attn_norm, k.norm_eps);
   for (int l = 0; l < k.n_layers; ++l) {
     const LlamaLayer& w = layers_[size_t(l)];
-    Tensor x = ops::rms_norm(h, w.attn_norm, k.norm_eps);
-    Tensor q = ops::linear(x, w.q, w.q_bias).reshape({T, k.n_heads, k.head_dim});
-    Tensor kk = ops::linear(x, w.k, w.k_bias).reshape({T, k.n_kv_heads, k.head_dim});
-    Tensor v = ops::linear(x, w.v, w.v_bias).reshape({T, k.n_kv_heads, k.head_dim});
+    auto [q, kk, v] = w.qkv.apply(x);
+    q = q.reshape({T, k.n_heads, k.head_dim});
+    kk = kk.reshape({T, k.n_kv_heads, k.head_dim});
+    v = v.reshape({T, k.n_kv_heads, k.head_dim});
     if (k.qk_norm) {  // Qwen3: per-head RMSNorm before RoPE
       q = ops::rms_norm(q, w.q_norm, k.norm_eps);
       kk = ops::rms_norm(kk, w.k_norm, k.norm_eps);
@@ -192,13 +198,13 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool al
     KvCache& cache = state.kv(l);
     cache.write(pos, kk, v);
     Tensor a = ops::attention(q, cache.keys(), cache.values(), pos, scale);   // [T, n_heads, head_dim]
-    ops::add_inplace(h, ops::linear(a.reshape({T, -1}), w.o, w.o_bias));
-    x = ops::rms_norm(h, w.mlp_norm, k.norm_eps);
-    Tensor gate = ops::linear(x, w.gate, w.gate_bias), up = ops::linear(x, w.up, w.up_bias);
-    ops::add_inplace(h, ops::linear(ops::silu_mul(gate, up), w.down, w.down_bias));
+    // The residual add and the next RMSNorm in one pass, twice per layer.
+    x = ops::add_rms_norm(h, ops::linear(a.reshape({T, -1}), w.o, w.o_bias), w.mlp_norm, k.norm_eps);
+    const Tensor& next_norm = l + 1 < k.n_layers ? layers_[size_t(l) + 1].attn_norm : final_norm_;
+    x = ops::add_rms_norm(h, w.mlp.apply(x), next_norm, k.norm_eps);
   }
-  if (!all_logits) h = h.slice_rows(T - 1, T);
-  return ops::linear(ops::rms_norm(h, final_norm_, k.norm_eps), lm_head_);     // [T or 1, vocab]
+  if (!all_logits) x = x.slice_rows(T - 1, T);
+  return ops::linear(x, lm_head_);                                             // [T or 1, vocab]
 }
 
 }  // namespace mere

@@ -3,6 +3,7 @@
 
 #include "io/checkpoint.h"
 #include "io/config.h"
+#include "models/blocks/projections.h"
 #include "models/model.h"
 #include "ops/ops.h"
 
@@ -27,16 +28,15 @@ struct LlamaConfig {
 
 struct LlamaLayer {
   Tensor attn_norm, mlp_norm;
-  Tensor q, k, v, o;                // [out, in]
-  Tensor q_bias, k_bias, v_bias, o_bias;
+  QkvProjection qkv;
+  Tensor o, o_bias;                 // [d_model, n_heads * head_dim]
   Tensor q_norm, k_norm;            // [head_dim], Qwen3 only
-  Tensor gate, up, down;
-  Tensor gate_bias, up_bias, down_bias;
+  GatedMlp mlp;
 };
 
 class Llama : public Model {
  public:
-  Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device device);
+  Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device device, const LoadOptions& options = {});
 
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<SeqState> make_state(int64_t capacity) const override;

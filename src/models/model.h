@@ -16,6 +16,7 @@ struct ModelInfo {
   std::string model_type;   // config.json's model_type, e.g. "qwen3"
   std::string family;       // the file that implements it, e.g. "llama"
   Device device = Device::cpu;
+  bool fused_projections = false;  // how the weights were laid out (LoadOptions)
   int64_t vocab = 0;
   int64_t max_positions = 0;
   int64_t n_params = 0;
@@ -45,10 +46,17 @@ class Model {
   virtual double prefill_flops(int64_t T, int64_t context) const = 0;
 };
 
+// How weights are laid out on the device; set by the engine from its levers.
+struct LoadOptions {
+  // Q/K/V and gate/up weights concatenated, so each is one matmul (lever fused_projections).
+  bool fuse_projections = false;
+};
+
 // Loads the checkpoint in `dir`, picking the family from config.json's model_type.
 // Unknown types are an error that lists the supported ones.
 // Weights go to `device` as stored (bf16 stays bf16); activations are f32.
-std::unique_ptr<Model> load_model(const std::filesystem::path& dir, Device device = Device::cpu);
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, Device device = Device::cpu,
+                                  const LoadOptions& options = {});
 std::vector<std::string> supported_model_types();
 
 }  // namespace mere

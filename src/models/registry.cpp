@@ -9,7 +9,7 @@ namespace mere {
 
 std::vector<std::string> supported_model_types() { return {"llama", "qwen2", "qwen3"}; }
 
-std::unique_ptr<Model> load_model(const std::filesystem::path& dir, Device device) {
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, Device device, const LoadOptions& options) {
   MERE_CHECK(std::filesystem::is_directory(dir), "{}: not a model directory", dir.string());
   ConfigJson config = ConfigJson::load(dir / "config.json");
   std::string type = config.require<std::string>("model_type");
@@ -18,7 +18,7 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, Device devic
              "{}: model_type '{}' is not supported (supported: {})", config.path().string(), type,
              fmt::join(supported, ", "));
   Checkpoint checkpoint = Checkpoint::open(dir);
-  return std::make_unique<Llama>(config, checkpoint, device);
+  return std::make_unique<Llama>(config, checkpoint, device, options);
 }
 
 }  // namespace mere

@@ -42,7 +42,8 @@ std::vector<std::string> known_shapes() { return {"llama3-8b", "qwen3-8b", "qwen
 
 nlohmann::json shape_config(const std::string& name) { return published(name); }
 
-std::unique_ptr<Model> random_model(const std::string& name, Device device, uint64_t seed) {
+std::unique_ptr<Model> random_model(const std::string& name, Device device, const LoadOptions& options,
+                                    uint64_t seed) {
   ConfigJson config = ConfigJson::from_json(published(name), name + "/config.json");
   LlamaConfig cfg = LlamaConfig::parse(config);
   std::map<std::string, Tensor> tensors;
@@ -55,7 +56,7 @@ std::unique_ptr<Model> random_model(const std::string& name, Device device, uint
     ops::fill_random(t, seed * 1000003 + i++, scale, is_norm ? 1.0f : 0.0f);
     tensors.emplace(tensor_name, t);
   }
-  return std::make_unique<Llama>(config, Checkpoint::from_tensors(name, std::move(tensors)), device);
+  return std::make_unique<Llama>(config, Checkpoint::from_tensors(name, std::move(tensors)), device, options);
 }
 
 }  // namespace mere

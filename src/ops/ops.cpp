@@ -89,6 +89,81 @@ Tensor silu_mul(const Tensor& gate, const Tensor& up) {
   return out;
 }
 
+Tensor silu_mul_halves(const Tensor& gate_up) {
+  MERE_CHECK(gate_up.dtype() == DType::f32 && gate_up.rank() == 2 && gate_up.dim(1) % 2 == 0,
+             "silu_mul_halves: gate_up must be f32 [T, 2f], got {}", shape_str(gate_up.shape()));
+  Tensor out = Tensor::empty({gate_up.dim(0), gate_up.dim(1) / 2}, DType::f32, gate_up.device());
+  switch (gate_up.device()) {
+    case Device::cpu: cpu::silu_mul_halves(gate_up, out); break;
+    case Device::cuda: cuda::silu_mul_halves(gate_up, out); break;
+  }
+  return out;
+}
+
+Tensor add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps) {
+  MERE_CHECK(h.shape() == x.shape() && h.dtype() == DType::f32 && x.dtype() == DType::f32,
+             "add_rms_norm: {} += {} must be f32 of one shape", shape_str(h.shape()), shape_str(x.shape()));
+  MERE_CHECK(w.shape() == Shape{h.dim(-1)}, "add_rms_norm: weight has shape {} but h has last dim {}",
+             shape_str(w.shape()), h.dim(-1));
+  check_same_device("add_rms_norm", h, x);
+  check_same_device("add_rms_norm", h, w);
+  Tensor out = Tensor::empty(h.shape(), DType::f32, h.device());
+  switch (h.device()) {
+    case Device::cpu:
+      cpu::add_inplace(h, x);
+      cpu::rms_norm(h, w, eps, out);
+      break;
+    case Device::cuda: cuda::add_rms_norm(h, x, w, eps, out); break;
+  }
+  return out;
+}
+
+std::vector<Tensor> split_columns(const Tensor& x, const std::vector<int64_t>& widths) {
+  int64_t total = 0;
+  for (int64_t w : widths) total += w;
+  MERE_CHECK(x.rank() == 2 && x.dim(1) == total, "split_columns: {} does not split into widths summing to {}",
+             shape_str(x.shape()), total);
+  std::vector<Tensor> out;
+  const int64_t T = x.dim(0);
+  Tensor flat = x.reshape({-1});
+  int64_t offset = 0;
+  for (int64_t w : widths) {
+    if (T == 1) {
+      out.push_back(flat.slice_rows(offset, offset + w).reshape({1, w}));
+    } else {
+      Tensor part = Tensor::empty({T, w}, x.dtype(), x.device());
+      switch (x.device()) {
+        case Device::cpu: cpu::copy_columns(x, offset, part); break;
+        case Device::cuda: cuda::copy_columns(x, offset, part); break;
+      }
+      out.push_back(part);
+    }
+    offset += w;
+  }
+  return out;
+}
+
+Tensor concat_rows(const std::vector<Tensor>& parts) {
+  MERE_CHECK(!parts.empty(), "concat_rows: nothing to concatenate");
+  const Tensor& first = parts.front();
+  Shape shape = first.shape();
+  shape[0] = 0;
+  for (const Tensor& p : parts) {
+    MERE_CHECK(p.dtype() == first.dtype() && p.device() == first.device() && p.rank() == first.rank() &&
+                   p.numel() / std::max<int64_t>(p.dim(0), 1) == first.numel() / std::max<int64_t>(first.dim(0), 1),
+               "concat_rows: {} {} does not stack with {} {}", dtype_name(p.dtype()), shape_str(p.shape()),
+               dtype_name(first.dtype()), shape_str(first.shape()));
+    shape[0] += p.dim(0);
+  }
+  Tensor out = Tensor::empty(shape, first.dtype(), first.device());
+  size_t offset = 0;
+  for (const Tensor& p : parts) {
+    copy_bytes(static_cast<char*>(out.raw()) + offset, out.device(), p.raw(), p.device(), p.size_bytes());
+    offset += p.size_bytes();
+  }
+  return out;
+}
+
 void add_inplace(Tensor& h, const Tensor& x) {
   MERE_CHECK(h.shape() == x.shape() && h.dtype() == DType::f32 && x.dtype() == DType::f32,
              "add_inplace: {} += {} must be f32 of one shape", shape_str(h.shape()), shape_str(x.shape()));

@@ -26,6 +26,19 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 
 // silu(gate) * up, elementwise; both f32 of the same shape.
 Tensor silu_mul(const Tensor& gate, const Tensor& up);
+// The same on a fused gate/up projection: gate_up [T, 2f] holds gate then up -> [T, f].
+Tensor silu_mul_halves(const Tensor& gate_up);
+
+// h += x, then RMSNorm of the new h with w: the residual add and the next norm
+// in one pass. Bit-identical to add_inplace followed by rms_norm.
+Tensor add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps);
+
+// Column blocks of x [T, sum(widths)] as tensors [T, width]: views when T == 1
+// (contiguous already), copies otherwise.
+std::vector<Tensor> split_columns(const Tensor& x, const std::vector<int64_t>& widths);
+
+// Rows of several tensors of one dtype and device stacked: [sum(rows), ...].
+Tensor concat_rows(const std::vector<Tensor>& parts);
 
 // h += x, elementwise, in place; both f32 of the same shape.
 void add_inplace(Tensor& h, const Tensor& x);

@@ -101,3 +101,34 @@ TEST(CpuOps, EmbedChecksIds) {
 
 }  // namespace
 }  // namespace mere
+
+namespace mere {
+namespace {
+
+TEST(CpuOps, FusedHelpersMatchTheirCompositions) {
+  Tensor gu = Tensor::from_floats({1, -2, 3, 4, 0.5f, 6, -1, 2}, {2, 4});  // gate [1,-2 | 0.5,6], up [3,4 | -1,2]
+  Tensor y = ops::silu_mul_halves(gu);
+  Tensor g = Tensor::from_floats({1, -2, 0.5f, 6}, {2, 2}), u = Tensor::from_floats({3, 4, -1, 2}, {2, 2});
+  EXPECT_EQ(test::max_abs_diff(y, ops::silu_mul(g, u)).diff, 0.0f);
+
+  auto parts = ops::split_columns(gu, {1, 3});
+  EXPECT_EQ(parts[1].shape(), (Shape{2, 3}));
+  EXPECT_FLOAT_EQ(parts[1].at(3), 0.5f * 0 + 6);  // row 1, column 1 of the second block
+  auto views = ops::split_columns(gu.slice_rows(1, 2), {2, 2});  // T = 1: views, no copy
+  EXPECT_EQ(views[1].raw(), gu.data<float>() + 6);
+  EXPECT_THROW(ops::split_columns(gu, {1, 2}), Error);
+
+  Tensor stacked = ops::concat_rows({g, u.to(DType::f32)});
+  EXPECT_EQ(stacked.shape(), (Shape{4, 2}));
+  EXPECT_FLOAT_EQ(stacked.at(5), 4);
+  EXPECT_THROW(ops::concat_rows({g, u.to(DType::bf16)}), Error);
+
+  Tensor h1 = Tensor::from_floats({1, 2, 3, 4}, {2, 2}), h2 = h1.clone(), w = Tensor::from_floats({1, 2}, {2});
+  Tensor fused = ops::add_rms_norm(h1, g, w, 1e-6f);
+  ops::add_inplace(h2, g);
+  EXPECT_EQ(test::max_abs_diff(h1, h2).diff, 0.0f);
+  EXPECT_EQ(test::max_abs_diff(fused, ops::rms_norm(h2, w, 1e-6f)).diff, 0.0f);
+}
+
+}  // namespace
+}  // namespace mere

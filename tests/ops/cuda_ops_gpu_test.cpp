@@ -90,6 +90,23 @@ TEST_F(CudaOps, ElementwiseEmbedAndConvert) {
   EXPECT_EQ(relative_error(dst, dst_cpu, "convert f32 -> bf16"), 0.0f);
 }
 
+TEST_F(CudaOps, FusedHelpersMatchTheCpu) {
+  Tensor gu = random({5, 2 * 300}, DType::f32, 11, 3.0f);
+  EXPECT_LE(relative_error(ops::silu_mul_halves(gpu(gu)), ops::silu_mul_halves(gu), "silu_mul_halves"), 1e-6f);
+  auto cpu_parts = ops::split_columns(gu, {128, 64, 408});
+  auto gpu_parts = ops::split_columns(gpu(gu), {128, 64, 408});
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(relative_error(gpu_parts[i], cpu_parts[i], "split_columns"), 0.0f);
+  // add_rms_norm on the GPU is bit-identical to add_inplace then rms_norm on the GPU.
+  Tensor h = random({3, 4096}, DType::f32, 12), x = random({3, 4096}, DType::f32, 13);
+  Tensor w = random({4096}, DType::bf16, 14, 0.2f, 1.0f);
+  Tensor h1 = gpu(h), h2 = gpu(h);
+  Tensor fused = ops::add_rms_norm(h1, gpu(x), gpu(w), 1e-6f);
+  ops::add_inplace(h2, gpu(x));
+  Tensor composed = ops::rms_norm(h2, gpu(w), 1e-6f);
+  EXPECT_EQ(relative_error(h1, h2.to_device(Device::cpu), "add_rms_norm residual"), 0.0f);
+  EXPECT_EQ(relative_error(fused, composed.to_device(Device::cpu), "add_rms_norm vs composition"), 0.0f);
+}
+
 TEST_F(CudaOps, Rope) {
   for (bool interleaved : {false, true})
     for (int head_dim : {16, 64, 128}) {

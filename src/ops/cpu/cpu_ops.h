@@ -10,6 +10,10 @@ void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
 void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
 void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
 void add_inplace(Tensor& h, const Tensor& x);
+void silu_mul_halves(const Tensor& gate_up, Tensor& out);
+// dst [T, w] = columns [offset, offset + w) of x [T, n].
+void copy_columns(const Tensor& x, int64_t offset, Tensor& dst);
+
 void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table);
 void convert(const Tensor& src, Tensor& dst);
 void fill_random(Tensor& t, uint64_t seed, float scale, float offset);

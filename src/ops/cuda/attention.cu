@@ -1,9 +1,13 @@
-// Causal GQA attention as split-K flash decoding, for decode and (for now) prefill.
-// Grid (query head, token, split): each block walks one chunk of the visible
-// keys, its four warps taking every fourth key with an online softmax; the
-// warps merge in shared memory and the block writes a partial (max, sum, out).
-// A second kernel merges the splits. Long contexts give many splits, so every
-// SM has work even at batch 1.
+// Causal GQA attention as split-K flash decoding, for decode and prefill.
+// Each split of the keys a token sees gives one partial (max, sum, out) per query
+// head; a second kernel merges the splits. A split holds
+// max(kMinKeysPerSplit, ceil(visible keys / n_splits)) keys, worked out in the
+// kernel from the position, so a graph captured with a fixed n_splits stays right
+// as the context grows, short contexts use few splits and long ones spread over
+// all of them. A split past the visible keys writes max -inf and sum 0 (its out
+// is left unwritten; the merge skips it).
+#include <cstdint>
+
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -11,8 +15,281 @@ namespace mere::cuda {
 namespace {
 
 constexpr int kWarps = 4;
+constexpr int kKeysPerSplit = 256;     // eager launches: one split per 256 visible keys
+constexpr int kMinKeysPerSplit = 256;  // fewer keys per split would cost more in merging than it gains
+
+struct KeyRange {
+  int begin, end;  // empty when begin >= end
+};
+
+// The keys [begin, end) of `split` among the n_keys a token sees.
+__device__ __forceinline__ KeyRange split_range(int n_keys, int n_splits, int split) {
+  const int per_split = max(kMinKeysPerSplit, (n_keys + n_splits - 1) / n_splits);
+  const int begin = int(min(int64_t(split) * per_split, int64_t(n_keys)));
+  return {begin, min(begin + per_split, n_keys)};
+}
+
+// exp(m - ref) that is 0 for m = -inf even when ref is -inf too.
+__device__ __forceinline__ float rescale(float m, float ref) { return m == -INFINITY ? 0.0f : __expf(m - ref); }
+
+// ---------------------------------------------------------------------------
+// GQA kernel (every case whose K/V rows allow aligned 16-byte loads).
+//
+// Grid (kv head x chunk of HB query heads, token, split), 4 warps. The block walks
+// its split once for the HB query heads that share the kv head, so each K/V byte
+// is read from memory once per token rather than once per query head. A sub-group
+// of L lanes takes one key: each lane loads 16-byte pieces of the key's K and V
+// rows (E = head_dim_bucket / L elements), holds q and the output accumulator for
+// those elements for all HB heads, and the partial dot products meet in log2(L)
+// shuffles. A sub-group takes KPI keys per step, with the next step's K/V loads in
+// flight, and updates its online softmax once per step. At the end the sub-groups
+// of a warp merge by shuffles, the four warps through shared memory.
+
+template <typename KV, int HD>
+struct Lanes {
+  static constexpr int W = 16 / int(sizeof(KV));                // elements per 16-byte load
+  static constexpr int L = HD / W < 32 ? HD / W : 32;           // lanes per key
+  static constexpr int C = HD / (L * W);                        // 16-byte pieces per lane
+  static constexpr int E = C * W;                               // elements per lane
+  static constexpr int kSubgroups = kWarps * 32 / L;
+  static_assert(HD % (L * W) == 0 && 32 % L == 0);
+};
+
+// Piece c of a lane covers elements [(c * L + lane) * W, +W) of a row.
+template <typename KV, int HD>
+__device__ __forceinline__ int piece_offset(int c, int sub_lane) {
+  using S = Lanes<KV, HD>;
+  return (c * S::L + sub_lane) * S::W;
+}
+
+template <typename KV>
+__device__ __forceinline__ void unpack(const uint4& r, float* f);
+
+template <>
+__device__ __forceinline__ void unpack<float>(const uint4& r, float* f) {
+  f[0] = __uint_as_float(r.x), f[1] = __uint_as_float(r.y), f[2] = __uint_as_float(r.z), f[3] = __uint_as_float(r.w);
+}
+
+// The element at the lower address is the low half of each 32-bit word.
+template <>
+__device__ __forceinline__ void unpack<__nv_bfloat16>(const uint4& r, float* f) {
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+template <>
+__device__ __forceinline__ void unpack<__half>(const uint4& r, float* f) {
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 x = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    f[2 * i] = x.x;
+    f[2 * i + 1] = x.y;
+  }
+}
+
+template <typename KV, int HD, int HB>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_gqa_kernel(const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
+                         float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
+                         int n_heads, int n_kv_heads, int head_dim, const int32_t* __restrict__ pos_dev,
+                         int64_t pos0, float scale, int n_splits) {
+  using S = Lanes<KV, HD>;
+  constexpr int L = S::L, C = S::C, W = S::W, E = S::E;
+  constexpr int KPI = HB >= 8 ? 2 : 4;  // keys per sub-group per step: loads in flight against registers
+  constexpr int kStep = S::kSubgroups * KPI;
+
+  const int group = n_heads / n_kv_heads, chunks = (group + HB - 1) / HB;
+  const int kv_h = blockIdx.x / chunks, head0 = (blockIdx.x % chunks) * HB;  // head0: index within the group
+  const int t = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int subgroup = threadIdx.x / L, sub_lane = threadIdx.x % L;
+
+  const int n_keys = int((pos_dev ? *pos_dev : pos0) + t + 1);
+  const KeyRange range = split_range(n_keys, n_splits, split);
+  auto head_ok = [&](int g) { return head0 + g < group; };
+  auto slot = [&](int g) { return (int64_t(t) * n_heads + kv_h * group + head0 + g) * n_splits + split; };
+
+  if (range.begin >= range.end) {
+    if (threadIdx.x < HB && head_ok(threadIdx.x)) {
+      part_m[slot(threadIdx.x)] = -INFINITY;
+      part_l[slot(threadIdx.x)] = 0;
+    }
+    return;
+  }
+
+  // q (scaled) for this lane's elements; heads past the group and elements past
+  // head_dim are 0 and take no part.
+  float qv[HB][E], o[HB][E], m[HB], l[HB];
+#pragma unroll
+  for (int g = 0; g < HB; ++g) {
+    const float* qr = q + (int64_t(t) * n_heads + kv_h * group + head0 + g) * head_dim;
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const int j = piece_offset<KV, HD>(c, sub_lane) + w;
+        qv[g][c * W + w] = head_ok(g) && j < head_dim ? qr[j] * scale : 0.0f;
+        o[g][c * W + w] = 0;
+      }
+    m[g] = -INFINITY;
+    l[g] = 0;
+  }
+
+  // Loads of the KPI keys of one step; keys past the split and pieces past
+  // head_dim read nothing and unpack as 0.
+  const int64_t row_stride = int64_t(n_kv_heads) * head_dim;
+  const KV* k_lane = k + int64_t(kv_h) * head_dim;
+  const KV* v_lane = v + int64_t(kv_h) * head_dim;
+  bool piece_ok[C];
+#pragma unroll
+  for (int c = 0; c < C; ++c) piece_ok[c] = piece_offset<KV, HD>(c, sub_lane) < head_dim;
+  auto load = [&](int base, uint4 (&kr)[KPI][C], uint4 (&vr)[KPI][C]) {
+#pragma unroll
+    for (int j = 0; j < KPI; ++j) {
+      const int s = base + j * S::kSubgroups + subgroup;
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        kr[j][c] = vr[j][c] = make_uint4(0, 0, 0, 0);
+        if (s < range.end && piece_ok[c]) {
+          const int64_t off = s * row_stride + piece_offset<KV, HD>(c, sub_lane);
+          kr[j][c] = __ldg(reinterpret_cast<const uint4*>(k_lane + off));
+          vr[j][c] = __ldg(reinterpret_cast<const uint4*>(v_lane + off));
+        }
+      }
+    }
+  };
+
+  uint4 k_next[KPI][C], v_next[KPI][C];
+  load(range.begin, k_next, v_next);
+  // The loop bounds are the same for every thread of the block, so every lane
+  // reaches every shuffle.
+  for (int base = range.begin; base < range.end; base += kStep) {
+    uint4 k_cur[KPI][C], v_cur[KPI][C];
+#pragma unroll
+    for (int j = 0; j < KPI; ++j)
+#pragma unroll
+      for (int c = 0; c < C; ++c) k_cur[j][c] = k_next[j][c], v_cur[j][c] = v_next[j][c];
+    load(base + kStep, k_next, v_next);
+
+    float score[KPI][HB];
+#pragma unroll
+    for (int j = 0; j < KPI; ++j) {
+      float kf[E];
+#pragma unroll
+      for (int c = 0; c < C; ++c) unpack<KV>(k_cur[j][c], kf + c * W);
+#pragma unroll
+      for (int g = 0; g < HB; ++g) {
+        float dot = 0;
+#pragma unroll
+        for (int e = 0; e < E; ++e) dot = fmaf(qv[g][e], kf[e], dot);
+        score[j][g] = dot;
+      }
+    }
+    // Sum over the sub-group: xor offsets below L stay inside it.
+#pragma unroll
+    for (int off = L / 2; off > 0; off /= 2)
+#pragma unroll
+      for (int j = 0; j < KPI; ++j)
+#pragma unroll
+        for (int g = 0; g < HB; ++g) score[j][g] += __shfl_xor_sync(0xffffffffu, score[j][g], off);
+
+    float p[KPI][HB];
+#pragma unroll
+    for (int g = 0; g < HB; ++g) {
+      float m_new = m[g];
+#pragma unroll
+      for (int j = 0; j < KPI; ++j) {
+        if (base + j * S::kSubgroups + subgroup >= range.end) score[j][g] = -INFINITY;
+        m_new = fmaxf(m_new, score[j][g]);
+      }
+      const float ref = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: every weight is exp(-inf) = 0
+      const float correction = __expf(m[g] - ref);
+      float sum = 0;
+#pragma unroll
+      for (int j = 0; j < KPI; ++j) {
+        p[j][g] = __expf(score[j][g] - ref);
+        sum += p[j][g];
+      }
+      l[g] = l[g] * correction + sum;
+      m[g] = m_new;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o[g][e] *= correction;
+    }
+#pragma unroll
+    for (int j = 0; j < KPI; ++j) {
+      float vf[E];
+#pragma unroll
+      for (int c = 0; c < C; ++c) unpack<KV>(v_cur[j][c], vf + c * W);
+#pragma unroll
+      for (int g = 0; g < HB; ++g)
+#pragma unroll
+        for (int e = 0; e < E; ++e) o[g][e] = fmaf(p[j][g], vf[e], o[g][e]);
+    }
+  }
+
+  // Merge the sub-groups of each warp (lanes L apart hold the same elements).
+#pragma unroll
+  for (int off = L; off < 32; off *= 2)
+#pragma unroll
+    for (int g = 0; g < HB; ++g) {
+      const float m_other = __shfl_xor_sync(0xffffffffu, m[g], off);
+      const float l_other = __shfl_xor_sync(0xffffffffu, l[g], off);
+      const float m_new = fmaxf(m[g], m_other);
+      const float a = rescale(m[g], m_new), b = rescale(m_other, m_new);
+      l[g] = l[g] * a + l_other * b;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o[g][e] = o[g][e] * a + __shfl_xor_sync(0xffffffffu, o[g][e], off) * b;
+      m[g] = m_new;
+    }
+
+  // Merge the warps: rescale each to the block maximum.
+  __shared__ float warp_m[kWarps][HB], warp_l[kWarps][HB];
+  __shared__ float warp_o[kWarps][HB][HD];
+  if (lane < L) {
+#pragma unroll
+    for (int g = 0; g < HB; ++g) {
+      if (lane == 0) warp_m[warp][g] = m[g], warp_l[warp][g] = l[g];
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int w = 0; w < W; ++w) warp_o[warp][g][piece_offset<KV, HD>(c, lane) + w] = o[g][c * W + w];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < HB * HD; i += kWarps * 32) {
+    const int g = i / HD, j = i % HD;
+    if (!head_ok(g) || j >= head_dim) continue;
+    float block_m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) block_m = fmaxf(block_m, warp_m[w][g]);
+    float acc = 0, sum = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (warp_m[w][g] == -INFINITY) continue;
+      const float a = __expf(warp_m[w][g] - block_m);
+      acc += warp_o[w][g][j] * a;
+      sum += warp_l[w][g] * a;
+    }
+    part_o[slot(g) * head_dim + j] = acc;
+    if (j == 0) {
+      part_m[slot(g)] = block_m;
+      part_l[slot(g)] = sum;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Fallback kernel, for K/V rows that 16-byte loads cannot take (head_dim not a
+// multiple of 16 bytes, or an unaligned base). Grid (query head, token, split):
+// each block walks one split, its four warps taking every fourth key, each lane
+// holding head_dim / 32 elements, with an online softmax; the warps merge in
+// shared memory.
 constexpr int kMaxPerLane = kMaxAttentionHeadDim / 32;
-constexpr int kKeysPerSplit = 256;  // eager launches: one split per 256 visible keys
 
 template <typename KV>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -23,10 +300,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int h = blockIdx.x, t = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kv_h = h / (n_heads / n_kv_heads);
-  // A graph replays with the position in device memory; the splits share the keys evenly.
-  const int64_t n_keys = (pos_dev ? *pos_dev : pos0) + t + 1;
-  const int64_t per_split = (n_keys + n_splits - 1) / n_splits;
-  const int64_t begin = int64_t(split) * per_split, end = min(begin + per_split, n_keys);
+  const int n_keys = int((pos_dev ? *pos_dev : pos0) + t + 1);
+  const KeyRange range = split_range(n_keys, n_splits, split);
+  const int64_t slot = (int64_t(t) * n_heads + h) * n_splits + split;
+  if (range.begin >= range.end) {
+    if (threadIdx.x == 0) {
+      part_m[slot] = -INFINITY;
+      part_l[slot] = 0;
+    }
+    return;
+  }
 
   float qv[kMaxPerLane], o[kMaxPerLane];
   const float* qr = q + (int64_t(t) * n_heads + h) * head_dim;
@@ -37,7 +320,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     o[i] = 0;
   }
   float m = -INFINITY, l = 0;
-  for (int64_t s = begin + warp; s < end; s += kWarps) {
+  for (int64_t s = range.begin + warp; s < range.end; s += kWarps) {
     const KV* kr = k + (s * n_kv_heads + kv_h) * head_dim;
     float dot = 0;
 #pragma unroll
@@ -58,7 +341,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     m = m_new;
   }
 
-  // Merge the warps: rescale each to the block maximum.
   __shared__ float warp_m[kWarps], warp_l[kWarps];
   __shared__ float warp_o[kWarps][kMaxPerLane * 32];
   if (lane == 0) {
@@ -70,7 +352,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   __syncthreads();
   float block_m = -INFINITY;
   for (int w = 0; w < kWarps; ++w) block_m = fmaxf(block_m, warp_m[w]);
-  const int64_t slot = (int64_t(t) * n_heads + h) * n_splits + split;
   for (int j = threadIdx.x; j < head_dim; j += blockDim.x) {
     float acc = 0;
     for (int w = 0; w < kWarps; ++w)
@@ -87,9 +368,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // One block per (token, head): merge the splits that saw any key (an empty
-// split has max -inf).
-__global__ void attention_merge_kernel(const float* part_m, const float* part_l, const float* part_o, float* out,
-                                       int n_heads, int head_dim, int n_splits) {
+// split has max -inf and no out).
+__global__ void attention_merge_kernel(const float* __restrict__ part_m, const float* __restrict__ part_l,
+                                       const float* __restrict__ part_o, float* __restrict__ out, int n_heads,
+                                       int head_dim, int n_splits) {
   const int h = blockIdx.x, t = blockIdx.y;
   const int64_t base = (int64_t(t) * n_heads + h) * n_splits;
   float m = -INFINITY;
@@ -105,6 +387,32 @@ __global__ void attention_merge_kernel(const float* part_m, const float* part_l,
   }
 }
 
+template <typename KV, int HD, int HB>
+void launch_gqa(const float* q, const KV* k, const KV* v, float* part_m, float* part_l, float* part_o, int T,
+                int n_heads, int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits,
+                float scale, cudaStream_t stream) {
+  const int chunks = (n_heads / n_kv_heads + HB - 1) / HB;
+  attention_gqa_kernel<KV, HD, HB><<<dim3(n_kv_heads * chunks, T, n_splits), kWarps * 32, 0, stream>>>(
+      q, k, v, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits);
+}
+
+template <typename KV, int HD>
+void launch_gqa_heads(const float* q, const KV* k, const KV* v, float* part_m, float* part_l, float* part_o, int T,
+                      int n_heads, int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0,
+                      int n_splits, float scale, cudaStream_t stream) {
+  // Heads per block: the group rounded up to a power of two, at most 8 (larger
+  // groups take several blocks per kv head).
+  const int group = n_heads / n_kv_heads;
+  auto go = [&]<int HB>() {
+    launch_gqa<KV, HD, HB>(q, k, v, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim, pos_dev, pos0,
+                           n_splits, scale, stream);
+  };
+  if (group <= 1) go.template operator()<1>();
+  else if (group <= 2) go.template operator()<2>();
+  else if (group <= 4) go.template operator()<4>();
+  else go.template operator()<8>();
+}
+
 }  // namespace
 
 int attention_splits(int64_t n_keys) { return ceil_div(n_keys, kKeysPerSplit); }
@@ -114,9 +422,21 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
                              int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
                              cudaStream_t stream) {
   cudaError_t err = visit_float(kv_dtype, [&]<typename KV>() {
-    attention_split_kernel<KV><<<dim3(n_heads, T, n_splits), kWarps * 32, 0, stream>>>(
-        q, static_cast<const KV*>(k), static_cast<const KV*>(v), part_m, part_l, part_o, n_heads, n_kv_heads,
-        head_dim, pos_dev, pos0, scale, n_splits);
+    const KV* kp = static_cast<const KV*>(k);
+    const KV* vp = static_cast<const KV*>(v);
+    const bool wide = (head_dim * sizeof(KV)) % 16 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(v) % 16 == 0;
+    auto go = [&]<int HD>() {
+      launch_gqa_heads<KV, HD>(q, kp, vp, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim, pos_dev, pos0,
+                               n_splits, scale, stream);
+    };
+    if (!wide)
+      attention_split_kernel<KV><<<dim3(n_heads, T, n_splits), kWarps * 32, 0, stream>>>(
+          q, kp, vp, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits);
+    else if (head_dim <= 32) go.template operator()<32>();
+    else if (head_dim <= 64) go.template operator()<64>();
+    else if (head_dim <= 128) go.template operator()<128>();
+    else go.template operator()<256>();
   });
   if (err != cudaSuccess) return err;
   attention_merge_kernel<<<dim3(n_heads, T), 128, 0, stream>>>(part_m, part_l, part_o, out, n_heads, head_dim,

@@ -138,6 +138,22 @@ void add_inplace(Tensor& h, const Tensor& x) {
   MERE_CUDA(launch_add(h.data<float>(), x.data<float>(), h.numel(), stream()));
 }
 
+void silu_mul_halves(const Tensor& gate_up, Tensor& out) {
+  MERE_CUDA(launch_silu_mul_halves(gate_up.data<float>(), out.data<float>(), out.dim(0), out.dim(1), stream()));
+}
+
+void copy_columns(const Tensor& x, int64_t offset, Tensor& dst) {
+  MERE_CHECK(x.dtype() == DType::f32, "copy_columns (CUDA): f32 only, got {}", dtype_name(x.dtype()));
+  MERE_CUDA(launch_copy_columns(x.data<float>(), dst.data<float>(), dst.dim(0), x.dim(1), offset, dst.dim(1),
+                                stream()));
+}
+
+void add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& out) {
+  int64_t d = h.dim(-1);
+  MERE_CUDA(launch_add_rms_norm(h.data<float>(), x.data<float>(), w.raw(), w.dtype(), out.data<float>(),
+                                h.numel() / d, d, eps, stream()));
+}
+
 void convert(const Tensor& src, Tensor& dst) {
   MERE_CUDA(launch_convert(src.raw(), src.dtype(), dst.raw(), dst.dtype(), src.numel(), stream()));
 }
@@ -220,6 +236,9 @@ void add_inplace(Tensor&, const Tensor&) { no_cuda(); }
 void rope(Tensor&, const std::vector<int32_t>&, const RopeTable&) { no_cuda(); }
 void attention(const Tensor&, const Tensor&, const Tensor&, int64_t, float, Tensor&) { no_cuda(); }
 void convert(const Tensor&, Tensor&) { no_cuda(); }
+void silu_mul_halves(const Tensor&, Tensor&) { no_cuda(); }
+void copy_columns(const Tensor&, int64_t, Tensor&) { no_cuda(); }
+void add_rms_norm(Tensor&, const Tensor&, const Tensor&, float, Tensor&) { no_cuda(); }
 void embed(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void rope(Tensor&, const Tensor&, const RopeTable&) { no_cuda(); }
 void attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, Tensor&) { no_cuda(); }

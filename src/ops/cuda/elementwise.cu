@@ -28,6 +28,19 @@ __global__ void convert_kernel(const Src* src, Dst* dst, int64_t n) {
     dst[i] = from_float<Dst>(to_float(src[i]));
 }
 
+__global__ void silu_mul_halves_kernel(const float* gate_up, float* out, int64_t T, int64_t f) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * f; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t t = i / f, j = i % f;
+    float g = gate_up[t * 2 * f + j];
+    out[i] = g / (1.0f + __expf(-g)) * gate_up[t * 2 * f + f + j];
+  }
+}
+
+__global__ void copy_columns_kernel(const float* x, float* dst, int64_t T, int64_t n, int64_t offset, int64_t w) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * w; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = x[(i / w) * n + offset + i % w];
+}
+
 template <typename D>
 __global__ void store_rows_kernel(const float* src, D* dst, const int32_t* pos_dev, int64_t n, int64_t row) {
   const int64_t offset = int64_t(*pos_dev) * row;
@@ -42,6 +55,17 @@ cudaError_t launch_store_rows(const float* src, void* dst, DType dst_dtype, cons
   return visit_float(dst_dtype, [&]<typename D>() {
     store_rows_kernel<D><<<grid_for(T * row), 256, 0, stream>>>(src, static_cast<D*>(dst), pos_dev, T * row, row);
   });
+}
+
+cudaError_t launch_silu_mul_halves(const float* gate_up, float* out, int64_t T, int64_t f, cudaStream_t stream) {
+  silu_mul_halves_kernel<<<grid_for(T * f), 256, 0, stream>>>(gate_up, out, T, f);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_copy_columns(const float* x, float* dst, int64_t T, int64_t n, int64_t offset, int64_t w,
+                                cudaStream_t stream) {
+  copy_columns_kernel<<<grid_for(T * w), 256, 0, stream>>>(x, dst, T, n, offset, w);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {

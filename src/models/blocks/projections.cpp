@@ -1,0 +1,49 @@
+#include "models/blocks/projections.h"
+
+namespace mere {
+namespace {
+
+uint64_t bytes_of(std::initializer_list<const Tensor*> tensors) {
+  uint64_t n = 0;
+  for (const Tensor* t : tensors)
+    if (t->defined()) n += t->size_bytes();
+  return n;
+}
+
+}  // namespace
+
+void QkvProjection::fuse() {
+  qkv = ops::concat_rows({q, k, v});
+  if (q_bias.defined()) qkv_bias = ops::concat_rows({q_bias, k_bias, v_bias});
+  q_dim_ = q.dim(0);
+  kv_dim_ = k.dim(0);
+  q = k = v = q_bias = k_bias = v_bias = Tensor();
+}
+
+std::array<Tensor, 3> QkvProjection::apply(const Tensor& x) const {
+  if (!qkv.defined()) return {ops::linear(x, q, q_bias), ops::linear(x, k, k_bias), ops::linear(x, v, v_bias)};
+  std::vector<Tensor> parts = ops::split_columns(ops::linear(x, qkv, qkv_bias), {q_dim_, kv_dim_, kv_dim_});
+  return {parts[0], parts[1], parts[2]};
+}
+
+uint64_t QkvProjection::size_bytes() const {
+  return bytes_of({&q, &k, &v, &q_bias, &k_bias, &v_bias, &qkv, &qkv_bias});
+}
+
+void GatedMlp::fuse() {
+  gate_up = ops::concat_rows({gate, up});
+  if (gate_bias.defined()) gate_up_bias = ops::concat_rows({gate_bias, up_bias});
+  gate = up = gate_bias = up_bias = Tensor();
+}
+
+Tensor GatedMlp::apply(const Tensor& x) const {
+  Tensor hidden = gate_up.defined() ? ops::silu_mul_halves(ops::linear(x, gate_up, gate_up_bias))
+                                    : ops::silu_mul(ops::linear(x, gate, gate_bias), ops::linear(x, up, up_bias));
+  return ops::linear(hidden, down, down_bias);
+}
+
+uint64_t GatedMlp::size_bytes() const {
+  return bytes_of({&gate, &up, &down, &gate_bias, &up_bias, &down_bias, &gate_up, &gate_up_bias});
+}
+
+}  // namespace mere

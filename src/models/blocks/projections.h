@@ -1,0 +1,35 @@
+// The projections every dense decoder layer has, hiding whether they run as
+// separate matmuls or fused over concatenated weights (one launch and one pass
+// over the weights instead of three or two: lever fused_projections).
+#pragma once
+
+#include <array>
+
+#include "ops/ops.h"
+
+namespace mere {
+
+// q, k and v from one input.
+struct QkvProjection {
+  Tensor q, k, v, q_bias, k_bias, v_bias;  // [out, d_model], biases optional
+  Tensor qkv, qkv_bias;                    // fused: set, and the separate ones dropped
+
+  void fuse();
+  std::array<Tensor, 3> apply(const Tensor& x) const;  // [T, q_dim], [T, kv_dim], [T, kv_dim]
+  uint64_t size_bytes() const;
+
+ private:
+  int64_t q_dim_ = 0, kv_dim_ = 0;  // the column split of the fused output
+};
+
+// down(silu(gate(x)) * up(x)), the SwiGLU MLP.
+struct GatedMlp {
+  Tensor gate, up, down, gate_bias, up_bias, down_bias;
+  Tensor gate_up, gate_up_bias;  // fused gate and up
+
+  void fuse();
+  Tensor apply(const Tensor& x) const;
+  uint64_t size_bytes() const;
+};
+
+}  // namespace mere
