@@ -29,11 +29,13 @@ void run_generate(const GenerateFlags& f) {
   const auto& dir = resolved.dir;
   Device device = resolve_device(f.device);
   effective_runtime(resolved, f.runtime, device);  // nothing beyond the default engages yet; this refuses the rest
-  std::unique_ptr<Model> model = load_model(dir, device, Levers::from_env().load_options(device));
+  const Levers levers = Levers::from_env();
+  std::unique_ptr<Model> model = load_model(dir, device, levers.load_options(device));
   Tokenizer tokenizer = Tokenizer::load(dir);
   GenerationConfig gen = GenerationConfig::load(dir);
 
   GenerateOptions options;
+  options.levers = levers;
   options.max_new_tokens = f.max_new_tokens;
   options.sampling = sampling_from(f.sampling, gen);
   options.eos_ids = gen.eos_token_ids;
@@ -53,9 +55,10 @@ void run_generate(const GenerateFlags& f) {
   std::fflush(stdout);
   std::fprintf(stderr,
                "\nprefill: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s | time to first token: "
-               "%.1f ms | stop: %s\n",
+               "%.1f ms | stop: %s\n%s\n",
                (long long)stats.prompt_tokens, stats.prefill_tok_s(), (long long)stats.generated_tokens,
-               stats.decode_tok_s(), stats.ttft_ms, stats.stop_reason.c_str());
+               stats.decode_tok_s(), stats.ttft_ms, stats.stop_reason.c_str(),
+               options.levers.describe(device).c_str());
 }
 
 }  // namespace

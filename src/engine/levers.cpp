@@ -25,8 +25,9 @@ Levers Levers::from_env() {
   return l;
 }
 
-std::string Levers::describe() const {
-  return std::string("cuda_graphs=") + (cuda_graphs ? "on" : "off") +
+std::string Levers::describe(Device device) const {
+  if (device == Device::cpu) return "levers: none engage on the cpu (cuda_graphs, fused_projections are CUDA levers)";
+  return std::string("levers: cuda_graphs=") + (cuda_graphs ? "on" : "off") +
          " fused_projections=" + (fused_projections ? "on" : "off");
 }
 

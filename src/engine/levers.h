@@ -20,7 +20,8 @@ struct Levers {
   // MERERUN_CUDA_GRAPHS=0|1 and MERERUN_FUSED_PROJECTIONS=0|1 override the defaults.
   static Levers from_env();
   static Levers all_off() { return Levers{.cuda_graphs = false, .fused_projections = false}; }
-  std::string describe() const;
+  // The levers in effect on `device`, for the line a run prints.
+  std::string describe(Device device) const;
   // How a model is laid out on `device` under these levers.
   LoadOptions load_options(Device device) const;
 };

@@ -93,7 +93,7 @@ __device__ __forceinline__ void unpack<__half>(const uint4& r, float* f) {
 }
 
 template <typename KV, int HD, int HB>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, HB >= 8 ? 1 : 0)
     attention_gqa_kernel(const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
                          float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
                          int n_heads, int n_kv_heads, int head_dim, const int32_t* __restrict__ pos_dev,
