@@ -46,7 +46,7 @@ void run_bench(const BenchFlags& f) {
     model = load_model(dir, device, Levers::from_env().load_options(device));
     name = dir.filename().string();
   }
-  const ModelInfo& info = model->info();
+  const ModelInfo info = model->info();  // a copy: --baseline reloads the model
   const char* backend = device == Device::cuda ? "cuda" : "cpu";
 
   std::vector<BenchRow> rows;

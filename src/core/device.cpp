@@ -218,6 +218,10 @@ bool CudaGraph::is_captured() const { return impl_->exec != nullptr; }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return;
+  if (dst_device == Device::cpu && src_device == Device::cpu) {  // no driver needed (CPU-only machines)
+    std::memcpy(dst, src, bytes);
+    return;
+  }
   cudaMemcpyKind kind = src_device == Device::cpu
                             ? (dst_device == Device::cpu ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
                             : (dst_device == Device::cpu ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);

@@ -16,7 +16,7 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kKeysPerSplit = 256;     // eager launches: one split per 256 visible keys
-constexpr int kMinKeysPerSplit = 256;  // fewer keys per split would cost more in merging than it gains
+constexpr int kMinKeysPerSplit = 256;  // no tiny splits: prefill and short contexts use few
 
 struct KeyRange {
   int begin, end;  // empty when begin >= end
@@ -33,7 +33,8 @@ __device__ __forceinline__ KeyRange split_range(int n_keys, int n_splits, int sp
 __device__ __forceinline__ float rescale(float m, float ref) { return m == -INFINITY ? 0.0f : __expf(m - ref); }
 
 // ---------------------------------------------------------------------------
-// GQA kernel (every case whose K/V rows allow aligned 16-byte loads).
+// GQA kernel, for decode and prefill alike whenever the K/V rows allow aligned
+// 16-byte loads (head_dim a multiple of 16 bytes, 16-byte aligned bases).
 //
 // Grid (kv head x chunk of HB query heads, token, split), 4 warps. The block walks
 // its split once for the HB query heads that share the kv head, so each K/V byte
@@ -86,21 +87,30 @@ __device__ __forceinline__ void unpack<__half>(const uint4& r, float* f) {
   const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float2 x = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-    f[2 * i] = x.x;
-    f[2 * i + 1] = x.y;
+    f[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] & 0xffffu)));
+    f[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] >> 16)));
   }
 }
 
+// Keys per sub-group per step: loads in flight (two steps' worth, 2 x KPI x C x
+// 32 bytes per lane) against the q and out registers (HB x E each).
+template <int HB, int C>
+constexpr int kKeysPerStep = (HB >= 8 ? 2 : 4) / C;
+// Blocks per SM to fit in registers: three up to four heads (at most 170
+// registers a thread), one for eight (up to 255). Left to itself ptxas sometimes
+// spills a few words to fit an occupancy of its own choosing.
+template <int HB>
+constexpr int kMinBlocksPerSm = HB >= 8 ? 1 : 3;
+
 template <typename KV, int HD, int HB>
-__global__ void __launch_bounds__(kWarps * 32, HB >= 8 ? 1 : 0)
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
     attention_gqa_kernel(const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
                          float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
                          int n_heads, int n_kv_heads, int head_dim, const int32_t* __restrict__ pos_dev,
                          int64_t pos0, float scale, int n_splits) {
   using S = Lanes<KV, HD>;
   constexpr int L = S::L, C = S::C, W = S::W, E = S::E;
-  constexpr int KPI = HB >= 8 ? 2 : 4;  // keys per sub-group per step: loads in flight against registers
+  constexpr int KPI = kKeysPerStep<HB, C>;
   constexpr int kStep = S::kSubgroups * KPI;
 
   const int group = n_heads / n_kv_heads, chunks = (group + HB - 1) / HB;
@@ -367,23 +377,65 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// One block per (token, head): merge the splits that saw any key (an empty
-// split has max -inf and no out).
-__global__ void attention_merge_kernel(const float* __restrict__ part_m, const float* __restrict__ part_l,
-                                       const float* __restrict__ part_o, float* __restrict__ out, int n_heads,
-                                       int head_dim, int n_splits) {
+// One block per (token, head): the threads find the largest split max and the
+// total sum together, then rows of threads, one column per element, each sum a
+// share of the splits, and the rows meet in shared memory. A split that saw no
+// key has max -inf and no out, and is skipped.
+constexpr int kMergeThreads = 256;
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+__global__ void __launch_bounds__(kMergeThreads)
+    attention_merge_kernel(const float* __restrict__ part_m, const float* __restrict__ part_l,
+                           const float* __restrict__ part_o, float* __restrict__ out, int n_heads, int head_dim,
+                           int n_splits) {
   const int h = blockIdx.x, t = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t base = (int64_t(t) * n_heads + h) * n_splits;
+  __shared__ float warp_part[kMergeThreads / 32];
+  __shared__ float row_acc[kMergeThreads];
+
   float m = -INFINITY;
-  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, part_m[base + s]);
+  for (int s = threadIdx.x; s < n_splits; s += kMergeThreads) m = fmaxf(m, part_m[base + s]);
+  m = warp_max(m);
+  if (lane == 0) warp_part[warp] = m;
+  __syncthreads();
+  m = -INFINITY;
+  for (int w = 0; w < kMergeThreads / 32; ++w) m = fmaxf(m, warp_part[w]);
+  __syncthreads();
+
   float l = 0;
-  for (int s = 0; s < n_splits; ++s)
+  for (int s = threadIdx.x; s < n_splits; s += kMergeThreads)
     if (part_m[base + s] != -INFINITY) l += part_l[base + s] * __expf(part_m[base + s] - m);
-  for (int j = threadIdx.x; j < head_dim; j += blockDim.x) {
+  l = warp_sum(l);
+  if (lane == 0) warp_part[warp] = l;
+  __syncthreads();
+  l = 0;
+  for (int w = 0; w < kMergeThreads / 32; ++w) l += warp_part[w];
+
+  const int cols = min(kMergeThreads, (head_dim + 31) / 32 * 32), rows = kMergeThreads / cols;
+  const int row = threadIdx.x / cols, col = threadIdx.x % cols;
+  for (int j0 = 0; j0 < head_dim; j0 += cols) {
+    const int j = j0 + col;
     float acc = 0;
-    for (int s = 0; s < n_splits; ++s)
-      if (part_m[base + s] != -INFINITY) acc += part_o[(base + s) * head_dim + j] * __expf(part_m[base + s] - m);
-    out[(int64_t(t) * n_heads + h) * head_dim + j] = acc / l;
+    if (row < rows && j < head_dim) {
+#pragma unroll 4
+      for (int s = row; s < n_splits; s += rows) {
+        const float ms = part_m[base + s];
+        if (ms != -INFINITY) acc += part_o[(base + s) * head_dim + j] * __expf(ms - m);
+      }
+    }
+    row_acc[threadIdx.x] = acc;
+    __syncthreads();
+    if (row == 0 && j < head_dim) {
+      float sum = 0;
+      for (int r = 0; r < rows; ++r) sum += row_acc[r * cols + col];
+      out[(int64_t(t) * n_heads + h) * head_dim + j] = sum / l;
+    }
+    __syncthreads();
   }
 }
 
@@ -439,8 +491,8 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
     else go.template operator()<256>();
   });
   if (err != cudaSuccess) return err;
-  attention_merge_kernel<<<dim3(n_heads, T), 128, 0, stream>>>(part_m, part_l, part_o, out, n_heads, head_dim,
-                                                               n_splits);
+  attention_merge_kernel<<<dim3(n_heads, T), kMergeThreads, 0, stream>>>(part_m, part_l, part_o, out, n_heads,
+                                                                         head_dim, n_splits);
   return cudaGetLastError();
 }
 

@@ -49,8 +49,9 @@ struct RopeParams {
 cudaError_t launch_rope(float* x, const int32_t* positions, const int32_t* start_pos, int32_t pos0, int64_t T,
                         int64_t heads, int64_t head_dim, const RopeParams& params, cudaStream_t stream);
 
-// Split-K flash attention over n_splits even shares of the visible keys; the
-// partial buffers hold T * n_heads * n_splits entries (times head_dim for part_o).
+// Split-K flash attention over n_splits shares of the visible keys (at least 256
+// keys a share, so short contexts leave the last splits empty); the partial
+// buffers hold T * n_heads * n_splits entries (times head_dim for part_o).
 // The first token's position is *pos_dev when pos_dev is set (graph replay), else pos0.
 int attention_splits(int64_t n_keys);  // for eager launches: one per 256 keys
 constexpr int kMaxAttentionHeadDim = 256;
