@@ -47,6 +47,7 @@ void run_bench(const BenchFlags& f) {
     name = dir.filename().string();
   }
   const ModelInfo info = model->info();  // a copy: --baseline reloads the model
+  const double loaded_gb = device_bytes_reserved() / 1e9;
   const char* backend = device == Device::cuda ? "cuda" : "cpu";
 
   std::vector<BenchRow> rows;
@@ -56,6 +57,9 @@ void run_bench(const BenchFlags& f) {
     for (int64_t n : parse_int_list(f.gen, "-n"))
       if (n > 0) rows.push_back(bench_decode(*model, n, d, f.reps, ceilings, Levers::from_env()));
   }
+  // Resident GPU memory: what the allocator holds after the rows ran (weights,
+  // the largest cache and activations it needed), and the weights' share.
+  const double resident_gb = device_bytes_reserved() / 1e9, cached_gb = device_bytes_cached() / 1e9;
   if (f.baseline) {  // the same rows with every lever off, the weights laid out unfused
     model.reset();
     model = !f.shape.empty() ? random_model(f.shape, device, Levers::all_off().load_options(device))
@@ -77,6 +81,9 @@ void run_bench(const BenchFlags& f) {
                           {"copy_bytes_per_s", ceilings.copy_bytes_per_s},
                           {"matmul_flop_per_s", ceilings.matmul_flop_per_s},
                           {"calibrated", ceilings.calibrated},
+                          {"gpu_gb_after_load", loaded_gb},
+                          {"gpu_gb_resident", resident_gb},
+                          {"gpu_gb_cached", cached_gb},
                           {"rows", nlohmann::json::array()}};
     for (const BenchRow& r : rows)
       out["rows"].push_back({{"test", r.test}, {"levers", r.levers}, {"tok_s", r.tok_s}, {"mean_tok_s", r.mean_tok_s},
@@ -85,6 +92,9 @@ void run_bench(const BenchFlags& f) {
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
+  if (device == Device::cuda)
+    std::printf("GPU memory: %.2f GB after loading, %.2f GB held after the rows (%.2f GB of it cached for reuse)\n",
+                loaded_gb, resident_gb, cached_gb);
   std::printf("| model | size | params | backend | test | levers | t/s | ttft ms | roofline t/s | fraction |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BenchRow& r : rows)

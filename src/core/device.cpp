@@ -137,6 +137,26 @@ void device_free(void* p) {
   cache.cached_bytes += it->second;
 }
 
+size_t device_bytes_reserved() {
+  BlockCache& cache = block_cache();
+  std::lock_guard lock(cache.mutex);
+  size_t total = 0;
+  for (const auto& [p, size] : cache.sizes) total += size;
+  return total;
+}
+
+size_t device_bytes_cached() {
+  BlockCache& cache = block_cache();
+  std::lock_guard lock(cache.mutex);
+  return cache.cached_bytes;
+}
+
+void release_cached_device_memory() {
+  BlockCache& cache = block_cache();
+  std::lock_guard lock(cache.mutex);
+  cache.release_cached();
+}
+
 void* cuda_stream() {
   static cudaStream_t s = [] {
     cudaStream_t created;
@@ -259,6 +279,9 @@ void zero_bytes(void* p, Device device, size_t bytes) {
 }
 void device_synchronize() {}
 
+size_t device_bytes_reserved() { return 0; }
+size_t device_bytes_cached() { return 0; }
+void release_cached_device_memory() {}
 void* cuda_stream() { return nullptr; }
 void copy_to_device_async(void*, const void*, size_t) {
   fail("CUDA is not available: this binary was built without the CUDA backend");

@@ -22,6 +22,12 @@ void device_free(void* p);         // back to the cache, for the next allocation
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 void zero_bytes(void* p, Device device, size_t bytes);
 void device_synchronize();
+// Bytes the process holds on the GPU (in use plus cached), and the cached part.
+size_t device_bytes_reserved();
+size_t device_bytes_cached();
+// Returns the cached (unused) blocks to the driver, e.g. after loading a model,
+// whose temporaries would otherwise stay reserved.
+void release_cached_device_memory();
 
 // The stream every CUDA op runs on (a cudaStream_t), blocking with respect to the
 // legacy default stream so plain cudaMemcpy sees finished results.

@@ -82,14 +82,19 @@ std::vector<std::pair<std::string, Shape>> LlamaConfig::tensor_shapes() const {
 }
 
 Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device device, const LoadOptions& options)
-    : cfg_(LlamaConfig::parse(config)), checkpoint_(checkpoint) {
+    : cfg_(LlamaConfig::parse(config)) {
+  if (device == Device::cpu) checkpoint_ = checkpoint;
   const LlamaConfig& k = cfg_;
   const int64_t q_dim = int64_t(k.n_heads) * k.head_dim, kv_dim = int64_t(k.n_kv_heads) * k.head_dim;
   // Matrices and norms keep their checkpoint dtype; biases become f32 (added to f32 activations).
-  auto get = [&](const std::string& name, Shape shape, const char* why) {
+  // Biases become f32 (added to f32 activations); the rest keeps its checkpoint dtype.
+  auto get_host = [&](const std::string& name, Shape shape, const char* why) {
     Tensor t = checkpoint.get(name, shape, why);
     if (name.ends_with(".bias") && t.dtype() != DType::f32) t = t.to(DType::f32);
-    return t.to_device(device);
+    return t;
+  };
+  auto get = [&](const std::string& name, Shape shape, const char* why) {
+    return get_host(name, shape, why).to_device(device);
   };
   tok_embed_ = get("model.embed_tokens.weight", {k.vocab, k.d_model}, "vocab_size, hidden_size");
   final_norm_ = get("model.norm.weight", {k.d_model}, "hidden_size");
@@ -104,27 +109,27 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
     LlamaLayer w;
     w.attn_norm = get(p + "input_layernorm.weight", {k.d_model}, "hidden_size");
     w.mlp_norm = get(p + "post_attention_layernorm.weight", {k.d_model}, "hidden_size");
-    w.qkv.q = get(p + "self_attn.q_proj.weight", {q_dim, k.d_model}, "num_attention_heads * head_dim, hidden_size");
-    w.qkv.k = get(p + "self_attn.k_proj.weight", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
-    w.qkv.v = get(p + "self_attn.v_proj.weight", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
+    w.qkv.q = get_host(p + "self_attn.q_proj.weight", {q_dim, k.d_model}, "num_attention_heads * head_dim, hidden_size");
+    w.qkv.k = get_host(p + "self_attn.k_proj.weight", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
+    w.qkv.v = get_host(p + "self_attn.v_proj.weight", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
     w.o = get(p + "self_attn.o_proj.weight", {k.d_model, q_dim}, "hidden_size, num_attention_heads * head_dim");
     if (k.attention_bias) {
-      w.qkv.q_bias = get(p + "self_attn.q_proj.bias", {q_dim}, "num_attention_heads * head_dim");
-      w.qkv.k_bias = get(p + "self_attn.k_proj.bias", {kv_dim}, "num_key_value_heads * head_dim");
-      w.qkv.v_bias = get(p + "self_attn.v_proj.bias", {kv_dim}, "num_key_value_heads * head_dim");
+      w.qkv.q_bias = get_host(p + "self_attn.q_proj.bias", {q_dim}, "num_attention_heads * head_dim");
+      w.qkv.k_bias = get_host(p + "self_attn.k_proj.bias", {kv_dim}, "num_key_value_heads * head_dim");
+      w.qkv.v_bias = get_host(p + "self_attn.v_proj.bias", {kv_dim}, "num_key_value_heads * head_dim");
     }
     if (k.o_bias) w.o_bias = get(p + "self_attn.o_proj.bias", {k.d_model}, "hidden_size");
     if (k.qk_norm) {
       w.q_norm = get(p + "self_attn.q_norm.weight", {k.head_dim}, "head_dim");
       w.k_norm = get(p + "self_attn.k_norm.weight", {k.head_dim}, "head_dim");
     }
-    w.mlp.gate = get(p + "mlp.gate_proj.weight", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
-    w.mlp.up = get(p + "mlp.up_proj.weight", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
-    w.mlp.down = get(p + "mlp.down_proj.weight", {k.d_model, k.d_ff}, "hidden_size, intermediate_size");
+    w.mlp.gate = get_host(p + "mlp.gate_proj.weight", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
+    w.mlp.up = get_host(p + "mlp.up_proj.weight", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
+    w.mlp.down = get_host(p + "mlp.down_proj.weight", {k.d_model, k.d_ff}, "hidden_size, intermediate_size");
     if (k.mlp_bias) {
-      w.mlp.gate_bias = get(p + "mlp.gate_proj.bias", {k.d_ff}, "intermediate_size");
-      w.mlp.up_bias = get(p + "mlp.up_proj.bias", {k.d_ff}, "intermediate_size");
-      w.mlp.down_bias = get(p + "mlp.down_proj.bias", {k.d_model}, "hidden_size");
+      w.mlp.gate_bias = get_host(p + "mlp.gate_proj.bias", {k.d_ff}, "intermediate_size");
+      w.mlp.up_bias = get_host(p + "mlp.up_proj.bias", {k.d_ff}, "intermediate_size");
+      w.mlp.down_bias = get_host(p + "mlp.down_proj.bias", {k.d_model}, "hidden_size");
     }
     // Old Llama checkpoints store the RoPE table; we recompute it from the config.
     if (checkpoint.has(p + "self_attn.rotary_emb.inv_freq")) checkpoint.get(p + "self_attn.rotary_emb.inv_freq");
@@ -132,8 +137,11 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
       w.qkv.fuse();
       w.mlp.fuse();
     }
+    w.qkv.to_device(device);
+    w.mlp.to_device(device);
     layers_.push_back(std::move(w));
   }
+  if (device == Device::cuda) release_cached_device_memory();  // load-time temporaries
   std::vector<std::string> unused = checkpoint.unused();
   MERE_CHECK(unused.empty(), "{}: {} tensor(s) the {} family does not use, e.g. {}", checkpoint.path().string(),
              unused.size(), k.model_type, unused.empty() ? "" : unused.front());

@@ -1,6 +1,8 @@
 // Llama 2/3, Qwen2 and Qwen3 dense: config, weights and forward.
 #pragma once
 
+#include <optional>
+
 #include "io/checkpoint.h"
 #include "io/config.h"
 #include "models/blocks/projections.h"
@@ -48,7 +50,7 @@ class Llama : public Model {
  private:
   LlamaConfig cfg_;
   ModelInfo info_;
-  Checkpoint checkpoint_;  // keeps the mapped weights alive
+  std::optional<Checkpoint> checkpoint_;  // keeps the mapped weights alive (CPU only: CUDA copies them)
   Tensor tok_embed_, final_norm_, lm_head_;
   std::vector<LlamaLayer> layers_;
 };

@@ -56,7 +56,10 @@ std::unique_ptr<Model> random_model(const std::string& name, Device device, cons
     ops::fill_random(t, seed * 1000003 + i++, scale, is_norm ? 1.0f : 0.0f);
     tensors.emplace(tensor_name, t);
   }
-  return std::make_unique<Llama>(config, Checkpoint::from_tensors(name, std::move(tensors)), device, options);
+  auto model = std::make_unique<Llama>(config, Checkpoint::from_tensors(name, std::move(tensors)), device, options);
+  // The in-memory checkpoint held the unfused originals; they are garbage now.
+  if (device == Device::cuda) release_cached_device_memory();
+  return model;
 }
 
 }  // namespace mere

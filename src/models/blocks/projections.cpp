@@ -10,7 +10,18 @@ uint64_t bytes_of(std::initializer_list<const Tensor*> tensors) {
   return n;
 }
 
+void move_all(Device device, std::initializer_list<Tensor*> tensors) {
+  for (Tensor* t : tensors)
+    if (t->defined()) *t = t->to_device(device);
+}
+
 }  // namespace
+
+void QkvProjection::to_device(Device device) { move_all(device, {&q, &k, &v, &q_bias, &k_bias, &v_bias, &qkv, &qkv_bias}); }
+
+void GatedMlp::to_device(Device device) {
+  move_all(device, {&gate, &up, &down, &gate_bias, &up_bias, &down_bias, &gate_up, &gate_up_bias});
+}
 
 void QkvProjection::fuse() {
   qkv = ops::concat_rows({q, k, v});

@@ -1,6 +1,8 @@
 // The projections every dense decoder layer has, hiding whether they run as
 // separate matmuls or fused over concatenated weights (one launch and one pass
 // over the weights instead of three or two: lever fused_projections).
+// Fuse before moving to the GPU: concatenating there would leave the separate
+// weights' blocks in the device cache.
 #pragma once
 
 #include <array>
@@ -15,6 +17,7 @@ struct QkvProjection {
   Tensor qkv, qkv_bias;                    // fused: set, and the separate ones dropped
 
   void fuse();
+  void to_device(Device device);
   std::array<Tensor, 3> apply(const Tensor& x) const;  // [T, q_dim], [T, kv_dim], [T, kv_dim]
   uint64_t size_bytes() const;
 
@@ -28,6 +31,7 @@ struct GatedMlp {
   Tensor gate_up, gate_up_bias;  // fused gate and up
 
   void fuse();
+  void to_device(Device device);
   Tensor apply(const Tensor& x) const;
   uint64_t size_bytes() const;
 };
