@@ -32,9 +32,10 @@ GenerateStats generate(const Model& model, const std::vector<int32_t>& prompt, c
   stats.prompt_tokens = int64_t(prompt.size());
 
   auto t0 = std::chrono::steady_clock::now();
-  Tensor logits = model.forward(prompt, *state, /*all_logits=*/false);
+  // The copy to the host (the sampler runs there for now) waits for the GPU, so
+  // the prefill time includes all of its work.
+  Tensor logits = model.forward(prompt, *state, /*all_logits=*/false).to_device(Device::cpu);
   stats.prefill_ms = ms_since(t0);
-  logits = logits.to_device(Device::cpu);  // the sampler runs on the host for now
   auto decode_start = std::chrono::steady_clock::now();
   stats.stop_reason = "length";
   for (int i = 0; i < options.max_new_tokens; ++i) {
