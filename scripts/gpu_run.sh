@@ -24,9 +24,10 @@ for what in "${@:-tests bench}"; do
       "$m" bench --device cuda --baseline --shape qwen3-8b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/bench.log"
       "$m" bench --device cuda --baseline --shape qwen3-0.6b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/bench.log"
       "$m" bench --device cuda --baseline -p 256 -n 128 -r 3 2>&1 | tee -a "$out/bench.log" ;;
-    levers)  # each lever off alone, the others on
+    levers)  # each lever flipped alone, the others at their defaults
       m="$root/.devrun/mere"
       for shape in llama3-8b qwen3-0.6b; do
+        MERERUN_FUSED_ROPE_STORE=0 "$m" bench --device cuda --shape $shape -p 512 -n 128 -r 3 2>&1 | tee -a "$out/levers.log"
         MERERUN_FUSED_PROJECTIONS=0 "$m" bench --device cuda --shape $shape -p 512 -n 128 -r 3 2>&1 | tee -a "$out/levers.log"
         MERERUN_CUDA_GRAPHS=0 "$m" bench --device cuda --shape $shape -p 0 -n 128 -r 3 2>&1 | tee -a "$out/levers.log"
       done ;;

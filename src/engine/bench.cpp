@@ -94,7 +94,8 @@ BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int re
   row.tokens = tokens;
   row.depth = depth;
   row.prefill = true;
-  row.levers = model.info().fused_projections ? "fused_projections=on" : "fused_projections=off";
+  row.levers = std::string(model.info().options.fuse_projections ? "fused_projections=on" : "fused_projections=off") +
+               (model.info().options.fuse_rope_store ? " fused_rope_store=on" : " fused_rope_store=off");
   row.flops = model.prefill_flops(tokens, depth);
   row.roofline_tok_s = ceilings.matmul_flop_per_s / (row.flops / double(tokens));
   std::vector<int32_t> ids = random_ids(tokens, model.info().vocab, 11);
@@ -125,7 +126,8 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
   row.test = label("tg", tokens, depth);
   const bool graphs = model.info().device == Device::cuda && levers.cuda_graphs;
   row.levers = std::string(graphs ? "cuda_graphs=on" : "cuda_graphs=off") +
-               (model.info().fused_projections ? " fused_projections=on" : " fused_projections=off");
+               (model.info().options.fuse_projections ? " fused_projections=on" : " fused_projections=off") +
+               (model.info().options.fuse_rope_store ? " fused_rope_store=on" : " fused_rope_store=off");
   row.tokens = tokens;
   row.depth = depth;
   // The mean context over the run decides the K/V bytes.

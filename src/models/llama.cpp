@@ -149,7 +149,7 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   info_.model_type = k.model_type;
   info_.family = "llama";
   info_.device = device;
-  info_.fused_projections = options.fuse_projections;
+  info_.options = options;
   info_.vocab = k.vocab;
   info_.max_positions = k.max_positions;
   info_.weight_bytes = checkpoint.size_bytes();
@@ -197,14 +197,9 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool al
     q = q.reshape({T, k.n_heads, k.head_dim});
     kk = kk.reshape({T, k.n_kv_heads, k.head_dim});
     v = v.reshape({T, k.n_kv_heads, k.head_dim});
-    if (k.qk_norm) {  // Qwen3: per-head RMSNorm before RoPE
-      q = ops::rms_norm(q, w.q_norm, k.norm_eps);
-      kk = ops::rms_norm(kk, w.k_norm, k.norm_eps);
-    }
-    ops::rope(q, pos, k.rope);
-    ops::rope(kk, pos, k.rope);
+    // Qwen3's per-head q/k RMSNorm (w.q_norm defined), RoPE, and the cache write.
     KvCache& cache = state.kv(l);
-    cache.write(pos, kk, v);
+    rotate_and_cache(q, kk, v, w.q_norm, w.k_norm, k.norm_eps, k.rope, pos, cache, info_.options.fuse_rope_store);
     Tensor a = ops::attention(q, cache.keys(), cache.values(), pos, scale);   // [T, n_heads, head_dim]
     // The residual add and the next RMSNorm in one pass, twice per layer.
     x = ops::add_rms_norm(h, ops::linear(a.reshape({T, -1}), w.o, w.o_bias), w.mlp_norm, k.norm_eps);

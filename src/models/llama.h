@@ -5,6 +5,7 @@
 
 #include "io/checkpoint.h"
 #include "io/config.h"
+#include "models/blocks/attention_inputs.h"
 #include "models/blocks/projections.h"
 #include "models/model.h"
 #include "ops/ops.h"

@@ -12,11 +12,19 @@
 
 namespace mere {
 
+// How a model is laid out and runs on its device; set by the engine from its levers.
+struct LoadOptions {
+  // Q/K/V and gate/up weights concatenated, so each is one matmul (lever fused_projections).
+  bool fuse_projections = false;
+  // q/k norm, RoPE and the K/V write as one kernel (lever fused_rope_store).
+  bool fuse_rope_store = false;
+};
+
 struct ModelInfo {
   std::string model_type;   // config.json's model_type, e.g. "qwen3"
   std::string family;       // the file that implements it, e.g. "llama"
   Device device = Device::cpu;
-  bool fused_projections = false;  // how the weights were laid out (LoadOptions)
+  LoadOptions options;  // how the model was laid out and runs
   int64_t vocab = 0;
   int64_t max_positions = 0;
   int64_t n_params = 0;
@@ -46,11 +54,6 @@ class Model {
   virtual double prefill_flops(int64_t T, int64_t context) const = 0;
 };
 
-// How weights are laid out on the device; set by the engine from its levers.
-struct LoadOptions {
-  // Q/K/V and gate/up weights concatenated, so each is one matmul (lever fused_projections).
-  bool fuse_projections = false;
-};
 
 // Loads the checkpoint in `dir`, picking the family from config.json's model_type.
 // Unknown types are an error that lists the supported ones.

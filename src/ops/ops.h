@@ -68,6 +68,14 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0
 // than are visible (a cache at full capacity). For graph replay.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale);
 
+// The attention inputs' epilogue fused: per-head RMSNorm of q and k (when q_norm
+// and k_norm are defined, Qwen3), RoPE of both at *start_pos + t, then k and v
+// written to the cache rows *start_pos .. + T - 1. q [T, n_heads, head_dim] is
+// updated in place; k, v [T, n_kv_heads, head_dim]; caches [S, n_kv_heads, head_dim].
+// Equals rms_norm, rope, rope, store_rows, store_rows (lever fused_rope_store).
+void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                        float eps, const RopeTable& rope, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache);
+
 // dst rows [*start_pos, *start_pos + T) = src [T, ...] converted to dst's dtype.
 void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos);
 

@@ -22,6 +22,9 @@ class KvCache {
   // attention reads the visible prefix.
   const Tensor& keys() const { return k_; }
   const Tensor& values() const { return v_; }
+  // For fused ops that write new rows themselves (same contract as write()).
+  Tensor& keys_for_write() { return k_; }
+  Tensor& values_for_write() { return v_; }
   int64_t capacity() const { return capacity_; }
   int64_t reserved() const { return k_.defined() ? k_.dim(0) : 0; }
   size_t size_bytes() const { return k_.size_bytes() + v_.size_bytes(); }

@@ -17,7 +17,7 @@ TEST(FusedProjections, SameBytesOneWeightAndIdenticalLogits) {
     std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
     auto plain = load_model(dir, Device::cpu);
     auto fused = load_model(dir, Device::cpu, LoadOptions{.fuse_projections = true});
-    EXPECT_TRUE(fused->info().fused_projections);
+    EXPECT_TRUE(fused->info().options.fuse_projections);
     EXPECT_EQ(fused->decode_bytes(100), plain->decode_bytes(100)) << family;
     auto s1 = plain->make_state(), s2 = fused->make_state();
     Tensor a = plain->forward(ids, *s1, true), b = fused->forward(ids, *s2, true);

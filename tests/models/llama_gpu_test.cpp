@@ -114,6 +114,31 @@ TEST_P(LlamaGpu, FusedProjectionsMatchUnfused) {
   EXPECT_GE(same, 16u);
 }
 
+// The fused_rope_store lever: the same model with the fused epilogue on and off.
+TEST_P(LlamaGpu, FusedRopeStoreMatchesTheComposition) {
+  auto dir = test::fixtures_dir() / GetParam();
+  auto ref = nlohmann::json::parse(test::read_file(dir / "reference.json"));
+  std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
+  auto plain = load_model(dir, Device::cuda), fused = load_model(dir, Device::cuda, {.fuse_rope_store = true});
+  auto s1 = plain->make_state(), s2 = fused->make_state();
+  Tensor a = plain->forward(ids, *s1, true).to_device(Device::cpu), b = fused->forward(ids, *s2, true).to_device(Device::cpu);
+  float max_ref = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) max_ref = std::max(max_ref, std::fabs(a.at(i)));
+  float rel = test::max_abs_diff(a, b).diff / max_ref;
+  std::printf("[ gpu      ] %s: fused vs composed rope/store, logits rel diff %.3g\n", GetParam().c_str(), rel);
+  EXPECT_LE(rel, 1e-3f);
+  GenerateOptions options;
+  options.max_new_tokens = 32;
+  options.sampling.temperature = 0;
+  std::vector<int32_t> ta, tb;
+  generate(*plain, ids, options, [&](int32_t id) { ta.push_back(id); return true; });
+  generate(*fused, ids, options, [&](int32_t id) { tb.push_back(id); return true; });
+  size_t same = 0;
+  while (same < ta.size() && same < tb.size() && ta[same] == tb[same]) ++same;
+  std::printf("[ gpu      ] %s: fused rope/store greedy identical for %zu of 32\n", GetParam().c_str(), same);
+  EXPECT_GE(same, 16u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, LlamaGpu, ::testing::Values("llama", "qwen2", "qwen3"));
 
 TEST(DemoGpu, GraphDecodeMatchesThePlainLoop) {

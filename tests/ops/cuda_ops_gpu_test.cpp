@@ -107,6 +107,38 @@ TEST_F(CudaOps, FusedHelpersMatchTheCpu) {
   EXPECT_EQ(relative_error(fused, composed.to_device(Device::cpu), "add_rms_norm vs composition"), 0.0f);
 }
 
+// The fused epilogue against the CPU composition (rms_norm, rope, rope, store, store).
+TEST_F(CudaOps, QkNormRopeStoreMatchesTheComposition) {
+  struct Case { int64_t T, heads, kv_heads, head_dim; bool norm, interleaved; };
+  for (Case c : {Case{1, 32, 8, 128, false, false}, Case{1, 16, 8, 128, true, false}, Case{5, 4, 2, 64, true, true},
+                 Case{3, 4, 1, 16, false, false}, Case{2, 6, 2, 256, true, false}, Case{1, 4, 2, 32, false, true}}) {
+    ops::RopeTable table;
+    for (int i = 0; i < c.head_dim / 2; ++i) table.inv_freq.push_back(std::pow(10000.0f, -2.0f * i / c.head_dim));
+    table.attention_factor = 1.05f;
+    table.interleaved = c.interleaved;
+    const int64_t S = 64;
+    Tensor q = random({c.T, c.heads, c.head_dim}, DType::f32, 1), k = random({c.T, c.kv_heads, c.head_dim}, DType::f32, 2);
+    Tensor v = random({c.T, c.kv_heads, c.head_dim}, DType::f32, 3);
+    Tensor qn = c.norm ? random({c.head_dim}, DType::bf16, 4, 0.2f, 1.0f) : Tensor();
+    Tensor kn = c.norm ? random({c.head_dim}, DType::bf16, 5, 0.2f, 1.0f) : Tensor();
+    Tensor pos = Tensor::empty({1}, DType::i32);
+    pos.data<int32_t>()[0] = 37;
+    Tensor kc = Tensor::zeros({S, c.kv_heads, c.head_dim}, DType::f32), vc = Tensor::zeros({S, c.kv_heads, c.head_dim}, DType::f32);
+    Tensor q_cpu = q.clone();
+    ops::qk_norm_rope_store(q_cpu, k, v, qn, kn, 1e-6f, table, pos, kc, vc);
+    Tensor q_gpu = gpu(q), kc_gpu = Tensor::zeros({S, c.kv_heads, c.head_dim}, DType::bf16, Device::cuda);
+    Tensor vc_gpu = Tensor::zeros({S, c.kv_heads, c.head_dim}, DType::bf16, Device::cuda);
+    ops::qk_norm_rope_store(q_gpu, gpu(k), gpu(v), c.norm ? gpu(qn) : Tensor(), c.norm ? gpu(kn) : Tensor(), 1e-6f,
+                            table, gpu(pos), kc_gpu, vc_gpu);
+    std::string label = fmt::format("qk_norm_rope_store T={} {}/{}x{}{}{}", c.T, c.heads, c.kv_heads, c.head_dim,
+                                    c.norm ? " norm" : "", c.interleaved ? " interleaved" : "");
+    EXPECT_LE(relative_error(q_gpu, q_cpu, label + " q"), 2e-5f);
+    // The GPU cache is bf16: compare against the CPU rows rounded the same way.
+    EXPECT_LE(relative_error(kc_gpu.to_device(Device::cpu).to(DType::f32), kc.to(DType::bf16).to(DType::f32), label + " k cache"), 8e-3f);
+    EXPECT_LE(relative_error(vc_gpu.to_device(Device::cpu).to(DType::f32), vc.to(DType::bf16).to(DType::f32), label + " v cache"), 0.0f);
+  }
+}
+
 TEST_F(CudaOps, Rope) {
   for (bool interleaved : {false, true})
     for (int head_dim : {16, 64, 128}) {

@@ -181,6 +181,16 @@ void rope(Tensor& x, const Tensor& start_pos, const RopeTable& table) {
                         rope_params(table), stream()));
 }
 
+void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                        float eps, const RopeTable& rope, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache) {
+  MERE_CUDA(launch_qk_norm_rope_store(q.data<float>(), k.data<float>(), v.data<float>(),
+                                      q_norm.defined() ? q_norm.raw() : nullptr,
+                                      k_norm.defined() ? k_norm.raw() : nullptr,
+                                      q_norm.defined() ? q_norm.dtype() : DType::f32, eps, rope_params(rope),
+                                      start_pos.data<int32_t>(), k_cache.raw(), v_cache.raw(), k_cache.dtype(),
+                                      int(q.dim(0)), int(q.dim(1)), int(k.dim(1)), int(q.dim(2)), stream()));
+}
+
 void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table) {
   RopeParams p = rope_params(table);
   // Consecutive positions (every forward today) need no upload.
@@ -243,6 +253,10 @@ void embed(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void rope(Tensor&, const Tensor&, const RopeTable&) { no_cuda(); }
 void attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, Tensor&) { no_cuda(); }
 void store_rows(const Tensor&, Tensor&, const Tensor&) { no_cuda(); }
+void qk_norm_rope_store(Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, const RopeTable&,
+                        const Tensor&, Tensor&, Tensor&) {
+  no_cuda();
+}
 void fill_random(Tensor&, uint64_t, float, float) { no_cuda(); }
 
 }  // namespace mere::ops::cuda

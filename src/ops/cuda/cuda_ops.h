@@ -24,6 +24,8 @@ void embed(const Tensor& table, const Tensor& ids, Tensor& out);
 void rope(Tensor& x, const Tensor& start_pos, const RopeTable& table);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale, Tensor& out);
 void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos);
+void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                        float eps, const RopeTable& rope, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache);
 void fill_random(Tensor& t, uint64_t seed, float scale, float offset);
 
 }  // namespace mere::ops::cuda

@@ -49,6 +49,14 @@ struct RopeParams {
 cudaError_t launch_rope(float* x, const int32_t* positions, const int32_t* start_pos, int32_t pos0, int64_t T,
                         int64_t heads, int64_t head_dim, const RopeParams& params, cudaStream_t stream);
 
+// One warp per head row of one token: q rows get (optional) RMSNorm and RoPE in
+// place, k rows the same and then go to k_cache row *start_pos + t, v rows go
+// to v_cache unchanged. q_norm / k_norm may be null (no q/k norm).
+cudaError_t launch_qk_norm_rope_store(float* q, const float* k, const float* v, const void* q_norm,
+                                      const void* k_norm, DType norm_dtype, float eps, const RopeParams& rope,
+                                      const int32_t* start_pos, void* k_cache, void* v_cache, DType cache_dtype,
+                                      int T, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream);
+
 // Split-K flash attention over n_splits shares of the visible keys (at least 256
 // keys a share, so short contexts leave the last splits empty); the partial
 // buffers hold T * n_heads * n_splits entries (times head_dim for part_o).

@@ -1,0 +1,101 @@
+// The attention inputs' epilogue in one launch: per-head q/k RMSNorm (Qwen3),
+// RoPE on q and k, and the K/V cache write. One warp per (token, head row): rows
+// [0, n_heads) are q, then n_kv_heads k rows, then n_kv_heads v rows. A warp
+// keeps its row in registers (head_dim / 32 per lane) and stages it in shared
+// memory so each lane can read its rotation partner.
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/launchers.h"
+
+namespace mere::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMaxPerLane = kMaxAttentionHeadDim / 32;
+
+template <typename N, typename C>
+__global__ void __launch_bounds__(kWarps * 32)
+    qk_norm_rope_store_kernel(float* q, const float* k, const float* v, const N* q_norm, const N* k_norm, float eps,
+                              const __grid_constant__ RopeParams rope, const int32_t* start_pos, C* k_cache,
+                              C* v_cache, int n_heads, int n_kv_heads, int head_dim) {
+  __shared__ float staged[kWarps][kMaxAttentionHeadDim];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kWarps + warp, t = blockIdx.y;
+  const int n_rows = n_heads + 2 * n_kv_heads;
+  if (row >= n_rows) return;
+  const int64_t pos = int64_t(*start_pos) + t;
+  const bool is_q = row < n_heads, is_v = row >= n_heads + n_kv_heads;
+  const int head = is_q ? row : is_v ? row - n_heads - n_kv_heads : row - n_heads;
+  const float* src = is_q ? q + (int64_t(t) * n_heads + head) * head_dim
+                          : (is_v ? v : k) + (int64_t(t) * n_kv_heads + head) * head_dim;
+
+  float e[kMaxPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    int j = lane + 32 * i;
+    e[i] = j < head_dim ? src[j] : 0.0f;
+  }
+  C* cache_row = (is_v ? v_cache : k_cache) + (pos * n_kv_heads + head) * head_dim;
+  if (is_v) {
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i)
+      if (lane + 32 * i < head_dim) cache_row[lane + 32 * i] = from_float<C>(e[i]);
+    return;
+  }
+  const N* norm = is_q ? q_norm : k_norm;
+  if (norm) {  // RMSNorm over the head, f32 (as rms_norm)
+    float sum = 0;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) sum += e[i] * e[i];
+    float inv = rsqrtf(warp_sum(sum) / float(head_dim) + eps);
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      int j = lane + 32 * i;
+      if (j < head_dim) e[i] = to_float(norm[j]) * (e[i] * inv);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) staged[warp][lane + 32 * i] = e[i];
+  __syncwarp();
+  const int rot = 2 * rope.half;
+  float* q_row = is_q ? q + (int64_t(t) * n_heads + head) * head_dim : nullptr;
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int j = lane + 32 * i;
+    if (j >= head_dim) continue;
+    float out = e[i];
+    if (j < rot) {
+      // Rotate-half pairs (j, j + half); interleaved pairs (2m, 2m + 1).
+      const int m = rope.interleaved ? j / 2 : j % rope.half;
+      const bool first = rope.interleaved ? (j % 2 == 0) : (j < rope.half);
+      const int partner = rope.interleaved ? (first ? j + 1 : j - 1) : (first ? j + rope.half : j - rope.half);
+      float s, c;
+      sincosf(rope.inv_freq[m] * float(pos), &s, &c);  // the f32 product, as the rope kernel
+      c *= rope.attention_factor;
+      s *= rope.attention_factor;
+      const float other = staged[warp][partner];
+      out = first ? e[i] * c - other * s : e[i] * c + other * s;
+    }
+    if (is_q) q_row[j] = out;
+    else cache_row[j] = from_float<C>(out);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_qk_norm_rope_store(float* q, const float* k, const float* v, const void* q_norm,
+                                      const void* k_norm, DType norm_dtype, float eps, const RopeParams& rope,
+                                      const int32_t* start_pos, void* k_cache, void* v_cache, DType cache_dtype,
+                                      int T, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream) {
+  dim3 grid(ceil_div(n_heads + 2 * n_kv_heads, kWarps), T);
+  cudaError_t inner = cudaSuccess;
+  cudaError_t outer = visit_float(norm_dtype, [&]<typename N>() {
+    inner = visit_float(cache_dtype, [&]<typename C>() {
+      qk_norm_rope_store_kernel<N, C><<<grid, kWarps * 32, 0, stream>>>(
+          q, k, v, static_cast<const N*>(q_norm), static_cast<const N*>(k_norm), eps, rope, start_pos,
+          static_cast<C*>(k_cache), static_cast<C*>(v_cache), n_heads, n_kv_heads, head_dim);
+    });
+  });
+  return inner != cudaSuccess ? inner : outer;
+}
+
+}  // namespace mere::cuda
