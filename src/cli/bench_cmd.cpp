@@ -51,12 +51,16 @@ void run_bench(const BenchFlags& f) {
   const char* backend = device == Device::cuda ? "cuda" : "cpu";
 
   std::vector<BenchRow> rows;
-  for (int64_t d : parse_int_list(f.depth, "-d")) {
-    for (int64_t p : parse_int_list(f.prompt, "-p"))
-      if (p > 0) rows.push_back(bench_prefill(*model, p, d, f.reps, ceilings));
-    for (int64_t n : parse_int_list(f.gen, "-n"))
-      if (n > 0) rows.push_back(bench_decode(*model, n, d, f.reps, ceilings, Levers::from_env()));
-  }
+  // One row per (depth, prompt length) and (depth, decode length), llama-bench style.
+  auto run_rows = [&](const Model& m, const Levers& levers) {
+    for (int64_t d : parse_int_list(f.depth, "-d")) {
+      for (int64_t p : parse_int_list(f.prompt, "-p"))
+        if (p > 0) rows.push_back(bench_prefill(m, p, d, f.reps, ceilings));
+      for (int64_t n : parse_int_list(f.gen, "-n"))
+        if (n > 0) rows.push_back(bench_decode(m, n, d, f.reps, ceilings, levers));
+    }
+  };
+  run_rows(*model, Levers::from_env());
   // Resident GPU memory: what the allocator holds after the rows ran (weights,
   // the largest cache and activations it needed), and the weights' share.
   const double resident_gb = device_bytes_reserved() / 1e9, cached_gb = device_bytes_cached() / 1e9;
@@ -64,12 +68,7 @@ void run_bench(const BenchFlags& f) {
     model.reset();
     model = !f.shape.empty() ? random_model(f.shape, device, Levers::all_off().load_options(device))
                              : load_model(resolve_model_dir(f.model), device, Levers::all_off().load_options(device));
-    for (int64_t d : parse_int_list(f.depth, "-d")) {
-      for (int64_t p : parse_int_list(f.prompt, "-p"))
-        if (p > 0) rows.push_back(bench_prefill(*model, p, d, f.reps, ceilings));
-      for (int64_t n : parse_int_list(f.gen, "-n"))
-        if (n > 0) rows.push_back(bench_decode(*model, n, d, f.reps, ceilings, Levers::all_off()));
-    }
+    run_rows(*model, Levers::all_off());
   }
 
   if (f.json) {

@@ -28,10 +28,11 @@ Tensor embed(const Tensor& table, const std::vector<int32_t>& ids) {
   return out;
 }
 
-// A device-resident i32 scalar or id list, read on the host for the CPU backend.
+// The start position as the CPU backend reads it (its tensors live on the host).
 int32_t host_scalar(const Tensor& t, const char* op) {
-  MERE_CHECK(t.dtype() == DType::i32 && t.numel() >= 1, "{}: position must be an i32 tensor", op);
-  return t.device() == Device::cpu ? t.data<int32_t>()[0] : int32_t(t.to_device(Device::cpu).data<int32_t>()[0]);
+  MERE_CHECK(t.dtype() == DType::i32 && t.numel() >= 1 && t.device() == Device::cpu,
+             "{}: position must be an i32 tensor on the CPU", op);
+  return t.data<int32_t>()[0];
 }
 
 Tensor embed(const Tensor& table, const Tensor& ids) {
