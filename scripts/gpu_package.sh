@@ -2,14 +2,18 @@
 # Builds the CUDA binaries here (sm_90a) and packs what scripts/gpu_run.sh needs
 # into .devrun/ (git-ignored via .git/info/exclude), for a GPU machine without
 # our Debian packages.
+# Usage: scripts/gpu_package.sh [BUILD_DIR (build-cuda)]; MERE_DEVRUN names the
+# pack (default .devrun), so several people can keep their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build-cuda -G Ninja -DMERE_CUDA=ON >/dev/null
-cmake --build build-cuda
-rm -rf .devrun && mkdir -p .devrun
-cp build-cuda/mere build-cuda/tests/mere_gpu_tests .devrun/
-pwd > .devrun/source_dir
-libs=$(ldd build-cuda/mere | awk '/libfmt|libpcre2|libicu/ {print $3}')
-tar -cJhf .devrun/libs.tar.xz -C / $(for l in $libs; do echo "${l#/}"; done) --transform 's|.*/||'
-grep -qs '^/.devrun/' .git/info/exclude || echo "/.devrun/" >> .git/info/exclude
-du -sh .devrun
+build=${1:-build-cuda}
+pack=${MERE_DEVRUN:-.devrun}
+cmake -S . -B "$build" -G Ninja -DMERE_CUDA=ON >/dev/null
+cmake --build "$build"
+rm -rf "$pack" && mkdir -p "$pack"
+cp "$build/mere" "$build/tests/mere_gpu_tests" "$pack/"
+pwd > "$pack/source_dir"
+libs=$(ldd "$build/mere" | awk '/libfmt|libpcre2|libicu/ {print $3}')
+tar -cJhf "$pack/libs.tar.xz" -C / $(for l in $libs; do echo "${l#/}"; done) --transform 's|.*/||'
+grep -qs '^/.devrun\*/' .git/info/exclude || echo "/.devrun*/" >> .git/info/exclude
+du -sh "$pack"

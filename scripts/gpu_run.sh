@@ -2,30 +2,32 @@
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere
 # (the device machine of our workplace has no Debian packages): .devrun/ holds
 # mere, mere_gpu_tests and libs.tar.xz (libfmt, libpcre2, ICU). Logs go to $OUT.
-# Usage: scripts/gpu_run.sh [tests] [bench]
+# Usage: scripts/gpu_run.sh [tests] [bench] [levers]; MERE_DEVRUN names the pack
+# (default .devrun), GTEST_FILTER picks tests.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+pack=$root/${MERE_DEVRUN:-.devrun}
 out=${OUT:-/tmp/mere_out}
 mkdir -p "$out" /tmp/mere_libs
-tar -C /tmp/mere_libs -xJf "$root/.devrun/libs.tar.xz"
+tar -C /tmp/mere_libs -xJf "$pack/libs.tar.xz"
 export LD_LIBRARY_PATH=/tmp/mere_libs:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
 # The binaries look for fixtures under the source dir they were built in.
-src=$(cat "$root/.devrun/source_dir")
+src=$(cat "$pack/source_dir")
 if [ -n "$src" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"; fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 for what in "${@:-tests bench}"; do
   case $what in
     tests)
-      "$root/.devrun/mere_gpu_tests" 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[ (gpu|  FAILED|  PASSED) |FAILED|PASSED|Failure" ;;
+      "$pack/mere_gpu_tests" 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[ (gpu|  FAILED|  PASSED) |FAILED|PASSED|Failure" ;;
     bench)
-      m="$root/.devrun/mere"
+      m="$pack/mere"
       "$m" bench --calibrate --device cuda 2>&1 | tee "$out/bench.log"
       "$m" bench --device cuda --baseline --shape llama3-8b -p 512,4096 -n 128 -d 0,8192 -r 3 2>&1 | tee -a "$out/bench.log"
       "$m" bench --device cuda --baseline --shape qwen3-8b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/bench.log"
       "$m" bench --device cuda --baseline --shape qwen3-0.6b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/bench.log"
       "$m" bench --device cuda --baseline -p 256 -n 128 -r 3 2>&1 | tee -a "$out/bench.log" ;;
     levers)  # each lever flipped alone, the others at their defaults
-      m="$root/.devrun/mere"
+      m="$pack/mere"
       for shape in llama3-8b qwen3-0.6b; do
         MERERUN_FUSED_ROPE_STORE=0 "$m" bench --device cuda --shape $shape -p 512 -n 128 -r 3 2>&1 | tee -a "$out/levers.log"
         MERERUN_FUSED_PROJECTIONS=0 "$m" bench --device cuda --shape $shape -p 512 -n 128 -r 3 2>&1 | tee -a "$out/levers.log"
