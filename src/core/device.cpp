@@ -170,6 +170,21 @@ void copy_to_device_async(void* dst, const void* src, size_t bytes) {
   MERE_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(cuda_stream())));
 }
 
+void copy_to_host_async(void* dst, const void* src, size_t bytes) {
+  MERE_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(cuda_stream())));
+}
+
+CudaEvent::CudaEvent() {
+  cudaEvent_t e;
+  MERE_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  event_ = e;
+}
+CudaEvent::~CudaEvent() { cudaEventDestroy(static_cast<cudaEvent_t>(event_)); }
+void CudaEvent::record() {
+  MERE_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(cuda_stream())));
+}
+void CudaEvent::synchronize() { MERE_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event_))); }
+
 std::shared_ptr<void> pinned_alloc(size_t bytes) {
   void* p = nullptr;
   MERE_CUDA(cudaMallocHost(&p, bytes));
@@ -286,6 +301,13 @@ void* cuda_stream() { return nullptr; }
 void copy_to_device_async(void*, const void*, size_t) {
   fail("CUDA is not available: this binary was built without the CUDA backend");
 }
+void copy_to_host_async(void*, const void*, size_t) {
+  fail("CUDA is not available: this binary was built without the CUDA backend");
+}
+CudaEvent::CudaEvent() = default;
+CudaEvent::~CudaEvent() = default;
+void CudaEvent::record() { fail("CUDA events need the CUDA backend; this binary was built without it"); }
+void CudaEvent::synchronize() {}
 std::shared_ptr<void> pinned_alloc(size_t bytes) { return std::shared_ptr<void>(::operator new(bytes), [](void* p) { ::operator delete(p); }); }
 
 struct CudaGraph::Impl {};

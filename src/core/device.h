@@ -34,8 +34,24 @@ void release_cached_device_memory();
 void* cuda_stream();
 // Host-to-device copy queued on the compute stream (from pinned memory it does not block).
 void copy_to_device_async(void* dst, const void* src, size_t bytes);
+// Device-to-host copy queued on the compute stream (into pinned memory it does not block).
+void copy_to_host_async(void* dst, const void* src, size_t bytes);
 // Page-locked host memory, so that async copies really are async.
 std::shared_ptr<void> pinned_alloc(size_t bytes);
+
+// A point in the compute stream the host can wait for.
+class CudaEvent {
+ public:
+  CudaEvent();
+  ~CudaEvent();
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  void record();       // marks the work queued so far
+  void synchronize();  // blocks until that work has finished
+
+ private:
+  void* event_ = nullptr;
+};
 
 // A captured sequence of CUDA work on the compute stream, replayed with one
 // launch. Memory allocated while capturing belongs to the graph until it is

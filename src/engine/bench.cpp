@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "engine/decode_graph.h"
+#include "engine/generate.h"
 #include "ops/ops.h"
 #include "sampling/sampler.h"
 
@@ -48,6 +48,14 @@ std::unique_ptr<SeqState> state_at_depth(const Model& model, int64_t depth, int6
     done += n;
   }
   return state;
+}
+
+// The levers a model was loaded and runs with, for a row's label.
+std::string layout_levers(const LoadOptions& o) {
+  auto on = [](bool b) { return b ? "on" : "off"; };
+  return std::string("fused_projections=") + on(o.fuse_projections) + " fused_rope_store=" + on(o.fuse_rope_store) +
+         " fused_norm_matvec=" + on(o.fuse_norm_matvec) + " programmatic_launch=" + on(o.programmatic_launch) +
+         " matvec_split_k=" + on(o.matvec_split_k);
 }
 
 }  // namespace
@@ -94,8 +102,7 @@ BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int re
   row.tokens = tokens;
   row.depth = depth;
   row.prefill = true;
-  row.levers = std::string(model.info().options.fuse_projections ? "fused_projections=on" : "fused_projections=off") +
-               (model.info().options.fuse_rope_store ? " fused_rope_store=on" : " fused_rope_store=off");
+  row.levers = layout_levers(model.info().options);
   row.flops = model.prefill_flops(tokens, depth);
   row.roofline_tok_s = ceilings.matmul_flop_per_s / (row.flops / double(tokens));
   std::vector<int32_t> ids = random_ids(tokens, model.info().vocab, 11);
@@ -125,30 +132,24 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
   BenchRow row;
   row.test = label("tg", tokens, depth);
   const bool graphs = model.info().device == Device::cuda && levers.cuda_graphs;
-  row.levers = std::string(graphs ? "cuda_graphs=on" : "cuda_graphs=off") +
-               (model.info().options.fuse_projections ? " fused_projections=on" : " fused_projections=off") +
-               (model.info().options.fuse_rope_store ? " fused_rope_store=on" : " fused_rope_store=off");
+  const bool pipelined = model.info().device == Device::cuda && levers.pipelined_decode;
+  row.levers = std::string(graphs ? "cuda_graphs=on " : "cuda_graphs=off ") +
+               (pipelined ? "pipelined_decode=on " : "pipelined_decode=off ") + layout_levers(model.info().options);
   row.tokens = tokens;
   row.depth = depth;
   // The mean context over the run decides the K/V bytes.
   row.bytes_per_token = double(model.decode_bytes(depth + tokens / 2));
   row.roofline_tok_s = ceilings.copy_bytes_per_s / row.bytes_per_token;
-  Sampler greedy(SamplingParams{.temperature = 0});
+  // The engine's own loop (device sampling, graphs, pipelining as the levers
+  // say), greedy, with no EOS: `tokens` steps after the first, timed from the second token.
+  GenerateOptions options;
+  options.max_new_tokens = int(tokens) + 2;
+  options.sampling.temperature = 0;
+  options.levers = levers;
   for (int r = -1; r < reps; ++r) {
-    auto state = state_at_depth(model, depth, tokens + 2);
-    std::unique_ptr<DecodeGraph> graph = graphs ? std::make_unique<DecodeGraph>(model, *state) : nullptr;
-    auto decode = [&](int32_t id) {
-      return (graph ? graph->step(id) : model.forward({id}, *state, false)).to_device(Device::cpu);
-    };
-    Tensor logits = decode(1);  // the first step captures the graph: not timed
-    int32_t id = greedy.sample(logits.data<float>(), model.info().vocab, {});
-    auto t0 = Clock::now();
-    for (int64_t i = 0; i < tokens; ++i) {
-      logits = decode(id);
-      id = greedy.sample(logits.data<float>(), model.info().vocab, {});
-    }
-    double s = seconds_since(t0);
-    if (r >= 0) row.tok_s.push_back(double(tokens) / s);
+    auto state = state_at_depth(model, depth, tokens + 3);
+    GenerateStats stats = generate_from(model, *state, {1}, options, [](int32_t) { return true; });
+    if (r >= 0) row.tok_s.push_back(stats.decode_tok_s());
   }
   finish(row);
   return row;

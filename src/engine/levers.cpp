@@ -21,22 +21,31 @@ bool env_flag(const char* name, bool fallback) {
 Levers Levers::from_env() {
   Levers l;
   l.cuda_graphs = env_flag("MERERUN_CUDA_GRAPHS", l.cuda_graphs);
+  l.pipelined_decode = env_flag("MERERUN_PIPELINED_DECODE", l.pipelined_decode);
   l.fused_projections = env_flag("MERERUN_FUSED_PROJECTIONS", l.fused_projections);
   l.fused_rope_store = env_flag("MERERUN_FUSED_ROPE_STORE", l.fused_rope_store);
+  l.fused_norm_matvec = env_flag("MERERUN_FUSED_NORM_MATVEC", l.fused_norm_matvec);
+  l.programmatic_launch = env_flag("MERERUN_PROGRAMMATIC_LAUNCH", l.programmatic_launch);
+  l.matvec_split_k = env_flag("MERERUN_MATVEC_SPLIT_K", l.matvec_split_k);
   return l;
 }
 
 std::string Levers::describe(Device device) const {
-  if (device == Device::cpu)
-    return "levers: none engage on the cpu (cuda_graphs, fused_projections, fused_rope_store are CUDA levers)";
-  return std::string("levers: cuda_graphs=") + (cuda_graphs ? "on" : "off") +
-         " fused_projections=" + (fused_projections ? "on" : "off") +
-         " fused_rope_store=" + (fused_rope_store ? "on" : "off");
+  if (device == Device::cpu) return "levers: none engage on the cpu (all of them are CUDA levers)";
+  auto on = [](bool b) { return b ? "on" : "off"; };
+  return std::string("levers: cuda_graphs=") + on(cuda_graphs) + " pipelined_decode=" + on(pipelined_decode) +
+         " fused_projections=" + on(fused_projections) +
+         " fused_rope_store=" + on(fused_rope_store) + " fused_norm_matvec=" + on(fused_norm_matvec) +
+         " programmatic_launch=" + on(programmatic_launch) + " matvec_split_k=" + on(matvec_split_k);
 }
 
 LoadOptions Levers::load_options(Device device) const {
-  return LoadOptions{.fuse_projections = fused_projections && device == Device::cuda,
-                     .fuse_rope_store = fused_rope_store && device == Device::cuda};
+  const bool cuda = device == Device::cuda;
+  return LoadOptions{.fuse_projections = fused_projections && cuda,
+                     .fuse_rope_store = fused_rope_store && cuda,
+                     .fuse_norm_matvec = fused_norm_matvec && cuda,
+                     .programmatic_launch = programmatic_launch && cuda,
+                     .matvec_split_k = matvec_split_k && cuda};
 }
 
 }  // namespace mere

@@ -189,11 +189,17 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool al
   const int64_t T = ids.numel();
   const float scale = 1.0f / std::sqrt(float(k.head_dim));
 
-  Tensor h = ops::embed(tok_embed_, ids);                                      // [T, d_model]
-  Tensor x = ops::rms_norm(h, layers_[0].attn_norm, k.norm_eps);
+  if (info_.device == Device::cuda)
+    ops::set_launch_settings({.programmatic = info_.options.programmatic_launch,
+                              .matvec_split_k = info_.options.matvec_split_k});
+  const bool fold_norms = info_.options.fuse_norm_matvec;
+
+  Tensor h = ops::embed(tok_embed_, ids);                                      // [T, d_model], the residual
+  Tensor x;                                                                    // the normed input, unless folded
+  if (!fold_norms) x = ops::rms_norm(h, layers_[0].attn_norm, k.norm_eps);
   for (int l = 0; l < k.n_layers; ++l) {
     const LlamaLayer& w = layers_[size_t(l)];
-    auto [q, kk, v] = w.qkv.apply(x);
+    auto [q, kk, v] = fold_norms ? w.qkv.apply_normed(h, w.attn_norm, k.norm_eps) : w.qkv.apply(x);
     q = q.reshape({T, k.n_heads, k.head_dim});
     kk = kk.reshape({T, k.n_kv_heads, k.head_dim});
     v = v.reshape({T, k.n_kv_heads, k.head_dim});
@@ -201,10 +207,19 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool al
     KvCache& cache = state.kv(l);
     rotate_and_cache(q, kk, v, w.q_norm, w.k_norm, k.norm_eps, k.rope, pos, cache, info_.options.fuse_rope_store);
     Tensor a = ops::attention(q, cache.keys(), cache.values(), pos, scale);   // [T, n_heads, head_dim]
+    if (fold_norms) {
+      ops::linear_add(h, a.reshape({T, -1}), w.o, w.o_bias);
+      w.mlp.add_normed(h, w.mlp_norm, k.norm_eps);
+      continue;
+    }
     // The residual add and the next RMSNorm in one pass, twice per layer.
     x = ops::add_rms_norm(h, ops::linear(a.reshape({T, -1}), w.o, w.o_bias), w.mlp_norm, k.norm_eps);
     const Tensor& next_norm = l + 1 < k.n_layers ? layers_[size_t(l) + 1].attn_norm : final_norm_;
     x = ops::add_rms_norm(h, w.mlp.apply(x), next_norm, k.norm_eps);
+  }
+  if (fold_norms) {
+    const Tensor rows = all_logits ? h : h.slice_rows(T - 1, T);
+    return ops::rms_norm_linear(rows, final_norm_, k.norm_eps, lm_head_);      // [T or 1, vocab]
   }
   if (!all_logits) x = x.slice_rows(T - 1, T);
   return ops::linear(x, lm_head_);                                             // [T or 1, vocab]

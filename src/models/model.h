@@ -18,6 +18,12 @@ struct LoadOptions {
   bool fuse_projections = false;
   // q/k norm, RoPE and the K/V write as one kernel (lever fused_rope_store).
   bool fuse_rope_store = false;
+  // RMSNorm, SwiGLU and the residual add inside the matmuls (lever fused_norm_matvec).
+  bool fuse_norm_matvec = false;
+  // CUDA kernels launched to overlap the previous one's tail (lever programmatic_launch).
+  bool programmatic_launch = false;
+  // Several warps per row in decode matvecs with few rows (lever matvec_split_k).
+  bool matvec_split_k = false;
 };
 
 struct ModelInfo {

@@ -101,6 +101,57 @@ Tensor silu_mul_halves(const Tensor& gate_up) {
   return out;
 }
 
+Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Tensor& w, const Tensor& bias) {
+  MERE_CHECK(h.dtype() == DType::f32 && h.rank() == 2 && w.rank() == 2 && w.dim(1) == h.dim(1),
+             "rms_norm_linear: h {} does not match weight {}", shape_str(h.shape()), shape_str(w.shape()));
+  MERE_CHECK(norm_w.shape() == Shape{h.dim(1)}, "rms_norm_linear: norm weight {} for rows of {}",
+             shape_str(norm_w.shape()), h.dim(1));
+  check_same_device("rms_norm_linear", h, w);
+  check_same_device("rms_norm_linear", h, norm_w);
+  if (h.device() == Device::cuda) {
+    MERE_CHECK(!bias.defined() || bias.shape() == Shape{w.dim(0)}, "rms_norm_linear: bias {} for {} outputs",
+               shape_str(bias.shape()), w.dim(0));
+    Tensor out = Tensor::empty({h.dim(0), w.dim(0)}, DType::f32, Device::cuda);
+    if (cuda::rms_norm_linear(h, norm_w, eps, w, bias, out)) return out;
+  }
+  return linear(rms_norm(h, norm_w, eps), w, bias);
+}
+
+void linear_add(Tensor& h, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  MERE_CHECK(h.dtype() == DType::f32 && h.rank() == 2 && h.dim(0) == x.dim(0) && h.dim(1) == w.dim(0),
+             "linear_add: {} += linear of {} by {} does not fit", shape_str(h.shape()), shape_str(x.shape()),
+             shape_str(w.shape()));
+  if (h.device() == Device::cuda && x.device() == Device::cuda && x.dtype() == DType::f32 && x.rank() == 2 &&
+      w.rank() == 2 && w.dim(1) == x.dim(1) && (!bias.defined() || bias.shape() == Shape{w.dim(0)}) &&
+      cuda::linear_add(h, x, w, bias))
+    return;
+  add_inplace(h, linear(x, w, bias));
+}
+
+void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Tensor& w, const Tensor& bias) {
+  MERE_CHECK(gate_up.rank() == 2 && w.rank() == 2 && gate_up.dim(1) == 2 * w.dim(1) && h.rank() == 2 &&
+                 h.dim(0) == gate_up.dim(0) && h.dim(1) == w.dim(0),
+             "swiglu_linear_add: {} += linear of swiglu({}) by {} does not fit", shape_str(h.shape()),
+             shape_str(gate_up.shape()), shape_str(w.shape()));
+  if (h.device() == Device::cuda && gate_up.device() == Device::cuda && gate_up.dtype() == DType::f32 &&
+      h.dtype() == DType::f32 && (!bias.defined() || bias.shape() == Shape{w.dim(0)}) &&
+      cuda::swiglu_linear_add(h, gate_up, w, bias))
+    return;
+  add_inplace(h, linear(silu_mul_halves(gate_up), w, bias));
+}
+
+void set_launch_settings(const LaunchSettings& settings) { cuda::set_launch_settings(settings); }
+
+void advance_position(Tensor& pos, int32_t by) {
+  MERE_CHECK(pos.dtype() == DType::i32 && pos.numel() == 1, "advance_position: expected an i32 scalar, got {} {}",
+             dtype_name(pos.dtype()), shape_str(pos.shape()));
+  if (pos.device() == Device::cpu) {
+    pos.data<int32_t>()[0] += by;
+    return;
+  }
+  cuda::advance_position(pos, by);
+}
+
 Tensor add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps) {
   MERE_CHECK(h.shape() == x.shape() && h.dtype() == DType::f32 && x.dtype() == DType::f32,
              "add_rms_norm: {} += {} must be f32 of one shape", shape_str(h.shape()), shape_str(x.shape()));

@@ -33,6 +33,30 @@ Tensor silu_mul_halves(const Tensor& gate_up);
 // in one pass. Bit-identical to add_inplace followed by rms_norm.
 Tensor add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps);
 
+// The fused decode forms (lever fused_norm_matvec): RMSNorm, SwiGLU and the
+// residual add folded into a matmul's input and output. On the GPU, for decode
+// row counts, each is one matrix-vector kernel; elsewhere they compose the ops
+// above, which defines them.
+// linear(rms_norm(h, norm_w, eps), w, bias).
+Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Tensor& w,
+                       const Tensor& bias = Tensor());
+// h += linear(x, w, bias).
+void linear_add(Tensor& h, const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+// h += linear(silu_mul_halves(gate_up), w, bias).
+void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Tensor& w, const Tensor& bias = Tensor());
+
+// pos (i32 [1], on any device) += by; on the GPU a kernel, so a CUDA graph's
+// step can move its own position on.
+void advance_position(Tensor& pos, int32_t by);
+
+// How CUDA kernels launch from now on (no effect on the CPU); a model sets this
+// before it runs.
+struct LaunchSettings {
+  bool programmatic = false;    // lever programmatic_launch: start during the previous kernel's tail
+  bool matvec_split_k = false;  // lever matvec_split_k: several warps per row when a matrix has few rows
+};
+void set_launch_settings(const LaunchSettings& settings);
+
 // Column blocks of x [T, sum(widths)] as tensors [T, width]: views when T == 1
 // (contiguous already), copies otherwise.
 std::vector<Tensor> split_columns(const Tensor& x, const std::vector<int64_t>& widths);

@@ -107,6 +107,52 @@ TEST_F(CudaOps, FusedHelpersMatchTheCpu) {
   EXPECT_EQ(relative_error(fused, composed.to_device(Device::cpu), "add_rms_norm vs composition"), 0.0f);
 }
 
+// The fused decode forms against the CPU composition, for every weight dtype,
+// row counts up to the matvec's 8 and a prefill-sized one (which composes), with
+// and without bias; programmatic launch must not change a bit; split-K stays
+// within the same tolerance.
+TEST_F(CudaOps, FusedNormMatvecMatchesTheComposition) {
+  struct Case { int64_t T, in, out; bool bias; };
+  for (Case c : {Case{1, 4096, 300, false}, Case{3, 512, 1000, true}, Case{8, 2048, 64, false}, Case{20, 256, 96, true},
+                 Case{1, 1032, 17, true}, Case{2, 8192, 64, true}})
+    for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+      const std::string label = fmt::format("T={} in={} out={} {}", c.T, c.in, c.out, dtype_name(dt));
+      // Past 8 rows the tensor-core GEMM runs, on activations rounded to the weight dtype.
+      const float tol = c.T <= 8 || dt == DType::f32 ? 1e-5f : dt == DType::bf16 ? 4e-3f : 5e-4f;
+      Tensor h = random({c.T, c.in}, DType::f32, 21, 2.0f), norm = random({c.in}, dt, 22, 0.2f, 1.0f);
+      Tensor w = random({c.out, c.in}, dt, 23, 0.05f), b = c.bias ? random({c.out}, DType::f32, 24) : Tensor();
+      Tensor want = ops::linear(ops::rms_norm(h, norm, 1e-6f), w, b);
+      ops::set_launch_settings({});
+      Tensor got = ops::rms_norm_linear(gpu(h), gpu(norm), 1e-6f, gpu(w), c.bias ? gpu(b) : Tensor());
+      EXPECT_LE(relative_error(got, want, "rms_norm_linear " + label), tol);
+      ops::set_launch_settings({.programmatic = true});
+      Tensor early = ops::rms_norm_linear(gpu(h), gpu(norm), 1e-6f, gpu(w), c.bias ? gpu(b) : Tensor());
+      ops::set_launch_settings({});
+      EXPECT_EQ(test::max_abs_diff(early.to_device(Device::cpu), got.to_device(Device::cpu)).diff, 0.0f) << label;
+      // Split-K shares each row among warps: another summation order, same tolerance.
+      ops::set_launch_settings({.matvec_split_k = true});
+      Tensor split = ops::rms_norm_linear(gpu(h), gpu(norm), 1e-6f, gpu(w), c.bias ? gpu(b) : Tensor());
+      Tensor split_plain = ops::linear(gpu(h), gpu(w), c.bias ? gpu(b) : Tensor());
+      ops::set_launch_settings({});
+      EXPECT_LE(relative_error(split, want, "split-K rms_norm_linear " + label), tol);
+      EXPECT_LE(relative_error(split_plain, ops::linear(h, w, b), "split-K linear " + label), tol);
+
+      Tensor x = random({c.T, c.in}, DType::f32, 25), residual = random({c.T, c.out}, DType::f32, 26);
+      Tensor want_add = residual.clone();
+      ops::add_inplace(want_add, ops::linear(x, w, b));
+      Tensor got_add = gpu(residual);
+      ops::linear_add(got_add, gpu(x), gpu(w), c.bias ? gpu(b) : Tensor());
+      EXPECT_LE(relative_error(got_add, want_add, "linear_add " + label), tol);
+
+      Tensor gate_up = random({c.T, 2 * c.in}, DType::f32, 27, 3.0f);
+      Tensor want_swiglu = residual.clone();
+      ops::add_inplace(want_swiglu, ops::linear(ops::silu_mul_halves(gate_up), w, b));
+      Tensor got_swiglu = gpu(residual);
+      ops::swiglu_linear_add(got_swiglu, gpu(gate_up), gpu(w), c.bias ? gpu(b) : Tensor());
+      EXPECT_LE(relative_error(got_swiglu, want_swiglu, "swiglu_linear_add " + label), tol);
+    }
+}
+
 // The fused epilogue against the CPU composition (rms_norm, rope, rope, store, store).
 TEST_F(CudaOps, QkNormRopeStoreMatchesTheComposition) {
   struct Case { int64_t T, heads, kv_heads, head_dim; bool norm, interleaved; };

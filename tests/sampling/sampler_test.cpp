@@ -81,6 +81,104 @@ TEST(Sampler, TopKTopPMinPCutTheTail) {
   EXPECT_GT(cm[1], 0);
 }
 
+// The kept set of sampling_weights: indices with a positive weight.
+std::vector<int32_t> kept(const std::vector<float>& logits, SamplingParams p) {
+  std::vector<double> w;
+  sampling_weights(logits.data(), int64_t(logits.size()), p, w);
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < w.size(); ++i)
+    if (w[i] > 0) ids.push_back(int32_t(i));
+  return ids;
+}
+
+TEST(Sampler, TopKKeepsTheKLargestTiesToTheLowerId) {
+  std::vector<float> l = {1.0f, 2.0f, 2.0f, 2.0f, 0.0f, 2.0f};
+  SamplingParams p;
+  p.top_k = 2;
+  EXPECT_EQ(kept(l, p), (std::vector<int32_t>{1, 2}));
+  p.top_k = 4;
+  EXPECT_EQ(kept(l, p), (std::vector<int32_t>{1, 2, 3, 5}));
+  p.top_k = 5;
+  EXPECT_EQ(kept(l, p), (std::vector<int32_t>{0, 1, 2, 3, 5}));
+  p.top_k = 6;  // all: same as off
+  EXPECT_EQ(kept(l, p).size(), 6u);
+}
+
+TEST(Sampler, TopPKeepsWholeGroupsOfEqualProbability) {
+  // {p >= 0.4} holds 0.4 < 0.5; {p >= 0.2} holds everything. A sorted prefix
+  // would stop after two tokens; the threshold keeps all three ties.
+  auto l = logits_of({0.2, 0.4, 0.2, 0.2});
+  SamplingParams p;
+  p.top_p = 0.5f;
+  EXPECT_EQ(kept(l, p), (std::vector<int32_t>{0, 1, 2, 3}));
+  p.top_p = 0.39f;  // the best alone reaches it
+  EXPECT_EQ(kept(l, p), (std::vector<int32_t>{1}));
+  p.top_p = 0.0f;  // never less than the best
+  EXPECT_EQ(kept(l, p), (std::vector<int32_t>{1}));
+}
+
+TEST(Sampler, TopPCountsMassWithinTopK) {
+  auto l = logits_of({0.1, 0.4, 0.3, 0.2});
+  SamplingParams p;
+  p.top_p = 0.75f;  // 0.4 + 0.3 = 0.7 < 0.75: needs 0.2 too
+  EXPECT_EQ(kept(l, p), (std::vector<int32_t>{1, 2, 3}));
+  p.top_k = 3;  // renormalised: (0.4 + 0.3) / 0.9 = 0.78 >= 0.75
+  EXPECT_EQ(kept(l, p), (std::vector<int32_t>{1, 2}));
+}
+
+TEST(Sampler, TopPIsTakenAtTheTemperature) {
+  auto l = logits_of({0.6, 0.4});
+  SamplingParams p;
+  p.top_p = 0.65f;  // at temperature 1 the best holds 0.6: both kept
+  EXPECT_EQ(kept(l, p), (std::vector<int32_t>{0, 1}));
+  p.temperature = 0.5f;  // 0.36 / 0.52 = 0.69: the best alone
+  EXPECT_EQ(kept(l, p), (std::vector<int32_t>{0}));
+}
+
+TEST(Sampler, MinPDropsBelowAFractionOfTheBest) {
+  auto l = logits_of({0.19, 0.4, 0.2, 0.1, 0.11});
+  SamplingParams p;
+  p.min_p = 0.45f;  // keeps p >= 0.18
+  EXPECT_EQ(kept(l, p), (std::vector<int32_t>{0, 1, 2}));
+  p.top_p = 0.5f;  // {p >= 0.2} holds 0.6: the thresholds intersect
+  EXPECT_EQ(kept(l, p), (std::vector<int32_t>{1, 2}));
+}
+
+TEST(Sampler, WeightsAreRelativeToTheBest) {
+  auto l = logits_of({0.25, 0.5, 0.125, 0.125});
+  std::vector<double> w;
+  sampling_weights(l.data(), 4, SamplingParams{}, w);
+  EXPECT_EQ(w[1], 1.0);
+  EXPECT_NEAR(w[0], 0.5, 1e-6);
+  EXPECT_NEAR(w[2], 0.25, 1e-6);
+}
+
+TEST(Sampler, DrawIsTheInverseCdfInIdOrder) {
+  auto l = logits_of({0.1, 0.4, 0.2, 0.3});
+  SamplingParams p;
+  p.seed = 11;
+  Sampler s(p);
+  std::vector<double> w;
+  sampling_weights(l.data(), 4, p, w);
+  double total = w[0] + w[1] + w[2] + w[3];
+  for (uint64_t draw = 0; draw < 200; ++draw) {
+    double target = double(philox_uniform(p.seed, draw)) * total, acc = 0;
+    int32_t want = 0;
+    while ((acc += w[size_t(want)]) <= target) ++want;
+    ASSERT_EQ(s.sample(l.data(), 4, {}), want) << draw;
+  }
+  EXPECT_EQ(s.draws(), 200u);
+}
+
+TEST(Sampler, GreedyDrawsNothing) {
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler s(p);
+  std::vector<float> l = {0.1f, 3.0f};
+  s.sample(l.data(), 2, {});
+  EXPECT_EQ(s.draws(), 0u);
+}
+
 TEST(Sampler, SameSeedSameTokensOtherSeedOtherTokens) {
   auto l = logits_of({0.3, 0.3, 0.2, 0.2});
   auto draw = [&](uint64_t seed) {

@@ -37,6 +37,15 @@ std::array<Tensor, 3> QkvProjection::apply(const Tensor& x) const {
   return {parts[0], parts[1], parts[2]};
 }
 
+std::array<Tensor, 3> QkvProjection::apply_normed(const Tensor& h, const Tensor& norm_w, float eps) const {
+  if (!qkv.defined())
+    return {ops::rms_norm_linear(h, norm_w, eps, q, q_bias), ops::rms_norm_linear(h, norm_w, eps, k, k_bias),
+            ops::rms_norm_linear(h, norm_w, eps, v, v_bias)};
+  std::vector<Tensor> parts =
+      ops::split_columns(ops::rms_norm_linear(h, norm_w, eps, qkv, qkv_bias), {q_dim_, kv_dim_, kv_dim_});
+  return {parts[0], parts[1], parts[2]};
+}
+
 uint64_t QkvProjection::size_bytes() const {
   return bytes_of({&q, &k, &v, &q_bias, &k_bias, &v_bias, &qkv, &qkv_bias});
 }
@@ -51,6 +60,16 @@ Tensor GatedMlp::apply(const Tensor& x) const {
   Tensor hidden = gate_up.defined() ? ops::silu_mul_halves(ops::linear(x, gate_up, gate_up_bias))
                                     : ops::silu_mul(ops::linear(x, gate, gate_bias), ops::linear(x, up, up_bias));
   return ops::linear(hidden, down, down_bias);
+}
+
+void GatedMlp::add_normed(Tensor& h, const Tensor& norm_w, float eps) const {
+  if (gate_up.defined()) {
+    ops::swiglu_linear_add(h, ops::rms_norm_linear(h, norm_w, eps, gate_up, gate_up_bias), down, down_bias);
+    return;
+  }
+  Tensor hidden = ops::silu_mul(ops::rms_norm_linear(h, norm_w, eps, gate, gate_bias),
+                                ops::rms_norm_linear(h, norm_w, eps, up, up_bias));
+  ops::linear_add(h, hidden, down, down_bias);
 }
 
 uint64_t GatedMlp::size_bytes() const {

@@ -19,6 +19,8 @@ struct QkvProjection {
   void fuse();
   void to_device(Device device);
   std::array<Tensor, 3> apply(const Tensor& x) const;  // [T, q_dim], [T, kv_dim], [T, kv_dim]
+  // The same on rms_norm(h, norm_w, eps), the norm folded into the matmul.
+  std::array<Tensor, 3> apply_normed(const Tensor& h, const Tensor& norm_w, float eps) const;
   uint64_t size_bytes() const;
 
  private:
@@ -33,6 +35,9 @@ struct GatedMlp {
   void fuse();
   void to_device(Device device);
   Tensor apply(const Tensor& x) const;
+  // h += apply(rms_norm(h, norm_w, eps)), with the norm, SwiGLU and the residual
+  // add folded into the matmuls.
+  void add_normed(Tensor& h, const Tensor& norm_w, float eps) const;
   uint64_t size_bytes() const;
 };
 

@@ -108,6 +108,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
                          float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
                          int n_heads, int n_kv_heads, int head_dim, const int32_t* __restrict__ pos_dev,
                          int64_t pos0, float scale, int n_splits) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   using S = Lanes<KV, HD>;
   constexpr int L = S::L, C = S::C, W = S::W, E = S::E;
   constexpr int KPI = kKeysPerStep<HB, C>;
@@ -307,6 +309,8 @@ __global__ void __launch_bounds__(kWarps * 32)
                            float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
                            int n_heads, int n_kv_heads, int head_dim, const int32_t* __restrict__ pos_dev,
                            int64_t pos0, float scale, int n_splits) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   const int h = blockIdx.x, t = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kv_h = h / (n_heads / n_kv_heads);
@@ -392,6 +396,8 @@ __global__ void __launch_bounds__(kMergeThreads)
     attention_merge_kernel(const float* __restrict__ part_m, const float* __restrict__ part_l,
                            const float* __restrict__ part_o, float* __restrict__ out, int n_heads, int head_dim,
                            int n_splits) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   const int h = blockIdx.x, t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t base = (int64_t(t) * n_heads + h) * n_splits;
@@ -444,7 +450,7 @@ void launch_gqa(const float* q, const KV* k, const KV* v, float* part_m, float* 
                 int n_heads, int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits,
                 float scale, cudaStream_t stream) {
   const int chunks = (n_heads / n_kv_heads + HB - 1) / HB;
-  attention_gqa_kernel<KV, HD, HB><<<dim3(n_kv_heads * chunks, T, n_splits), kWarps * 32, 0, stream>>>(
+  launch_kernel(attention_gqa_kernel<KV, HD, HB>, dim3(n_kv_heads * chunks, T, n_splits), kWarps * 32, 0, stream,
       q, k, v, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits);
 }
 
@@ -483,7 +489,7 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
                                n_splits, scale, stream);
     };
     if (!wide)
-      attention_split_kernel<KV><<<dim3(n_heads, T, n_splits), kWarps * 32, 0, stream>>>(
+      launch_kernel(attention_split_kernel<KV>, dim3(n_heads, T, n_splits), kWarps * 32, 0, stream,
           q, kp, vp, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits);
     else if (head_dim <= 32) go.template operator()<32>();
     else if (head_dim <= 64) go.template operator()<64>();
@@ -491,7 +497,7 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
     else go.template operator()<256>();
   });
   if (err != cudaSuccess) return err;
-  attention_merge_kernel<<<dim3(n_heads, T), kMergeThreads, 0, stream>>>(part_m, part_l, part_o, out, n_heads,
+  launch_kernel(attention_merge_kernel, dim3(n_heads, T), kMergeThreads, 0, stream, part_m, part_l, part_o, out, n_heads,
                                                                          head_dim, n_splits);
   return cudaGetLastError();
 }

@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include "core/dtype.h"
 
 namespace mere::cuda {
@@ -35,6 +37,38 @@ cudaError_t visit_float(DType dt, Fn&& fn) {
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+// Programmatic dependent launch (Hopper). A kernel launched with launch_kernel()
+// while the lever is on may start before the previous kernel on the stream has
+// finished: it must call wait_for_previous_kernel() before it reads anything the
+// previous kernels wrote or writes anything they read. Work before the wait may
+// only touch memory no kernel writes (weights). allow_next_kernel() lets the
+// next kernel start launching; both are no-ops for a plain launch.
+__device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void allow_next_kernel() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+bool programmatic_launch_enabled();  // launch.cu
+bool matvec_split_k_enabled();        // launch.cu
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), with the programmatic
+// launch attribute when the lever is on.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                          Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  if (programmatic_launch_enabled()) {
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }

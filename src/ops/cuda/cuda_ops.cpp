@@ -88,6 +88,28 @@ Tensor upload_ints(const std::vector<int32_t>& values) {
   return host.to_device(Device::cuda);
 }
 
+// The decode matvec applies: few rows, and 16-byte aligned rows of x and w.
+bool matvec_applies(int64_t T, const Tensor& x, const Tensor& w) {
+  const int64_t in = w.dim(1);
+  return T <= kMaxMatvecTokens && (in * int64_t(dtype_size(w.dtype()))) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0;
+}
+
+MatvecArgs matvec_args(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
+  MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
+             dtype_name(bias.dtype()));
+  MatvecArgs a;
+  a.x = x.data<float>();
+  a.w = w.raw();
+  a.w_dtype = w.dtype();
+  a.bias = bias.defined() ? bias.data<float>() : nullptr;
+  a.y = out.data<float>();
+  a.T = out.dim(0);
+  a.in = w.dim(1);
+  a.out = w.dim(0);
+  return a;
+}
+
 }  // namespace
 
 void embed(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) {
@@ -110,17 +132,43 @@ void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
   MERE_CUDA(launch_rms_norm(x.data<float>(), w.raw(), w.dtype(), out.data<float>(), x.numel() / d, d, eps, stream()));
 }
 
+bool rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Tensor& w, const Tensor& bias,
+                     Tensor& out) {
+  if (!matvec_applies(h.dim(0), h, w) || norm_w.dtype() != w.dtype() || reinterpret_cast<uintptr_t>(norm_w.raw()) % 16)
+    return false;
+  MatvecArgs a = matvec_args(h, w, bias, out);
+  a.input = MatvecInput::rms_normed;
+  a.norm_w = norm_w.raw();
+  a.eps = eps;
+  MERE_CUDA(launch_matvec(a, stream()));
+  return true;
+}
+
+bool linear_add(Tensor& h, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (!matvec_applies(x.dim(0), x, w)) return false;
+  MatvecArgs a = matvec_args(x, w, bias, h);
+  a.accumulate = true;
+  MERE_CUDA(launch_matvec(a, stream()));
+  return true;
+}
+
+bool swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Tensor& w, const Tensor& bias) {
+  if (!matvec_applies(gate_up.dim(0), gate_up, w)) return false;
+  MatvecArgs a = matvec_args(gate_up, w, bias, h);
+  a.input = MatvecInput::silu_gated;
+  a.accumulate = true;
+  MERE_CUDA(launch_matvec(a, stream()));
+  return true;
+}
+
 void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
-  const int64_t T = x.dim(0), in = x.dim(1), n_out = w.dim(0);
-  MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
-             dtype_name(bias.dtype()));
-  const float* b = bias.defined() ? bias.data<float>() : nullptr;
-  const bool aligned = (in * int64_t(dtype_size(w.dtype()))) % 16 == 0 && reinterpret_cast<uintptr_t>(w.raw()) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0;
-  if (T <= kMaxMatvecTokens && aligned) {
-    MERE_CUDA(launch_matvec(x.data<float>(), w.raw(), w.dtype(), b, out.data<float>(), T, in, n_out, stream()));
+  const int64_t T = x.dim(0), n_out = w.dim(0);
+  MatvecArgs a = matvec_args(x, w, bias, out);
+  if (matvec_applies(T, x, w)) {
+    MERE_CUDA(launch_matvec(a, stream()));
     return;
   }
+  const float* b = a.bias;
   Tensor xw = x;  // tensor cores take both operands in the weight's dtype
   if (w.dtype() != DType::f32) {
     xw = Tensor::empty(x.shape(), w.dtype(), Device::cuda);
@@ -201,10 +249,27 @@ void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& tab
                         positions.empty() ? 0 : positions[0], x.dim(0), x.dim(1), x.dim(2), p, stream()));
 }
 
+namespace {
+
+// Prefill over a bf16 cache goes to the tensor-core kernel; decode, other cache
+// dtypes and other head_dims to split-K flash decoding.
+bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v) {
+  auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0; };
+  return q.dim(0) >= kFlashAttentionMinTokens && k.dtype() == DType::bf16 && v.dtype() == DType::bf16 &&
+         flash_attention_supports(int(q.dim(2))) && aligned(q) && aligned(k) && aligned(v);
+}
+
+}  // namespace
+
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
   const int T = int(q.dim(0)), n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
   MERE_CHECK(head_dim <= kMaxAttentionHeadDim, "attention (CUDA): head_dim {} exceeds {}", head_dim,
              kMaxAttentionHeadDim);
+  if (flash_attention_applies(q, k, v)) {
+    MERE_CUDA(launch_flash_attention(q.data<float>(), k.raw(), v.raw(), out.data<float>(), T, n_heads, int(k.dim(1)),
+                                     head_dim, nullptr, pos0, scale, stream()));
+    return;
+  }
   const int splits = attention_splits(pos0 + T);
   Tensor part_m = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
   Tensor part_l = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
@@ -218,6 +283,11 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   const int T = int(q.dim(0)), n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
   MERE_CHECK(head_dim <= kMaxAttentionHeadDim, "attention (CUDA): head_dim {} exceeds {}", head_dim,
              kMaxAttentionHeadDim);
+  if (flash_attention_applies(q, k, v)) {
+    MERE_CUDA(launch_flash_attention(q.data<float>(), k.raw(), v.raw(), out.data<float>(), T, n_heads, int(k.dim(1)),
+                                     head_dim, start_pos.data<int32_t>(), 0, scale, stream()));
+    return;
+  }
   // The split count is fixed at capture: enough shares of the whole cache to keep
   // every SM busy at long contexts, at most 64 so short ones waste few blocks.
   const int splits = std::min(attention_splits(k.dim(0)), 64);
@@ -228,6 +298,13 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
                              part_o.data<float>(), out.data<float>(), T, n_heads, int(k.dim(1)), head_dim,
                              start_pos.data<int32_t>(), 0, splits, scale, stream()));
 }
+
+void set_launch_settings(const LaunchSettings& settings) {
+  mere::cuda::set_programmatic_launch(settings.programmatic);
+  mere::cuda::set_matvec_split_k(settings.matvec_split_k);
+}
+
+void advance_position(Tensor& pos, int32_t by) { MERE_CUDA(launch_advance_position(pos.data<int32_t>(), by, stream())); }
 
 }  // namespace mere::ops::cuda
 
@@ -258,6 +335,11 @@ void qk_norm_rope_store(Tensor&, const Tensor&, const Tensor&, const Tensor&, co
   no_cuda();
 }
 void fill_random(Tensor&, uint64_t, float, float) { no_cuda(); }
+bool rms_norm_linear(const Tensor&, const Tensor&, float, const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
+bool linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+bool swiglu_linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void set_launch_settings(const LaunchSettings&) {}  // nothing launches
+void advance_position(Tensor&, int32_t) { no_cuda(); }
 
 }  // namespace mere::ops::cuda
 

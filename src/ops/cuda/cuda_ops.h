@@ -15,6 +15,15 @@ void silu_mul_halves(const Tensor& gate_up, Tensor& out);
 // dst [T, w] = columns [offset, offset + w) of x [T, n].
 void copy_columns(const Tensor& x, int64_t offset, Tensor& dst);
 void add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& out);
+// The fused decode forms (ops.h); each returns false when the decode matvec does
+// not apply (more rows than it takes, unaligned rows, a norm weight of another
+// dtype than w), and the caller composes the plain ops instead.
+bool rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Tensor& w, const Tensor& bias,
+                     Tensor& out);
+bool linear_add(Tensor& h, const Tensor& x, const Tensor& w, const Tensor& bias);
+bool swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Tensor& w, const Tensor& bias);
+void advance_position(Tensor& pos, int32_t by);
+void set_launch_settings(const LaunchSettings& settings);
 
 void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out);

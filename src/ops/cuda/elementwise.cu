@@ -6,6 +6,8 @@ namespace mere::cuda {
 namespace {
 
 __global__ void silu_mul_kernel(const float* gate, const float* up, float* out, int64_t n) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float g = gate[i];
     out[i] = g / (1.0f + __expf(-g)) * up[i];
@@ -13,22 +15,36 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, float* out, 
 }
 
 __global__ void add_kernel(float* h, const float* x, int64_t n) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     h[i] += x[i];
 }
 
+__global__ void advance_position_kernel(int32_t* pos, int32_t by) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  *pos += by;
+}
+
 __global__ void add_bias_kernel(float* y, const float* bias, int64_t rows, int64_t cols) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * cols; i += int64_t(gridDim.x) * blockDim.x)
     y[i] += bias[i % cols];
 }
 
 template <typename Src, typename Dst>
 __global__ void convert_kernel(const Src* src, Dst* dst, int64_t n) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = from_float<Dst>(to_float(src[i]));
 }
 
 __global__ void silu_mul_halves_kernel(const float* gate_up, float* out, int64_t T, int64_t f) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * f; i += int64_t(gridDim.x) * blockDim.x) {
     int64_t t = i / f, j = i % f;
     float g = gate_up[t * 2 * f + j];
@@ -37,12 +53,16 @@ __global__ void silu_mul_halves_kernel(const float* gate_up, float* out, int64_t
 }
 
 __global__ void copy_columns_kernel(const float* x, float* dst, int64_t T, int64_t n, int64_t offset, int64_t w) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * w; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = x[(i / w) * n + offset + i % w];
 }
 
 template <typename D>
 __global__ void store_rows_kernel(const float* src, D* dst, const int32_t* pos_dev, int64_t n, int64_t row) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   const int64_t offset = int64_t(*pos_dev) * row;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[offset + i] = from_float<D>(src[i]);
@@ -53,33 +73,38 @@ __global__ void store_rows_kernel(const float* src, D* dst, const int32_t* pos_d
 cudaError_t launch_store_rows(const float* src, void* dst, DType dst_dtype, const int32_t* pos_dev, int64_t T,
                               int64_t row, cudaStream_t stream) {
   return visit_float(dst_dtype, [&]<typename D>() {
-    store_rows_kernel<D><<<grid_for(T * row), 256, 0, stream>>>(src, static_cast<D*>(dst), pos_dev, T * row, row);
+    launch_kernel(store_rows_kernel<D>, grid_for(T * row), 256, 0, stream, src, static_cast<D*>(dst), pos_dev, T * row, row);
   });
 }
 
 cudaError_t launch_silu_mul_halves(const float* gate_up, float* out, int64_t T, int64_t f, cudaStream_t stream) {
-  silu_mul_halves_kernel<<<grid_for(T * f), 256, 0, stream>>>(gate_up, out, T, f);
+  launch_kernel(silu_mul_halves_kernel, grid_for(T * f), 256, 0, stream, gate_up, out, T, f);
   return cudaGetLastError();
 }
 
 cudaError_t launch_copy_columns(const float* x, float* dst, int64_t T, int64_t n, int64_t offset, int64_t w,
                                 cudaStream_t stream) {
-  copy_columns_kernel<<<grid_for(T * w), 256, 0, stream>>>(x, dst, T, n, offset, w);
+  launch_kernel(copy_columns_kernel, grid_for(T * w), 256, 0, stream, x, dst, T, n, offset, w);
   return cudaGetLastError();
 }
 
 cudaError_t launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
-  silu_mul_kernel<<<grid_for(n), 256, 0, stream>>>(gate, up, out, n);
+  launch_kernel(silu_mul_kernel, grid_for(n), 256, 0, stream, gate, up, out, n);
   return cudaGetLastError();
 }
 
 cudaError_t launch_add(float* h, const float* x, int64_t n, cudaStream_t stream) {
-  add_kernel<<<grid_for(n), 256, 0, stream>>>(h, x, n);
+  launch_kernel(add_kernel, grid_for(n), 256, 0, stream, h, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_advance_position(int32_t* pos, int32_t by, cudaStream_t stream) {
+  launch_kernel(advance_position_kernel, 1, 1, 0, stream, pos, by);
   return cudaGetLastError();
 }
 
 cudaError_t launch_add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
-  add_bias_kernel<<<grid_for(rows * cols), 256, 0, stream>>>(y, bias, rows, cols);
+  launch_kernel(add_bias_kernel, grid_for(rows * cols), 256, 0, stream, y, bias, rows, cols);
   return cudaGetLastError();
 }
 
@@ -88,7 +113,7 @@ cudaError_t launch_convert(const void* src, DType src_dtype, void* dst, DType ds
   cudaError_t inner = cudaSuccess;
   cudaError_t outer = visit_float(src_dtype, [&]<typename S>() {
     inner = visit_float(dst_dtype, [&]<typename D>() {
-      convert_kernel<S, D><<<grid_for(n), 256, 0, stream>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
+      launch_kernel(convert_kernel<S, D>, grid_for(n), 256, 0, stream, static_cast<const S*>(src), static_cast<D*>(dst), n);
     });
   });
   return inner != cudaSuccess ? inner : outer;
@@ -103,6 +128,8 @@ namespace {
 
 template <typename T>
 __global__ void fill_random_kernel(T* dst, int64_t n, uint64_t seed, float scale, float offset) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = from_float<T>(offset + scale * ops::random_uniform_pm1(seed, uint64_t(i)));
 }
@@ -112,7 +139,7 @@ __global__ void fill_random_kernel(T* dst, int64_t n, uint64_t seed, float scale
 cudaError_t launch_fill_random(void* dst, DType dtype, int64_t n, uint64_t seed, float scale, float offset,
                                cudaStream_t stream) {
   return visit_float(dtype, [&]<typename T>() {
-    fill_random_kernel<T><<<grid_for(n), 256, 0, stream>>>(static_cast<T*>(dst), n, seed, scale, offset);
+    launch_kernel(fill_random_kernel<T>, grid_for(n), 256, 0, stream, static_cast<T*>(dst), n, seed, scale, offset);
   });
 }
 

@@ -16,10 +16,36 @@ cudaError_t launch_embed(const void* table, DType table_dtype, const int32_t* id
                          cudaStream_t stream);
 cudaError_t launch_rms_norm(const float* x, const void* w, DType w_dtype, float* y, int64_t rows, int64_t d,
                             float eps, cudaStream_t stream);
-// y[T, out] = x[T, in] w[out, in]^T (+ bias[out]); T <= kMaxMatvecTokens, rows 16-byte aligned.
+// Kernels launched while this is on may overlap the previous kernel's tail
+// (programmatic dependent launch; lever programmatic_launch). Off by default.
+void set_programmatic_launch(bool on);
+// Decode matvecs with few rows share each row among up to 4 warps (lever
+// matvec_split_k), so the grid fills the GPU. Off by default.
+void set_matvec_split_k(bool on);
+
+// y[T, out] = x'[T, in] w[out, in]^T (+ bias[out]), x' the input as `input` forms
+// it; T <= kMaxMatvecTokens, rows 16-byte aligned (in * sizeof(w) % 16 == 0).
 constexpr int kMaxMatvecTokens = 8;
-cudaError_t launch_matvec(const float* x, const void* w, DType w_dtype, const float* bias, float* y, int64_t T,
-                          int64_t in, int64_t out, cudaStream_t stream);
+enum class MatvecInput {
+  plain,       // x' = x [T, in]
+  rms_normed,  // x' = RMSNorm(x) * norm_w: x is the residual [T, in], norm_w [in] of w's dtype
+  silu_gated,  // x' = silu(x[:, :in]) * x[:, in:]: x is a fused gate/up output [T, 2 in]
+};
+struct MatvecArgs {
+  const float* x = nullptr;
+  const void* w = nullptr;
+  DType w_dtype = DType::bf16;
+  const float* bias = nullptr;  // [out] or null
+  float* y = nullptr;
+  int64_t T = 1, in = 0, out = 0;
+  MatvecInput input = MatvecInput::plain;
+  const void* norm_w = nullptr;
+  float eps = 0;
+  bool accumulate = false;  // y += result (the residual add) instead of y = result
+};
+cudaError_t launch_matvec(const MatvecArgs& args, cudaStream_t stream);
+// *pos += by: the decode position moves on inside a CUDA graph.
+cudaError_t launch_advance_position(int32_t* pos, int32_t by, cudaStream_t stream);
 cudaError_t launch_add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 cudaError_t launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 cudaError_t launch_add(float* h, const float* x, int64_t n, cudaStream_t stream);
@@ -67,6 +93,27 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
                              float* part_l, float* part_o, float* out, int T, int n_heads, int n_kv_heads,
                              int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
                              cudaStream_t stream);
+
+// The same attention for prefill on the tensor cores (flash_attention.cu): q f32
+// [T, n_heads, head_dim], a bf16 K/V cache, head_dim 64, 128 or 256, 16-byte
+// aligned q, k and v; q and P are rounded to bf16, accumulation is f32. The
+// cuda_ops dispatch takes it from kFlashAttentionMinTokens new tokens on.
+constexpr int kFlashAttentionMinTokens = 16;
+bool flash_attention_supports(int head_dim);
+// A tile shape: `warps` warps of 16 * warp_m_tiles query rows, `keys` keys per
+// K/V tile, Q's fragments kept in registers or read from shared memory per tile,
+// registers capped so that min_blocks blocks fit on an SM.
+struct FlashAttentionTile {
+  int warps, warp_m_tiles, keys;
+  bool q_in_registers;
+  int min_blocks;
+};
+// The shapes compiled for head_dim (0 when unsupported); variant -1 is the default.
+int flash_attention_variants(int head_dim);
+FlashAttentionTile flash_attention_tile(int head_dim, int variant);
+cudaError_t launch_flash_attention(const float* q, const void* k, const void* v, float* out, int T, int n_heads,
+                                   int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, float scale,
+                                   cudaStream_t stream, int variant = -1);
 
 // dst rows [*pos_dev, *pos_dev + T) = src [T, row] converted to dst's dtype.
 cudaError_t launch_store_rows(const float* src, void* dst, DType dst_dtype, const int32_t* pos_dev, int64_t T,

@@ -17,6 +17,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     qk_norm_rope_store_kernel(float* q, const float* k, const float* v, const N* q_norm, const N* k_norm, float eps,
                               const __grid_constant__ RopeParams rope, const int32_t* start_pos, C* k_cache,
                               C* v_cache, int n_heads, int n_kv_heads, int head_dim) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   __shared__ float staged[kWarps][kMaxAttentionHeadDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarps + warp, t = blockIdx.y;
@@ -90,7 +92,7 @@ cudaError_t launch_qk_norm_rope_store(float* q, const float* k, const float* v, 
   cudaError_t inner = cudaSuccess;
   cudaError_t outer = visit_float(norm_dtype, [&]<typename N>() {
     inner = visit_float(cache_dtype, [&]<typename C>() {
-      qk_norm_rope_store_kernel<N, C><<<grid, kWarps * 32, 0, stream>>>(
+      launch_kernel(qk_norm_rope_store_kernel<N, C>, grid, kWarps * 32, 0, stream,
           q, k, v, static_cast<const N*>(q_norm), static_cast<const N*>(k_norm), eps, rope, start_pos,
           static_cast<C*>(k_cache), static_cast<C*>(v_cache), n_heads, n_kv_heads, head_dim);
     });

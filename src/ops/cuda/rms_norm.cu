@@ -9,6 +9,8 @@ namespace {
 // loop order is the same either way, so the fused form is bit-identical.
 template <typename W>
 __global__ void rms_norm_kernel(float* x, const float* add, const W* w, float* y, int64_t d, float eps) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   float* xr = x + blockIdx.x * d;
   float* yr = y + blockIdx.x * d;
   float sum = 0;
@@ -44,7 +46,7 @@ cudaError_t launch(float* x, const float* add, const void* w, DType w_dtype, flo
                    float eps, cudaStream_t stream) {
   int threads = d >= 1024 ? 1024 : d >= 256 ? 256 : 64;
   return visit_float(w_dtype, [&]<typename W>() {
-    rms_norm_kernel<W><<<unsigned(rows), threads, 0, stream>>>(x, add, static_cast<const W*>(w), y, d, eps);
+    launch_kernel(rms_norm_kernel<W>, unsigned(rows), threads, 0, stream, x, add, static_cast<const W*>(w), y, d, eps);
   });
 }
 

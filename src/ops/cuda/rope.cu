@@ -8,6 +8,8 @@ namespace {
 
 __global__ void rope_kernel(float* x, const int32_t* positions, const int32_t* start_pos, int32_t pos0, int64_t T,
                             int64_t heads, int64_t head_dim, const __grid_constant__ RopeParams p) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
   int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (idx >= T * heads * p.half) return;
   int i = int(idx % p.half);
@@ -30,7 +32,7 @@ __global__ void rope_kernel(float* x, const int32_t* positions, const int32_t* s
 cudaError_t launch_rope(float* x, const int32_t* positions, const int32_t* start_pos, int32_t pos0, int64_t T,
                         int64_t heads, int64_t head_dim, const RopeParams& params, cudaStream_t stream) {
   int64_t n = T * heads * params.half;
-  rope_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(x, positions, start_pos, pos0, T, heads, head_dim, params);
+  launch_kernel(rope_kernel, ceil_div(n, 256), 256, 0, stream, x, positions, start_pos, pos0, T, heads, head_dim, params);
   return cudaGetLastError();
 }
 

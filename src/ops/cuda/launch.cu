@@ -1,0 +1,16 @@
+// Launch settings the kernel launchers share (levers programmatic_launch and matvec_split_k).
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/launchers.h"
+
+namespace mere::cuda {
+namespace {
+bool programmatic_launch = false;
+bool matvec_split_k = false;
+}
+
+bool programmatic_launch_enabled() { return programmatic_launch; }
+void set_programmatic_launch(bool on) { programmatic_launch = on; }
+bool matvec_split_k_enabled() { return matvec_split_k; }
+void set_matvec_split_k(bool on) { matvec_split_k = on; }
+
+}  // namespace mere::cuda
