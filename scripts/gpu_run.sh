@@ -36,9 +36,8 @@ for what in "${@:-tests bench}"; do
     decode_ab)  # the decode levers added one at a time, tg128, on the shapes that show them
       m="$pack/mere"
       for shape in llama3-8b qwen3-0.6b; do
-        for combo in "MERERUN_PIPELINED_DECODE=0" "MERERUN_PIPELINED_DECODE=1" "MERERUN_PROGRAMMATIC_LAUNCH=1" \
-            "MERERUN_PROGRAMMATIC_LAUNCH=1 MERERUN_MATVEC_SPLIT_K=1" \
-            "MERERUN_PROGRAMMATIC_LAUNCH=1 MERERUN_MATVEC_SPLIT_K=1 MERERUN_FUSED_NORM_MATVEC=1"; do
+        for combo in "MERERUN_PIPELINED_DECODE=0" "MERERUN_PIPELINED_DECODE=1" "MERERUN_PROGRAMMATIC_LAUNCH=0" \
+            "MERERUN_MATVEC_SPLIT_K=1" "MERERUN_MATVEC_SPLIT_K=1 MERERUN_FUSED_NORM_MATVEC=1"; do
           env $combo "$m" bench --device cuda --shape $shape -p 0 -n 128 -r 3 2>&1 | grep tg | tee -a "$out/decode_ab.log"
         done
       done ;;

@@ -3,6 +3,8 @@
 // (LlamaAttention / Qwen3Attention, LlamaDecoderLayer, LlamaForCausalLM).
 #include "models/llama.h"
 
+#include "quant/load_weight.h"
+
 #include <cmath>
 
 #include "models/blocks/rope_scaling.h"
@@ -96,23 +98,29 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   auto get = [&](const std::string& name, Shape shape, const char* why) {
     return get_host(name, shape, why).to_device(device);
   };
-  tok_embed_ = get("model.embed_tokens.weight", {k.vocab, k.d_model}, "vocab_size, hidden_size");
+  const QuantizationConfig quant = QuantizationConfig::parse(config);
+  // Matrices in whatever form the checkpoint stores them (dense, MLX affine, fp8).
+  auto get_weight = [&](const std::string& module, Shape shape, const char* why) {
+    return load_weight(checkpoint, module, shape, why, quant);
+  };
+  tok_embed_ = get_weight("model.embed_tokens", {k.vocab, k.d_model}, "vocab_size, hidden_size").to_device(device);
   final_norm_ = get("model.norm.weight", {k.d_model}, "hidden_size");
   if (k.tie_embeddings) {
     lm_head_ = tok_embed_;
-    if (checkpoint.has("lm_head.weight")) checkpoint.get("lm_head.weight", {k.vocab, k.d_model}, "tied copy, unused");
+    if (checkpoint.has("lm_head.weight")) get_weight("lm_head", {k.vocab, k.d_model}, "tied copy, unused");
   } else {
-    lm_head_ = get("lm_head.weight", {k.vocab, k.d_model}, "vocab_size, hidden_size");
+    lm_head_ = get_weight("lm_head", {k.vocab, k.d_model}, "vocab_size, hidden_size").to_device(device);
   }
   for (int l = 0; l < k.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LlamaLayer w;
     w.attn_norm = get(p + "input_layernorm.weight", {k.d_model}, "hidden_size");
     w.mlp_norm = get(p + "post_attention_layernorm.weight", {k.d_model}, "hidden_size");
-    w.qkv.q = get_host(p + "self_attn.q_proj.weight", {q_dim, k.d_model}, "num_attention_heads * head_dim, hidden_size");
-    w.qkv.k = get_host(p + "self_attn.k_proj.weight", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
-    w.qkv.v = get_host(p + "self_attn.v_proj.weight", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
-    w.o = get(p + "self_attn.o_proj.weight", {k.d_model, q_dim}, "hidden_size, num_attention_heads * head_dim");
+    w.qkv.q = get_weight(p + "self_attn.q_proj", {q_dim, k.d_model}, "num_attention_heads * head_dim, hidden_size");
+    w.qkv.k = get_weight(p + "self_attn.k_proj", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
+    w.qkv.v = get_weight(p + "self_attn.v_proj", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
+    w.o = get_weight(p + "self_attn.o_proj", {k.d_model, q_dim}, "hidden_size, num_attention_heads * head_dim")
+              .to_device(device);
     if (k.attention_bias) {
       w.qkv.q_bias = get_host(p + "self_attn.q_proj.bias", {q_dim}, "num_attention_heads * head_dim");
       w.qkv.k_bias = get_host(p + "self_attn.k_proj.bias", {kv_dim}, "num_key_value_heads * head_dim");
@@ -123,9 +131,9 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
       w.q_norm = get(p + "self_attn.q_norm.weight", {k.head_dim}, "head_dim");
       w.k_norm = get(p + "self_attn.k_norm.weight", {k.head_dim}, "head_dim");
     }
-    w.mlp.gate = get_host(p + "mlp.gate_proj.weight", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
-    w.mlp.up = get_host(p + "mlp.up_proj.weight", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
-    w.mlp.down = get_host(p + "mlp.down_proj.weight", {k.d_model, k.d_ff}, "hidden_size, intermediate_size");
+    w.mlp.gate = get_weight(p + "mlp.gate_proj", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
+    w.mlp.up = get_weight(p + "mlp.up_proj", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
+    w.mlp.down = get_weight(p + "mlp.down_proj", {k.d_model, k.d_ff}, "hidden_size, intermediate_size");
     if (k.mlp_bias) {
       w.mlp.gate_bias = get_host(p + "mlp.gate_proj.bias", {k.d_ff}, "intermediate_size");
       w.mlp.up_bias = get_host(p + "mlp.up_proj.bias", {k.d_ff}, "intermediate_size");
@@ -160,7 +168,8 @@ uint64_t Llama::decode_bytes(int64_t context) const {
   uint64_t bytes = tok_embed_.size_bytes() / uint64_t(cfg_.vocab) + final_norm_.size_bytes() + lm_head_.size_bytes();
   for (const LlamaLayer& w : layers_) {
     bytes += w.qkv.size_bytes() + w.mlp.size_bytes();
-    for (const Tensor* t : {&w.attn_norm, &w.mlp_norm, &w.o, &w.o_bias, &w.q_norm, &w.k_norm})
+    bytes += w.o.size_bytes();
+    for (const Tensor* t : {&w.attn_norm, &w.mlp_norm, &w.o_bias, &w.q_norm, &w.k_norm})
       if (t->defined()) bytes += t->size_bytes();
   }
   const uint64_t kv_elem_bytes = info_.device == Device::cpu ? 4 : 2;  // f32 on CPU, bf16 on CUDA

@@ -9,6 +9,7 @@
 #include "models/blocks/projections.h"
 #include "models/model.h"
 #include "ops/ops.h"
+#include "quant/quant_config.h"
 
 namespace mere {
 
@@ -32,7 +33,8 @@ struct LlamaConfig {
 struct LlamaLayer {
   Tensor attn_norm, mlp_norm;
   QkvProjection qkv;
-  Tensor o, o_bias;                 // [d_model, n_heads * head_dim]
+  Weight o;                         // [d_model, n_heads * head_dim]
+  Tensor o_bias;
   Tensor q_norm, k_norm;            // [head_dim], Qwen3 only
   GatedMlp mlp;
 };
@@ -52,7 +54,8 @@ class Llama : public Model {
   LlamaConfig cfg_;
   ModelInfo info_;
   std::optional<Checkpoint> checkpoint_;  // keeps the mapped weights alive (CPU only: CUDA copies them)
-  Tensor tok_embed_, final_norm_, lm_head_;
+  Weight tok_embed_, lm_head_;
+  Tensor final_norm_;
   std::vector<LlamaLayer> layers_;
 };
 

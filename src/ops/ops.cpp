@@ -2,6 +2,7 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/quantized_ops.h"
 
 namespace mere::ops {
 namespace {
@@ -101,41 +102,65 @@ Tensor silu_mul_halves(const Tensor& gate_up) {
   return out;
 }
 
-Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Tensor& w, const Tensor& bias) {
-  MERE_CHECK(h.dtype() == DType::f32 && h.rank() == 2 && w.rank() == 2 && w.dim(1) == h.dim(1),
-             "rms_norm_linear: h {} does not match weight {}", shape_str(h.shape()), shape_str(w.shape()));
+Tensor linear(const Tensor& x, const Weight& w, const Tensor& bias) {
+  if (w.is_dense()) return linear(x, w.dense(), bias);
+  MERE_CHECK(w.defined(), "linear: the weight is not set");
+  MERE_CHECK(x.dtype() == DType::f32 && x.rank() == 2 && x.dim(1) == w.cols(),
+             "linear: x {} {} does not match a {} weight of [{}, {}]", dtype_name(x.dtype()), shape_str(x.shape()),
+             w.describe(), w.rows(), w.cols());
+  MERE_CHECK(!bias.defined() || bias.shape() == Shape{w.rows()}, "linear: bias {} for {} outputs",
+             shape_str(bias.shape()), w.rows());
+  MERE_CHECK(x.device() == w.device(), "linear: operands on different devices");
+  check_same_device("linear", x, bias);
+  Tensor out = Tensor::empty({x.dim(0), w.rows()}, DType::f32, x.device());
+  quantized_linear(x, w, bias, out);
+  return out;
+}
+
+Tensor embed(const Weight& table, const Tensor& ids) {
+  if (table.is_dense()) return embed(table.dense(), ids);
+  MERE_CHECK(ids.dtype() == DType::i32 && ids.rank() == 1, "embed: ids must be i32 [T], got {} {}",
+             dtype_name(ids.dtype()), shape_str(ids.shape()));
+  MERE_CHECK(ids.device() == table.device(), "embed: operands on different devices");
+  Tensor out = Tensor::empty({ids.numel(), table.cols()}, DType::f32, table.device());
+  quantized_embed(table, ids, out);
+  return out;
+}
+
+Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Weight& w, const Tensor& bias) {
+  MERE_CHECK(h.dtype() == DType::f32 && h.rank() == 2 && w.cols() == h.dim(1),
+             "rms_norm_linear: h {} does not match a weight of [{}, {}]", shape_str(h.shape()), w.rows(), w.cols());
   MERE_CHECK(norm_w.shape() == Shape{h.dim(1)}, "rms_norm_linear: norm weight {} for rows of {}",
              shape_str(norm_w.shape()), h.dim(1));
-  check_same_device("rms_norm_linear", h, w);
   check_same_device("rms_norm_linear", h, norm_w);
-  if (h.device() == Device::cuda) {
-    MERE_CHECK(!bias.defined() || bias.shape() == Shape{w.dim(0)}, "rms_norm_linear: bias {} for {} outputs",
-               shape_str(bias.shape()), w.dim(0));
-    Tensor out = Tensor::empty({h.dim(0), w.dim(0)}, DType::f32, Device::cuda);
-    if (cuda::rms_norm_linear(h, norm_w, eps, w, bias, out)) return out;
+  if (h.device() == Device::cuda && w.is_dense() && w.device() == Device::cuda) {
+    MERE_CHECK(!bias.defined() || bias.shape() == Shape{w.rows()}, "rms_norm_linear: bias {} for {} outputs",
+               shape_str(bias.shape()), w.rows());
+    Tensor out = Tensor::empty({h.dim(0), w.rows()}, DType::f32, Device::cuda);
+    if (cuda::rms_norm_linear(h, norm_w, eps, w.dense(), bias, out)) return out;
   }
   return linear(rms_norm(h, norm_w, eps), w, bias);
 }
 
-void linear_add(Tensor& h, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  MERE_CHECK(h.dtype() == DType::f32 && h.rank() == 2 && h.dim(0) == x.dim(0) && h.dim(1) == w.dim(0),
-             "linear_add: {} += linear of {} by {} does not fit", shape_str(h.shape()), shape_str(x.shape()),
-             shape_str(w.shape()));
-  if (h.device() == Device::cuda && x.device() == Device::cuda && x.dtype() == DType::f32 && x.rank() == 2 &&
-      w.rank() == 2 && w.dim(1) == x.dim(1) && (!bias.defined() || bias.shape() == Shape{w.dim(0)}) &&
-      cuda::linear_add(h, x, w, bias))
+void linear_add(Tensor& h, const Tensor& x, const Weight& w, const Tensor& bias) {
+  MERE_CHECK(h.dtype() == DType::f32 && h.rank() == 2 && h.dim(0) == x.dim(0) && h.dim(1) == w.rows(),
+             "linear_add: {} += linear of {} by [{}, {}] does not fit", shape_str(h.shape()), shape_str(x.shape()),
+             w.rows(), w.cols());
+  if (h.device() == Device::cuda && x.device() == Device::cuda && w.is_dense() && x.dtype() == DType::f32 &&
+      x.rank() == 2 && w.cols() == x.dim(1) && w.device() == Device::cuda &&
+      (!bias.defined() || bias.shape() == Shape{w.rows()}) && cuda::linear_add(h, x, w.dense(), bias))
     return;
   add_inplace(h, linear(x, w, bias));
 }
 
-void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Tensor& w, const Tensor& bias) {
-  MERE_CHECK(gate_up.rank() == 2 && w.rank() == 2 && gate_up.dim(1) == 2 * w.dim(1) && h.rank() == 2 &&
-                 h.dim(0) == gate_up.dim(0) && h.dim(1) == w.dim(0),
-             "swiglu_linear_add: {} += linear of swiglu({}) by {} does not fit", shape_str(h.shape()),
-             shape_str(gate_up.shape()), shape_str(w.shape()));
-  if (h.device() == Device::cuda && gate_up.device() == Device::cuda && gate_up.dtype() == DType::f32 &&
-      h.dtype() == DType::f32 && (!bias.defined() || bias.shape() == Shape{w.dim(0)}) &&
-      cuda::swiglu_linear_add(h, gate_up, w, bias))
+void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const Tensor& bias) {
+  MERE_CHECK(gate_up.rank() == 2 && gate_up.dim(1) == 2 * w.cols() && h.rank() == 2 && h.dim(0) == gate_up.dim(0) &&
+                 h.dim(1) == w.rows(),
+             "swiglu_linear_add: {} += linear of swiglu({}) by [{}, {}] does not fit", shape_str(h.shape()),
+             shape_str(gate_up.shape()), w.rows(), w.cols());
+  if (h.device() == Device::cuda && gate_up.device() == Device::cuda && w.is_dense() && w.device() == Device::cuda &&
+      gate_up.dtype() == DType::f32 && h.dtype() == DType::f32 &&
+      (!bias.defined() || bias.shape() == Shape{w.rows()}) && cuda::swiglu_linear_add(h, gate_up, w.dense(), bias))
     return;
   add_inplace(h, linear(silu_mul_halves(gate_up), w, bias));
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/weight.h"
 
 namespace mere::ops {
 
@@ -23,6 +24,11 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, float eps);
 
 // y = x @ w^T (+ bias). x f32 [T, in], w [out, in], bias [out] or undefined -> [T, out] f32.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+// The same for a weight of any kind (ops/weight.h): quantized weights run their
+// own kernels (dequantize-dot on the CPU and in GPU decode).
+Tensor linear(const Tensor& x, const Weight& w, const Tensor& bias = Tensor());
+// Rows of a table of any kind gathered for `ids` (on the table's device) -> [T, d] f32.
+Tensor embed(const Weight& table, const Tensor& ids);
 
 // silu(gate) * up, elementwise; both f32 of the same shape.
 Tensor silu_mul(const Tensor& gate, const Tensor& up);
@@ -38,12 +44,12 @@ Tensor add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps);
 // row counts, each is one matrix-vector kernel; elsewhere they compose the ops
 // above, which defines them.
 // linear(rms_norm(h, norm_w, eps), w, bias).
-Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Tensor& w,
+Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Weight& w,
                        const Tensor& bias = Tensor());
 // h += linear(x, w, bias).
-void linear_add(Tensor& h, const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+void linear_add(Tensor& h, const Tensor& x, const Weight& w, const Tensor& bias = Tensor());
 // h += linear(silu_mul_halves(gate_up), w, bias).
-void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Tensor& w, const Tensor& bias = Tensor());
+void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const Tensor& bias = Tensor());
 
 // pos (i32 [1], on any device) += by; on the GPU a kernel, so a CUDA graph's
 // step can move its own position on.

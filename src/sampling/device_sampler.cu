@@ -5,8 +5,9 @@
 // through distributed shared memory, one cluster barrier per exchange.
 //   1. penalties and the first maximum (greedy stops here);
 //   2. z = (logit - max) * (1 / T) in place, the same float operations as Sampler;
-//   3. top-k: radix select of the k-th largest z (8 rounds of 4 bits, counting),
-//      then the id at which ties stop being kept;
+//   3. top-k: radix select of the k-th largest z (up to 8 rounds of 4 bits,
+//      counting; per-thread digit histograms in shared memory), then the id at
+//      which ties stop being kept;
 //   4. top-p: the same select, summing exp(z) over the top-k set;
 //   5. min-p and the draw: a prefix sum (double) of each thread's kept weight
 //      finds the thread holding u * total, which walks its ids in order.

@@ -15,20 +15,37 @@ void move_all(Device device, std::initializer_list<Tensor*> tensors) {
     if (t->defined()) *t = t->to_device(device);
 }
 
+void move_all(Device device, std::initializer_list<Weight*> weights) {
+  for (Weight* w : weights)
+    if (w->defined()) *w = w->to_device(device);
+}
+
+uint64_t bytes_of(std::initializer_list<const Weight*> weights) {
+  uint64_t n = 0;
+  for (const Weight* w : weights) n += w->size_bytes();
+  return n;
+}
+
 }  // namespace
 
-void QkvProjection::to_device(Device device) { move_all(device, {&q, &k, &v, &q_bias, &k_bias, &v_bias, &qkv, &qkv_bias}); }
+void QkvProjection::to_device(Device device) {
+  move_all(device, {&q, &k, &v, &qkv});
+  move_all(device, {&q_bias, &k_bias, &v_bias, &qkv_bias});
+}
 
 void GatedMlp::to_device(Device device) {
-  move_all(device, {&gate, &up, &down, &gate_bias, &up_bias, &down_bias, &gate_up, &gate_up_bias});
+  move_all(device, {&gate, &up, &down, &gate_up});
+  move_all(device, {&gate_bias, &up_bias, &down_bias, &gate_up_bias});
 }
 
 void QkvProjection::fuse() {
-  qkv = ops::concat_rows({q, k, v});
+  qkv = Weight::concat_rows({q, k, v});
+  if (!qkv.defined()) return;
   if (q_bias.defined()) qkv_bias = ops::concat_rows({q_bias, k_bias, v_bias});
-  q_dim_ = q.dim(0);
-  kv_dim_ = k.dim(0);
-  q = k = v = q_bias = k_bias = v_bias = Tensor();
+  q_dim_ = q.rows();
+  kv_dim_ = k.rows();
+  q = k = v = Weight();
+  q_bias = k_bias = v_bias = Tensor();
 }
 
 std::array<Tensor, 3> QkvProjection::apply(const Tensor& x) const {
@@ -47,13 +64,15 @@ std::array<Tensor, 3> QkvProjection::apply_normed(const Tensor& h, const Tensor&
 }
 
 uint64_t QkvProjection::size_bytes() const {
-  return bytes_of({&q, &k, &v, &q_bias, &k_bias, &v_bias, &qkv, &qkv_bias});
+  return bytes_of({&q, &k, &v, &qkv}) + bytes_of({&q_bias, &k_bias, &v_bias, &qkv_bias});
 }
 
 void GatedMlp::fuse() {
-  gate_up = ops::concat_rows({gate, up});
+  gate_up = Weight::concat_rows({gate, up});
+  if (!gate_up.defined()) return;
   if (gate_bias.defined()) gate_up_bias = ops::concat_rows({gate_bias, up_bias});
-  gate = up = gate_bias = up_bias = Tensor();
+  gate = up = Weight();
+  gate_bias = up_bias = Tensor();
 }
 
 Tensor GatedMlp::apply(const Tensor& x) const {
@@ -73,7 +92,7 @@ void GatedMlp::add_normed(Tensor& h, const Tensor& norm_w, float eps) const {
 }
 
 uint64_t GatedMlp::size_bytes() const {
-  return bytes_of({&gate, &up, &down, &gate_bias, &up_bias, &down_bias, &gate_up, &gate_up_bias});
+  return bytes_of({&gate, &up, &down, &gate_up}) + bytes_of({&gate_bias, &up_bias, &down_bias, &gate_up_bias});
 }
 
 }  // namespace mere

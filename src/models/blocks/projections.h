@@ -13,10 +13,12 @@ namespace mere {
 
 // q, k and v from one input.
 struct QkvProjection {
-  Tensor q, k, v, q_bias, k_bias, v_bias;  // [out, d_model], biases optional
-  Tensor qkv, qkv_bias;                    // fused: set, and the separate ones dropped
+  Weight q, k, v;        // [out, d_model]
+  Tensor q_bias, k_bias, v_bias;  // optional
+  Weight qkv;            // fused: set, and the separate ones dropped
+  Tensor qkv_bias;
 
-  void fuse();
+  void fuse();  // a no-op when the weights cannot be stacked (mixed quantization)
   void to_device(Device device);
   std::array<Tensor, 3> apply(const Tensor& x) const;  // [T, q_dim], [T, kv_dim], [T, kv_dim]
   // The same on rms_norm(h, norm_w, eps), the norm folded into the matmul.
@@ -29,10 +31,12 @@ struct QkvProjection {
 
 // down(silu(gate(x)) * up(x)), the SwiGLU MLP.
 struct GatedMlp {
-  Tensor gate, up, down, gate_bias, up_bias, down_bias;
-  Tensor gate_up, gate_up_bias;  // fused gate and up
+  Weight gate, up, down;
+  Tensor gate_bias, up_bias, down_bias;
+  Weight gate_up;  // fused gate and up
+  Tensor gate_up_bias;
 
-  void fuse();
+  void fuse();  // a no-op when the weights cannot be stacked (mixed quantization)
   void to_device(Device device);
   Tensor apply(const Tensor& x) const;
   // h += apply(rms_norm(h, norm_w, eps)), with the norm, SwiGLU and the residual

@@ -1,0 +1,27 @@
+// The backends of the quantized weight kinds (ops/weight.h), behind ops::linear
+// and ops::embed: one function per kind and device. ops/quantized_ops.cpp
+// dispatches; each kind's CPU and CUDA implementations live in their own files.
+#pragma once
+
+#include "ops/weight.h"
+
+namespace mere::ops {
+
+// out [T, w.rows()] = x [T, w.cols()] @ w^T (+ bias), w quantized; on x's device.
+void quantized_linear(const Tensor& x, const Weight& w, const Tensor& bias, Tensor& out);
+// out [T, w.cols()] = rows ids of w, dequantized.
+void quantized_embed(const Weight& w, const Tensor& ids, Tensor& out);
+
+namespace cpu {
+void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out);  // ops/cpu/affine.cpp
+void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& out);        // ops/cpu/fp8.cpp
+}  // namespace cpu
+
+namespace cuda {
+void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out);  // ops/cuda/affine_ops.cpp
+void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& out);        // ops/cuda/fp8_ops.cpp
+void affine_embed(const AffineWeight& w, const Tensor& ids, Tensor& out);                      // ops/cuda/affine_ops.cpp
+void fp8_embed(const Fp8Weight& w, const Tensor& ids, Tensor& out);                            // ops/cuda/fp8_ops.cpp
+}  // namespace cuda
+
+}  // namespace mere::ops

@@ -1,0 +1,47 @@
+#include "quant/load_weight.h"
+
+namespace mere {
+
+Weight load_weight(const Checkpoint& checkpoint, const std::string& module, const Shape& shape, const std::string& why,
+                   const QuantizationConfig& quant) {
+  const std::string name = module + ".weight";
+  const int64_t out = shape.at(0), in = shape.at(1);
+  const std::string file = checkpoint.path().string();
+  const bool has_scales = checkpoint.has(module + ".scales"), has_fp8_scales = checkpoint.has(module + ".weight_scale_inv");
+  if (quant.fp8_block > 0 && has_fp8_scales) {
+    const int b = quant.fp8_block;
+    Tensor values = checkpoint.get(name);
+    MERE_CHECK(values.dtype() == DType::u8 && values.shape() == shape,
+               "{}: {} is {} {}, expected fp8 e4m3 (F8_E4M3) {} ({})", file, name, dtype_name(values.dtype()),
+               shape_str(values.shape()), shape_str(shape), why);
+    Tensor scale_inv = checkpoint.get(module + ".weight_scale_inv", {(out + b - 1) / b, (in + b - 1) / b},
+                                      "fp8 block scales of " + name);
+    if (scale_inv.dtype() != DType::f32) scale_inv = scale_inv.to(DType::f32);
+    return Weight(Fp8Weight{values, scale_inv, b});
+  }
+  std::optional<AffineSpec> spec = quant.affine_for(module);
+  if (spec && has_scales) {
+    MERE_CHECK(in % spec->group_size == 0, "{}: {} has {} columns, not a multiple of the group size {}", file, name,
+               in, spec->group_size);
+    const Shape groups{out, in / spec->group_size};
+    Tensor packed = checkpoint.get(name);
+    MERE_CHECK(packed.dtype() == DType::u32 && packed.shape() == Shape({out, in * spec->bits / 32}),
+               "{}: {} is {} {}, expected u32 [{}, {}] for {}-bit weights of {} ({})", file, name,
+               dtype_name(packed.dtype()), shape_str(packed.shape()), out, in * spec->bits / 32, spec->bits,
+               shape_str(shape), why);
+    AffineWeight a{packed, checkpoint.get(module + ".scales", groups, "group scales of " + name),
+                   checkpoint.get(module + ".biases", groups, "group biases of " + name), spec->bits,
+                   spec->group_size};
+    return Weight(std::move(a), in);
+  }
+  MERE_CHECK(!has_scales, "{}: {} has group scales but config.json does not quantize {}", file, name, module);
+  MERE_CHECK(!has_fp8_scales, "{}: {} has fp8 block scales but config.json's quantization_config is not fp8", file,
+             name);
+  Tensor dense = checkpoint.get(name, shape, why);
+  MERE_CHECK(dense.dtype() == DType::f32 || dense.dtype() == DType::f16 || dense.dtype() == DType::bf16,
+             "{}: {} is {}; a dense weight must be f32, f16 or bf16{}", file, name, dtype_name(dense.dtype()),
+             spec ? " (config.json quantizes it, but it has no .scales)" : "");
+  return Weight(std::move(dense));
+}
+
+}  // namespace mere

@@ -1,0 +1,19 @@
+// Reading one linear (or embedding) weight from a checkpoint in whatever form
+// it is stored: dense `<module>.weight`; MLX affine `<module>.weight` (packed
+// u32), `.scales`, `.biases`; FP8 `<module>.weight` (E4M3) and
+// `.weight_scale_inv`. The form must agree with config.json's quantization: a
+// mismatch is an error naming the tensor, never a silent fallback.
+#pragma once
+
+#include "io/checkpoint.h"
+#include "ops/weight.h"
+#include "quant/quant_config.h"
+
+namespace mere {
+
+// `module` is the tensor name without ".weight", e.g. "model.layers.0.mlp.gate_proj";
+// `shape` is the logical [out, in]; `why` names the config fields it comes from.
+Weight load_weight(const Checkpoint& checkpoint, const std::string& module, const Shape& shape, const std::string& why,
+                   const QuantizationConfig& quant);
+
+}  // namespace mere
