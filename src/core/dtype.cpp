@@ -6,7 +6,7 @@ size_t dtype_size(DType dt) {
   switch (dt) {
     case DType::f32: case DType::i32: case DType::u32: return 4;
     case DType::f16: case DType::bf16: return 2;
-    case DType::u8: return 1;
+    case DType::u8: case DType::f8_e4m3: return 1;
   }
   return 0;
 }
@@ -19,8 +19,21 @@ std::string_view dtype_name(DType dt) {
     case DType::i32: return "i32";
     case DType::u32: return "u32";
     case DType::u8: return "u8";
+    case DType::f8_e4m3: return "f8_e4m3";
   }
   return "?";
+}
+
+float f8_e4m3_to_f32(uint8_t bits) {
+  const int exponent = (bits >> 3) & 0xf, mantissa = bits & 0x7;
+  float v;
+  if (exponent == 0xf && mantissa == 0x7) v = __builtin_nanf("");  // the one NaN; no infinities
+  else if (exponent == 0) v = float(mantissa) * 0x1p-9f;           // subnormal: m / 8 * 2^-6
+  else {
+    uint32_t u = (uint32_t(exponent + 120) << 23) | (uint32_t(mantissa) << 20);  // rebias 7 -> 127
+    std::memcpy(&v, &u, 4);
+  }
+  return (bits & 0x80) ? -v : v;
 }
 
 // Round to nearest even, with subnormals and overflow to infinity.

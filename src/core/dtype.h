@@ -7,7 +7,11 @@
 
 namespace mere {
 
-enum class DType : uint8_t { f32, f16, bf16, i32, u32, u8 };
+// f8_e4m3: OCP FP8 E4M3 ("e4m3fn": no infinities, one NaN pattern), storage only.
+enum class DType : uint8_t { f32, f16, bf16, i32, u32, u8, f8_e4m3 };
+
+// E4M3 bits to float.
+float f8_e4m3_to_f32(uint8_t bits);
 
 size_t dtype_size(DType dt);
 std::string_view dtype_name(DType dt);

@@ -108,6 +108,7 @@ float Tensor::at(int64_t i) const {
     case DType::i32: return float(data<int32_t>()[i]);
     case DType::u32: return float(data<uint32_t>()[i]);
     case DType::u8: return float(data<uint8_t>()[i]);
+    case DType::f8_e4m3: return f8_e4m3_to_f32(data<uint8_t>()[i]);
   }
   return 0;
 }

@@ -72,7 +72,7 @@ constexpr DtypeName kDtypes[] = {
     {"F32", DType::f32}, {"F16", DType::f16}, {"BF16", DType::bf16}, {"I32", DType::i32},
     {"U32", DType::u32}, {"U8", DType::u8},   {"F64", {}},           {"I64", {}},
     {"U64", {}},         {"I16", {}},         {"U16", {}},           {"I8", {}},
-    {"BOOL", {}},        {"F8_E4M3", {}},     {"F8_E5M2", {}},       {"F8_E8M0", {}},
+    {"BOOL", {}},        {"F8_E4M3", DType::f8_e4m3},     {"F8_E5M2", {}},       {"F8_E8M0", {}},
     {"F6_E2M3", {}},     {"F6_E3M2", {}},     {"F4", {}},            {"C64", {}},
 };
 
@@ -124,7 +124,7 @@ SafetensorsEntry parse_entry(const std::string& where, const std::string& name, 
                             [&](const DtypeName& d) { return dt_name == d.name; });
   MERE_CHECK(known != std::end(kDtypes), "{}: unknown dtype '{}'", where, dt_name);
   MERE_CHECK(known->dtype.has_value(),
-             "{}: dtype {} is not supported (mere reads F32, F16, BF16, I32, U32, U8)", where, dt_name);
+             "{}: dtype {} is not supported (mere reads F32, F16, BF16, I32, U32, U8, F8_E4M3)", where, dt_name);
   t.dtype = *known->dtype;
 
   const json& shape = e.at("shape");

@@ -9,15 +9,6 @@
 namespace mere {
 namespace {
 
-float fp8_e4m3_to_f32(uint8_t bits) {
-  const int sign = bits >> 7, exponent = (bits >> 3) & 0xf, mantissa = bits & 0x7;
-  float v;
-  if (exponent == 0xf && mantissa == 0x7) v = NAN;  // E4M3FN: no infinities, one NaN pattern
-  else if (exponent == 0) v = std::ldexp(float(mantissa) / 8.0f, -6);
-  else v = std::ldexp(1.0f + float(mantissa) / 8.0f, exponent - 7);
-  return sign ? -v : v;
-}
-
 Tensor on_cpu(const Tensor& t) { return t.to_device(Device::cpu); }
 
 }  // namespace
@@ -48,7 +39,8 @@ Weight::Weight(AffineWeight a, int64_t in) {
 }
 
 Weight::Weight(Fp8Weight f) {
-  MERE_CHECK(f.values.dtype() == DType::u8 && f.values.rank() == 2, "fp8 weight: values must be u8 [out, in], got {} {}",
+  MERE_CHECK(f.values.dtype() == DType::f8_e4m3 && f.values.rank() == 2,
+             "fp8 weight: values must be f8_e4m3 [out, in], got {} {}",
              dtype_name(f.values.dtype()), shape_str(f.values.shape()));
   rows_ = f.values.dim(0);
   cols_ = f.values.dim(1);
@@ -152,7 +144,7 @@ Tensor Weight::dequantize(DType dtype) const {
     const int64_t block_cols = scale_inv.dim(1);
     for (int64_t o = 0; o < rows_; ++o)
       for (int64_t i = 0; i < cols_; ++i)
-        dst[o * cols_ + i] = fp8_e4m3_to_f32(values.data<uint8_t>()[o * cols_ + i]) *
+        dst[o * cols_ + i] = f8_e4m3_to_f32(values.data<uint8_t>()[o * cols_ + i]) *
                              scale_inv.data<float>()[(o / f.block) * block_cols + i / f.block];
   }
   Tensor out = dtype == DType::f32 ? w : w.to(dtype);

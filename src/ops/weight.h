@@ -22,7 +22,7 @@ struct AffineWeight {
 // FP8 E4M3 with block scales (DeepSeek-V3, Qwen3 FP8): w[o, i] = value[o, i] *
 // scale_inv[o / block, i / block].
 struct Fp8Weight {
-  Tensor values;     // u8 [out, in], E4M3 bits
+  Tensor values;     // f8_e4m3 [out, in]
   Tensor scale_inv;  // f32 [ceil(out / block), ceil(in / block)]
   int block = 128;
 };

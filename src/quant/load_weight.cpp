@@ -11,7 +11,7 @@ Weight load_weight(const Checkpoint& checkpoint, const std::string& module, cons
   if (quant.fp8_block > 0 && has_fp8_scales) {
     const int b = quant.fp8_block;
     Tensor values = checkpoint.get(name);
-    MERE_CHECK(values.dtype() == DType::u8 && values.shape() == shape,
+    MERE_CHECK(values.dtype() == DType::f8_e4m3 && values.shape() == shape,
                "{}: {} is {} {}, expected fp8 e4m3 (F8_E4M3) {} ({})", file, name, dtype_name(values.dtype()),
                shape_str(values.shape()), shape_str(shape), why);
     Tensor scale_inv = checkpoint.get(module + ".weight_scale_inv", {(out + b - 1) / b, (in + b - 1) / b},
