@@ -41,5 +41,11 @@ for what in "${@:-tests bench}"; do
           env $combo "$m" bench --device cuda --shape $shape -p 0 -n 128 -r 3 2>&1 | grep tg | tee -a "$out/decode_ab.log"
         done
       done ;;
+    profile)  # per-kernel time and DRAM bytes of one llama3-8b decode step (eager: ncu serialises kernels)
+      m="$pack/mere"
+      MERERUN_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name-base function --launch-skip 400 --launch-count 400 \
+        -k regex:'matvec|attention|norm|silu|embed|store|add|copy|rope|sample|advance' \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size --csv --page raw \
+        "$m" bench --device cuda --shape llama3-8b -p 0 -n 4 -r 1 > "$out/ncu_llama3-8b.csv" 2> "$out/ncu.err" ;;
   esac
 done
