@@ -106,7 +106,7 @@ class ChatSession {
       extra_["enable_thinking"] = false;
     }
     Device device = resolve_device(f.device);
-    effective_runtime(resolved_, f.runtime, device);  // nothing beyond the default engages yet; this refuses the rest
+    options_.kv_cache_mode = effective_runtime(resolved_, f.runtime, device).kv_cache_mode;
     model_ = load_model(resolved_.dir, device, Levers::from_env().load_options(device));
     GenerationConfig gen = GenerationConfig::load(resolved_.dir);
     options_.max_new_tokens = f.max_new_tokens;

@@ -48,7 +48,7 @@ fs::path resolve_model_dir(const std::string& flag) { return resolve_model(flag)
 
 void add_runtime_options(CLI::App& cmd, RuntimeFlags& flags) {
   cmd.add_option("--kv-cache-mode", flags.kv_cache_mode,
-                 "KV cache: default, bf16 or affine8 (default: the model's registry setting, else default)");
+                 "KV cache: default, bf16, affine8 or affine4 (default: the model's registry setting, else default)");
 }
 
 RuntimeSettings effective_runtime(const ResolvedModel& model, const RuntimeFlags& flags, Device device) {

@@ -41,16 +41,20 @@ struct PplFlags {
   int64_t ctx = 512, stride = 0;
   int threads = 0;
   bool json = false;
+  RuntimeFlags runtime;
 };
 
 void run_ppl(const PplFlags& f) {
   apply_threads(f.threads);
-  auto dir = resolve_model_dir(f.model);
+  ResolvedModel resolved = resolve_model(f.model);
+  const auto& dir = resolved.dir;
+  const Device device = resolve_device(f.device);
+  const RuntimeSettings runtime = effective_runtime(resolved, f.runtime, device);
   std::ifstream in(f.file, std::ios::binary);
   MERE_CHECK(in.good(), "{}: cannot open", f.file);
   std::stringstream text;
   text << in.rdbuf();
-  std::unique_ptr<Model> model = load_model(dir, resolve_device(f.device), Levers::from_env().load_options(resolve_device(f.device)));
+  std::unique_ptr<Model> model = load_model(dir, device, Levers::from_env().load_options(device));
   Tokenizer tokenizer = Tokenizer::load(dir);
   std::vector<int32_t> ids = tokenizer.encode(text.str(), /*add_special_tokens=*/false);
   int64_t ctx = std::min<int64_t>(f.ctx, model->info().max_positions);
@@ -58,7 +62,8 @@ void run_ppl(const PplFlags& f) {
   PerplexityResult r;
   {
     Progress progress("perplexity", perplexity_windows(int64_t(ids.size()), ctx, stride));
-    r = perplexity(*model, ids, ctx, stride, [&](int64_t done, int64_t) { progress.update(done); });
+    r = perplexity(
+        *model, ids, ctx, stride, [&](int64_t done, int64_t) { progress.update(done); }, runtime.kv_cache_mode);
   }
   if (f.json) {
     std::printf("{\"ppl\": %.6f, \"nll\": %.6f, \"tokens\": %zu, \"scored\": %lld, \"ctx\": %lld, \"stride\": %lld}\n",
@@ -97,6 +102,7 @@ void add_eval_commands(CLI::App& app) {
   ppl->add_flag("--json", pf->json, "Print the result as one JSON object");
   add_threads_option(*ppl, pf->threads);
   add_device_option(*ppl, pf->device);
+  add_runtime_options(*ppl, pf->runtime);
   ppl->callback([pf] { run_ppl(*pf); });
 }
 

@@ -124,7 +124,7 @@ void add_model_commands(CLI::App& app) {
   runtime->require_subcommand(1);
   CLI::App* set = runtime->add_subcommand("set", "Store runtime settings; a run's own flag still overrides them");
   set->add_option("name", f->name, "Registered name")->required();
-  set->add_option("--kv-cache-mode", f->kv_cache_mode, "KV cache: default, bf16 or affine8");
+  set->add_option("--kv-cache-mode", f->kv_cache_mode, "KV cache: default, bf16, affine8 or affine4");
   set->callback([f] { run_runtime_set(*f); });
   CLI::App* rshow = runtime->add_subcommand("show", "Print the stored runtime settings");
   rshow->add_option("name", f->name, "Registered name")->required();

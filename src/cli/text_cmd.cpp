@@ -28,7 +28,7 @@ void run_generate(const GenerateFlags& f) {
   ResolvedModel resolved = resolve_model(f.model);
   const auto& dir = resolved.dir;
   Device device = resolve_device(f.device);
-  effective_runtime(resolved, f.runtime, device);  // nothing beyond the default engages yet; this refuses the rest
+  const RuntimeSettings runtime = effective_runtime(resolved, f.runtime, device);
   const Levers levers = Levers::from_env();
   std::unique_ptr<Model> model = load_model(dir, device, levers.load_options(device));
   Tokenizer tokenizer = Tokenizer::load(dir);
@@ -36,6 +36,7 @@ void run_generate(const GenerateFlags& f) {
 
   GenerateOptions options;
   options.levers = levers;
+  options.kv_cache_mode = runtime.kv_cache_mode;
   options.max_new_tokens = f.max_new_tokens;
   options.sampling = sampling_from(f.sampling, gen);
   options.eos_ids = gen.eos_token_ids;

@@ -142,7 +142,8 @@ GenerateStats generate(const Model& model, const std::vector<int32_t>& prompt, c
              "the prompt has {} tokens; the model's context holds {}", prompt.size(), model.info().max_positions);
   // Room for the prompt and the budget, within the model's context.
   std::unique_ptr<SeqState> state = model.make_state(
-      std::min<int64_t>(model.info().max_positions, int64_t(prompt.size()) + options.max_new_tokens + 1));
+      std::min<int64_t>(model.info().max_positions, int64_t(prompt.size()) + options.max_new_tokens + 1),
+      options.kv_cache_mode);
   return generate_from(model, *state, prompt, options, on_token);
 }
 

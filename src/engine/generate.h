@@ -21,6 +21,7 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<int32_t> eos_ids;
   Levers levers = Levers::from_env();
+  KvCacheMode kv_cache_mode = KvCacheMode::native;  // how generate() stores K/V
 };
 
 struct GenerateStats {

@@ -12,7 +12,7 @@ int64_t perplexity_windows(int64_t n, int64_t ctx, int64_t stride) {
 double PerplexityResult::ppl() const { return scored > 0 ? std::exp(nll_sum / double(scored)) : NAN; }
 
 PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& ids, int64_t ctx, int64_t stride,
-                            const std::function<void(int64_t, int64_t)>& on_window) {
+                            const std::function<void(int64_t, int64_t)>& on_window, KvCacheMode kv_mode) {
   const int64_t n = int64_t(ids.size());
   MERE_CHECK(ctx >= 2, "perplexity: --ctx must be at least 2, got {}", ctx);
   MERE_CHECK(stride >= 1 && stride <= ctx, "perplexity: --stride must be in [1, ctx={}], got {}", ctx, stride);
@@ -27,7 +27,7 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& ids,
   for (int64_t begin = 0; prev_end < n; begin += stride) {
     const int64_t end = std::min(begin + ctx, n);
     std::vector<int32_t> window(ids.begin() + begin, ids.begin() + end);
-    auto state = model.make_state(end - begin);
+    auto state = model.make_state(end - begin, kv_mode);
     Tensor logits = model.forward(window, *state, /*all_logits=*/true).to_device(Device::cpu);  // [end - begin, vocab]
     for (int64_t i = std::max(prev_end, begin + 1); i < end; ++i) {
       const float* row = logits.data<float>() + (i - 1 - begin) * vocab;

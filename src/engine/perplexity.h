@@ -23,6 +23,7 @@ int64_t perplexity_windows(int64_t n, int64_t ctx, int64_t stride);
 
 // `on_window(done, total)` reports progress.
 PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& ids, int64_t ctx, int64_t stride,
-                            const std::function<void(int64_t, int64_t)>& on_window = {});
+                            const std::function<void(int64_t, int64_t)>& on_window = {},
+                            KvCacheMode kv_mode = KvCacheMode::native);
 
 }  // namespace mere

@@ -188,9 +188,9 @@ double Llama::prefill_flops(int64_t T, int64_t context) const {
   return T * (per_token_matmul + attention) + 2.0 * cfg_.d_model * double(cfg_.vocab);  // lm_head on the last token
 }
 
-std::unique_ptr<SeqState> Llama::make_state(int64_t capacity) const {
+std::unique_ptr<SeqState> Llama::make_state(int64_t capacity, KvCacheMode kv_mode) const {
   if (capacity <= 0) capacity = cfg_.max_positions;
-  return std::make_unique<SeqState>(cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, capacity, info_.device);
+  return std::make_unique<SeqState>(cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, capacity, info_.device, kv_mode);
 }
 
 Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool all_logits) const {
@@ -215,7 +215,10 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool al
     // Qwen3's per-head q/k RMSNorm (w.q_norm defined), RoPE, and the cache write.
     KvCache& cache = state.kv(l);
     rotate_and_cache(q, kk, v, w.q_norm, w.k_norm, k.norm_eps, k.rope, pos, cache, info_.options.fuse_rope_store);
-    Tensor a = ops::attention(q, cache.keys(), cache.values(), pos, scale);   // [T, n_heads, head_dim]
+    Tensor a = cache.attention_reads_storage()  // else the CPU reads an f32 copy of the visible rows
+                   ? ops::attention(q, cache.keys(), cache.values(), pos, scale)  // [T, n_heads, head_dim]
+                   : ops::attention(q, cache.keys_for_attention(state.length() + T),
+                                    cache.values_for_attention(state.length() + T), state.length(), scale);
     if (fold_norms) {
       ops::linear_add(h, a.reshape({T, -1}), w.o, w.o_bias);
       w.mlp.add_normed(h, w.mlp_norm, k.norm_eps);

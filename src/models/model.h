@@ -41,8 +41,10 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual const ModelInfo& info() const = 0;
-  // A fresh sequence state holding up to `capacity` tokens (0: max_positions).
-  virtual std::unique_ptr<SeqState> make_state(int64_t capacity = 0) const = 0;
+  // A fresh sequence state holding up to `capacity` tokens (0: max_positions),
+  // its K/V stored as `kv_mode` says (refused where the device cannot read it).
+  virtual std::unique_ptr<SeqState> make_state(int64_t capacity = 0,
+                                               KvCacheMode kv_mode = KvCacheMode::native) const = 0;
   // The step every backend runs: T tokens whose ids are `ids` (i32 [T]) at
   // positions *pos .. *pos + T - 1 (pos: i32 [1]), both on the model's device,
   // with the state's rows already reserved. Does not advance the state; a CUDA

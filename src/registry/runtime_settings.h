@@ -9,18 +9,12 @@
 #include <string_view>
 
 #include "core/device.h"
+#include "state/kv_cache.h"
 
 namespace mere {
 
-// default: the backend's own cache (f32 on the CPU, bf16 on CUDA); affine8 lands with issue 7.
-enum class KvCacheMode : uint8_t { default_mode, bf16, affine8 };
-
-std::string_view kv_cache_mode_name(KvCacheMode mode);
-std::optional<KvCacheMode> parse_kv_cache_mode(std::string_view text);
-inline constexpr const char* kKvCacheModeNames = "default, bf16 or affine8";
-
 struct RuntimeSettings {
-  KvCacheMode kv_cache_mode = KvCacheMode::default_mode;
+  KvCacheMode kv_cache_mode = KvCacheMode::native;
 
   bool operator==(const RuntimeSettings&) const = default;
 };

@@ -104,7 +104,7 @@ TEST(RegistryFile, MalformedFilesNameTheFileAndEntry) {
   expect_error([] { load_text(R"({"models": {"x": {"path": "/m", "runtime": {"kv_cache_mode": 8}}}})"); },
                {"model 'x'", "'runtime.kv_cache_mode' is an integer, expected a string"});
   expect_error([] { load_text(R"({"models": {"x": {"path": "/m", "runtime": {"kv_cache_mode": "fp8"}}}})"); },
-               {"models.json: model 'x'", "runtime.kv_cache_mode is 'fp8', expected default, bf16 or affine8"});
+               {"models.json: model 'x'", "runtime.kv_cache_mode is 'fp8', expected default, bf16, affine8 or affine4"});
   expect_error([] { load_text(R"({"models": {"x": {"path": "/m", "runtime": {"speed": "max"}}}})"); },
                {"model 'x'", "unknown runtime setting 'speed'"});
   expect_error([] { load_text(R"({"models": {"a b": {"path": "/m"}}})"); }, {"model 'a b'", "not a valid name"});
@@ -158,7 +158,7 @@ TEST(RegistryModelDir, AcceptsModelsAndNamesWhatIsMissing) {
 }
 
 TEST(RegistryRuntime, ModesParseAndRefuseWhatCannotEngage) {
-  for (KvCacheMode m : {KvCacheMode::default_mode, KvCacheMode::bf16, KvCacheMode::affine8})
+  for (KvCacheMode m : {KvCacheMode::native, KvCacheMode::bf16, KvCacheMode::affine8, KvCacheMode::affine4})
     EXPECT_EQ(parse_kv_cache_mode(kv_cache_mode_name(m)), m);
   EXPECT_FALSE(parse_kv_cache_mode("fp8"));
   EXPECT_FALSE(parse_kv_cache_mode("BF16"));
@@ -166,10 +166,12 @@ TEST(RegistryRuntime, ModesParseAndRefuseWhatCannotEngage) {
   check_engageable({}, Device::cpu);
   check_engageable({}, Device::cuda);
   check_engageable({KvCacheMode::bf16}, Device::cuda);
-  expect_error([] { check_engageable({KvCacheMode::bf16}, Device::cpu); }, {"kv cache mode bf16: refused on cpu"});
-  for (Device d : {Device::cpu, Device::cuda})
-    expect_error([&] { check_engageable({KvCacheMode::affine8}, d); },
-                 {"kv cache mode affine8: refused: not implemented yet (issue 7)"});
+  check_engageable({KvCacheMode::bf16}, Device::cpu);
+  for (KvCacheMode m : {KvCacheMode::affine8, KvCacheMode::affine4}) {
+    check_engageable({m}, Device::cpu);
+    expect_error([&] { check_engageable({m}, Device::cuda); },
+                 {fmt::format("kv cache mode {}: refused on cuda", kv_cache_mode_name(m)), "issue 7"});
+  }
 }
 
 TEST(RegistrySummary, ReadsHeadersAndConfig) {
