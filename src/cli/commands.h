@@ -12,5 +12,6 @@ void add_chat_command(CLI::App& text);     // mere text chat
 void add_model_commands(CLI::App& app);    // mere model add | list | show | remove | runtime
 void add_eval_commands(CLI::App& app);     // mere eval logits | ppl
 void add_bench_command(CLI::App& app);     // mere bench
+void add_quantize_command(CLI::App& app);  // mere quantize
 
 }  // namespace mere

@@ -26,7 +26,8 @@ Weight load_weight(const Checkpoint& checkpoint, const std::string& module, cons
     const Shape groups{out, in / spec->group_size};
     Tensor packed = checkpoint.get(name);
     MERE_CHECK(packed.dtype() == DType::u32 && packed.shape() == Shape({out, in * spec->bits / 32}),
-               "{}: {} is {} {}, expected u32 [{}, {}] for {}-bit weights of {} ({})", file, name,
+               "{}: {} is {} {}, expected u32 [{}, {}] for {}-bit weights of {} ({})",
+               checkpoint.info(name).file.string(), name,
                dtype_name(packed.dtype()), shape_str(packed.shape()), out, in * spec->bits / 32, spec->bits,
                shape_str(shape), why);
     AffineWeight a{packed, checkpoint.get(module + ".scales", groups, "group scales of " + name),
@@ -38,9 +39,12 @@ Weight load_weight(const Checkpoint& checkpoint, const std::string& module, cons
   MERE_CHECK(!has_fp8_scales, "{}: {} has fp8 block scales but config.json's quantization_config is not fp8", file,
              name);
   Tensor dense = checkpoint.get(name, shape, why);
+  std::string hint;
+  if (spec) hint = " (config.json quantizes it, but it has no .scales)";
+  else if (dense.dtype() == DType::f8_e4m3 && quant.fp8_block > 0) hint = " (it needs " + module + ".weight_scale_inv)";
+  else if (dense.dtype() == DType::f8_e4m3) hint = " (fp8 needs config.json's quantization_config, quant_method fp8)";
   MERE_CHECK(dense.dtype() == DType::f32 || dense.dtype() == DType::f16 || dense.dtype() == DType::bf16,
-             "{}: {} is {}; a dense weight must be f32, f16 or bf16{}", file, name, dtype_name(dense.dtype()),
-             spec ? " (config.json quantizes it, but it has no .scales)" : "");
+             "{}: {} is {}; a dense weight must be f32, f16 or bf16{}", file, name, dtype_name(dense.dtype()), hint);
   return Weight(std::move(dense));
 }
 

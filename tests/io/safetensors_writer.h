@@ -1,13 +1,19 @@
-// Test helpers for io/: a tiny safetensors writer (so each test builds the exact
-// file it needs, valid or corrupt) and an expect-error check on messages.
+// Test helpers for io/: valid files come from the real writer
+// (src/io/safetensors_writer.h, included below by its path, since this header's
+// include name shadows it for the tests); st_raw and st_header build the exact
+// bytes of corrupt ones. Also an expect-error check on messages.
 #pragma once
+
+#include "../../src/io/safetensors_writer.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -59,14 +65,21 @@ inline nlohmann::json st_header(const std::vector<StTensor>& tensors, std::strin
   return h;
 }
 
-// A valid file; the header is space-padded to 8 bytes, as real writers do.
+// A valid file written by the real writer (tensors ordered by element size, then name).
 inline std::string st_file(const std::vector<StTensor>& tensors, const nlohmann::json& metadata = nullptr) {
-  std::string data;
-  nlohmann::json h = st_header(tensors, &data);
-  if (!metadata.is_null()) h["__metadata__"] = metadata;
-  std::string header = h.dump();
-  header.append((8 - header.size() % 8) % 8, ' ');
-  return st_raw(header, data);
+  std::vector<NamedTensor> named;
+  for (const StTensor& t : tensors) {
+    DType dt = t.dtype == "F32" ? DType::f32 : t.dtype == "F16" ? DType::f16 : DType::bf16;
+    EXPECT_TRUE(t.dtype == "F32" || t.dtype == "F16" || t.dtype == "BF16") << t.dtype;
+    Tensor v = Tensor::empty(t.shape, dt);
+    EXPECT_EQ(v.size_bytes(), t.bytes.size()) << t.name;
+    if (!t.bytes.empty()) std::memcpy(v.raw(), t.bytes.data(), std::min(v.size_bytes(), t.bytes.size()));
+    named.push_back({t.name, v});
+  }
+  std::map<std::string, std::string> meta;
+  if (!metadata.is_null())
+    for (auto it = metadata.begin(); it != metadata.end(); ++it) meta[it.key()] = it.value().get<std::string>();
+  return safetensors_bytes(named, meta);
 }
 
 // Expects `f` to throw mere::Error whose message contains every one of `parts`.
