@@ -11,7 +11,8 @@ pack=${MERE_DEVRUN:-.devrun}
 cmake -S . -B "$build" -G Ninja -DMERE_CUDA=ON >/dev/null
 cmake --build "$build"
 rm -rf "$pack" && mkdir -p "$pack"
-cp "$build/mere" "$build/tests/mere_gpu_tests" "$pack/"
+# Compressed: the carried pack must stay under the device's 64 MiB transfer limit.
+tar -cJf "$pack/bin.tar.xz" -C "$build" mere -C "$PWD/$build/tests" mere_gpu_tests
 pwd > "$pack/source_dir"
 libs=$(ldd "$build/mere" | awk '/libfmt|libpcre2|libicu/ {print $3}')
 tar -cJhf "$pack/libs.tar.xz" -C / $(for l in $libs; do echo "${l#/}"; done) --transform 's|.*/||'

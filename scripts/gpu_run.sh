@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere
 # (the device machine of our workplace has no Debian packages): .devrun/ holds
-# mere, mere_gpu_tests and libs.tar.xz (libfmt, libpcre2, ICU). Logs go to $OUT.
+# bin.tar.xz (mere, mere_gpu_tests) and libs.tar.xz (libfmt, libpcre2, ICU). Logs go to $OUT.
 # Usage: scripts/gpu_run.sh [tests] [bench] [levers]; MERE_DEVRUN names the pack
 # (default .devrun), GTEST_FILTER picks tests.
 set -uo pipefail
@@ -10,6 +10,8 @@ pack=$root/${MERE_DEVRUN:-.devrun}
 out=${OUT:-/tmp/mere_out}
 mkdir -p "$out" /tmp/mere_libs
 tar -C /tmp/mere_libs -xJf "$pack/libs.tar.xz"
+bin=/tmp/mere_bin
+mkdir -p "$bin" && tar -C "$bin" -xJf "$pack/bin.tar.xz"
 export LD_LIBRARY_PATH=/tmp/mere_libs:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
 # The binaries look for fixtures under the source dir they were built in.
 src=$(cat "$pack/source_dir")
@@ -18,23 +20,23 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee
 for what in "${@:-tests bench}"; do
   case $what in
     tests)
-      "$pack/mere_gpu_tests" 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[ (gpu|  FAILED|  PASSED) |FAILED|PASSED|Failure" ;;
+      "$bin/mere_gpu_tests" 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[ (gpu|  FAILED|  PASSED) |FAILED|PASSED|Failure" ;;
     bench)
-      m="$pack/mere"
+      m="$bin/mere"
       "$m" bench --calibrate --device cuda 2>&1 | tee "$out/bench.log"
       "$m" bench --device cuda --baseline --shape llama3-8b -p 512,4096 -n 128 -d 0,8192 -r 3 2>&1 | tee -a "$out/bench.log"
       "$m" bench --device cuda --baseline --shape qwen3-8b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/bench.log"
       "$m" bench --device cuda --baseline --shape qwen3-0.6b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/bench.log"
       "$m" bench --device cuda --baseline -p 256 -n 128 -r 3 2>&1 | tee -a "$out/bench.log" ;;
     levers)  # each lever flipped alone, the others at their defaults
-      m="$pack/mere"
+      m="$bin/mere"
       for shape in llama3-8b qwen3-0.6b; do
         MERERUN_FUSED_ROPE_STORE=0 "$m" bench --device cuda --shape $shape -p 512 -n 128 -r 3 2>&1 | tee -a "$out/levers.log"
         MERERUN_FUSED_PROJECTIONS=0 "$m" bench --device cuda --shape $shape -p 512 -n 128 -r 3 2>&1 | tee -a "$out/levers.log"
         MERERUN_CUDA_GRAPHS=0 "$m" bench --device cuda --shape $shape -p 0 -n 128 -r 3 2>&1 | tee -a "$out/levers.log"
       done ;;
     decode_ab)  # the decode levers added one at a time, tg128, on the shapes that show them
-      m="$pack/mere"
+      m="$bin/mere"
       for shape in llama3-8b qwen3-0.6b; do
         for combo in "MERERUN_PIPELINED_DECODE=0" "MERERUN_PIPELINED_DECODE=1" "MERERUN_PROGRAMMATIC_LAUNCH=0" \
             "MERERUN_MATVEC_SPLIT_K=1" "MERERUN_MATVEC_SPLIT_K=1 MERERUN_FUSED_NORM_MATVEC=1"; do
@@ -42,10 +44,18 @@ for what in "${@:-tests bench}"; do
         done
       done ;;
     profile)  # per-kernel time and DRAM bytes of one llama3-8b decode step (eager: ncu serialises kernels)
-      m="$pack/mere"
+      m="$bin/mere"
       MERERUN_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name-base function --launch-skip 400 --launch-count 400 \
         -k regex:'matvec|attention|norm|silu|embed|store|add|copy|rope|sample|advance' \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size --csv --page raw \
         "$m" bench --device cuda --shape llama3-8b -p 0 -n 4 -r 1 > "$out/ncu_llama3-8b.csv" 2> "$out/ncu.err" ;;
+    quant)  # the weight formats side by side on the Llama-3-8B shape
+      m="$bin/mere"
+      "$m" bench --device cuda --shape llama3-8b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/quant.log"
+      for q in int8 int4 fp8; do
+        "$m" bench --device cuda --shape llama3-8b --quant $q -p 512 -n 128 -r 3 2>&1 | tee -a "$out/quant.log"
+      done
+      MERERUN_FP8_ACTIVATION_GEMM=1 "$m" bench --device cuda --shape llama3-8b --quant fp8 -p 512 -n 0 -r 3 2>&1 |
+        tee -a "$out/quant.log" ;;
   esac
 done

@@ -14,8 +14,8 @@ namespace mere {
 namespace {
 
 struct BenchFlags {
-  std::string model, shape, prompt = "512", gen = "128", depth = "0", device = "auto";
-  int reps = 5, threads = 0;
+  std::string model, shape, prompt = "512", gen = "128", depth = "0", device = "auto", quant = "bf16";
+  int reps = 5, threads = 0, group_size = 64;
   bool json = false, calibrate = false, baseline = false;
   double bandwidth = 0, matmul_rate = 0;
 };
@@ -36,11 +36,14 @@ void run_bench(const BenchFlags& f) {
   if (f.shape.empty() && f.model.empty() && f.calibrate) return;
 
   MERE_CHECK(f.shape.empty() || f.model.empty(), "give either -m or --shape, not both");
+  MERE_CHECK(!f.shape.empty() || f.quant == "bf16",
+             "--quant {}: applies to --shape only (a checkpoint given with -m runs as it is stored)", f.quant);
+  const RandomQuant quant = RandomQuant::parse(f.quant, f.group_size);
   std::unique_ptr<Model> model;
   std::string name;
   if (!f.shape.empty()) {
-    model = random_model(f.shape, device, Levers::from_env().load_options(device));
-    name = f.shape + " (random)";
+    model = random_model(f.shape, device, Levers::from_env().load_options(device), 1, quant);
+    name = f.shape + (quant.kind == RandomQuant::Kind::none ? " (random)" : " (random, " + quant.describe() + ")");
   } else {
     auto dir = resolve_model_dir(f.model);
     model = load_model(dir, device, Levers::from_env().load_options(device));
@@ -66,7 +69,7 @@ void run_bench(const BenchFlags& f) {
   const double resident_gb = device_bytes_reserved() / 1e9, cached_gb = device_bytes_cached() / 1e9;
   if (f.baseline) {  // the same rows with every lever off, the weights laid out unfused
     model.reset();
-    model = !f.shape.empty() ? random_model(f.shape, device, Levers::all_off().load_options(device))
+    model = !f.shape.empty() ? random_model(f.shape, device, Levers::all_off().load_options(device), 1, quant)
                              : load_model(resolve_model_dir(f.model), device, Levers::all_off().load_options(device));
     run_rows(*model, Levers::all_off());
   }
@@ -114,6 +117,10 @@ void add_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench", "Measure prefill and decode throughput against the roofline");
   cmd->add_option("-m,--model", f->model, "Model directory");
   cmd->add_option("--shape", f->shape, "A published shape with random weights: llama3-8b, qwen3-8b, qwen3-0.6b");
+  cmd->add_option("--quant", f->quant,
+                  "With --shape: store the random matrices as bf16, int8 or int4 (MLX affine) or fp8 (E4M3, "
+                  "128x128 block scales)");
+  cmd->add_option("--group-size", f->group_size, "With --quant int8|int4: values per scale and bias (32, 64, 128)");
   cmd->add_option("-p,--prompt-tokens", f->prompt, "Prefill lengths, comma-separated (pp rows; 0: none)");
   cmd->add_option("-n,--gen-tokens", f->gen, "Decode lengths, comma-separated (tg rows; 0: none)");
   cmd->add_option("-d,--depth", f->depth, "Tokens already in the cache, comma-separated");

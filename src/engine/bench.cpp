@@ -55,7 +55,7 @@ std::string layout_levers(const LoadOptions& o) {
   auto on = [](bool b) { return b ? "on" : "off"; };
   return std::string("fused_projections=") + on(o.fuse_projections) + " fused_rope_store=" + on(o.fuse_rope_store) +
          " fused_norm_matvec=" + on(o.fuse_norm_matvec) + " programmatic_launch=" + on(o.programmatic_launch) +
-         " matvec_split_k=" + on(o.matvec_split_k);
+         " matvec_split_k=" + on(o.matvec_split_k) + " fp8_activation_gemm=" + on(o.fp8_activation_gemm);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@ Levers Levers::from_env() {
   l.fused_norm_matvec = env_flag("MERERUN_FUSED_NORM_MATVEC", l.fused_norm_matvec);
   l.programmatic_launch = env_flag("MERERUN_PROGRAMMATIC_LAUNCH", l.programmatic_launch);
   l.matvec_split_k = env_flag("MERERUN_MATVEC_SPLIT_K", l.matvec_split_k);
+  l.fp8_activation_gemm = env_flag("MERERUN_FP8_ACTIVATION_GEMM", l.fp8_activation_gemm);
   return l;
 }
 
@@ -36,7 +37,8 @@ std::string Levers::describe(Device device) const {
   return std::string("levers: cuda_graphs=") + on(cuda_graphs) + " pipelined_decode=" + on(pipelined_decode) +
          " fused_projections=" + on(fused_projections) +
          " fused_rope_store=" + on(fused_rope_store) + " fused_norm_matvec=" + on(fused_norm_matvec) +
-         " programmatic_launch=" + on(programmatic_launch) + " matvec_split_k=" + on(matvec_split_k);
+         " programmatic_launch=" + on(programmatic_launch) + " matvec_split_k=" + on(matvec_split_k) +
+         " fp8_activation_gemm=" + on(fp8_activation_gemm);
 }
 
 LoadOptions Levers::load_options(Device device) const {
@@ -45,7 +47,8 @@ LoadOptions Levers::load_options(Device device) const {
                      .fuse_rope_store = fused_rope_store && cuda,
                      .fuse_norm_matvec = fused_norm_matvec && cuda,
                      .programmatic_launch = programmatic_launch && cuda,
-                     .matvec_split_k = matvec_split_k && cuda};
+                     .matvec_split_k = matvec_split_k && cuda,
+                     .fp8_activation_gemm = fp8_activation_gemm && cuda};
 }
 
 }  // namespace mere

@@ -35,14 +35,21 @@ struct Levers {
   // warps (split-K), reduced in a fixed order inside the block. Default: greedy
   // parity on the fixtures, tg128 +4.6% (Llama-3-8B), unchanged on Qwen3-0.6B.
   bool matvec_split_k = true;
+  // FP8 checkpoints prefill on FP8 tensor cores with the activations quantized to
+  // E4M3 per token and 128 columns, as DeepSeek-V3's recipe; off, the weights are
+  // dequantized to bf16 for the GEMM. Off by default: it costs accuracy (the
+  // qwen3-fp8 fixture's prefill logits move 16% against transformers, 0.4% off).
+  bool fp8_activation_gemm = false;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
-  // MERERUN_FUSED_NORM_MATVEC, MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K (0|1)
+  // MERERUN_FUSED_NORM_MATVEC, MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
+  // MERERUN_FP8_ACTIVATION_GEMM (0|1)
   // override the defaults.
   static Levers from_env();
   static Levers all_off() {
     return Levers{.cuda_graphs = false, .pipelined_decode = false, .fused_projections = false, .fused_rope_store = false,
-                  .fused_norm_matvec = false, .programmatic_launch = false, .matvec_split_k = false};
+                  .fused_norm_matvec = false, .programmatic_launch = false, .matvec_split_k = false,
+                  .fp8_activation_gemm = false};
   }
   // The levers in effect on `device`, for the line a run prints.
   std::string describe(Device device) const;

@@ -200,7 +200,8 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool al
 
   if (info_.device == Device::cuda)
     ops::set_launch_settings({.programmatic = info_.options.programmatic_launch,
-                              .matvec_split_k = info_.options.matvec_split_k});
+                              .matvec_split_k = info_.options.matvec_split_k,
+                              .fp8_activation_gemm = info_.options.fp8_activation_gemm});
   const bool fold_norms = info_.options.fuse_norm_matvec;
 
   Tensor h = ops::embed(tok_embed_, ids);                                      // [T, d_model], the residual

@@ -24,6 +24,8 @@ struct LoadOptions {
   bool programmatic_launch = false;
   // Several warps per row in decode matvecs with few rows (lever matvec_split_k).
   bool matvec_split_k = false;
+  // FP8 weights' prefill with E4M3 activations on FP8 tensor cores (lever fp8_activation_gemm).
+  bool fp8_activation_gemm = false;
 };
 
 struct ModelInfo {

@@ -7,6 +7,12 @@
 #include "io/checkpoint.h"
 #include "io/config.h"
 #include "models/llama.h"
+#include "ops/ops.h"
+
+#ifdef MERE_HAVE_CUDA
+#include "core/cuda_check.h"
+#include "ops/cuda/affine_launchers.h"
+#endif
 
 namespace mere {
 namespace {
@@ -36,25 +42,108 @@ nlohmann::json published(const std::string& name) {
   fail("unknown --shape '{}' (known: {})", name, fmt::join(known_shapes(), ", "));
 }
 
+// Random bytes ANDed with `mask`, for packed integer and fp8 tensors (fill_random
+// makes floats only).
+void fill_random_bytes(Tensor& t, uint64_t seed, uint8_t mask) {
+  if (t.device() == Device::cuda) {
+#ifdef MERE_HAVE_CUDA
+    MERE_CUDA(cuda::launch_fill_random_bytes(t.raw(), int64_t(t.size_bytes()), seed, mask,
+                                             static_cast<cudaStream_t>(cuda_stream())));
+#endif
+    return;
+  }
+  uint8_t* bytes = static_cast<uint8_t*>(t.raw());
+  for (size_t i = 0; i < t.size_bytes(); i += 8) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + i / 8 + 0x632BE59BD9B4E019ull;  // SplitMix64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    for (size_t j = i; j < std::min(i + 8, t.size_bytes()); ++j) bytes[j] = uint8_t(z >> (8 * (j - i))) & mask;
+  }
+}
+
+Tensor filled(Shape shape, DType dtype, Device device, uint64_t seed, float scale, float offset) {
+  Tensor t = Tensor::empty(std::move(shape), dtype, device);
+  ops::fill_random(t, seed, scale, offset);
+  return t;
+}
+
+constexpr uint64_t kScalesSeed = uint64_t(1) << 40;  // scale streams apart from the next tensor's seed
+
+// The tensors of one matrix `module` [out, in] in the form `quant` stores it,
+// its values spread like a trained model's (uniform in +-a, a = sqrt(3 / in),
+// so activations stay O(1)).
+void add_matrix(std::map<std::string, Tensor>& tensors, const std::string& module, const Shape& shape,
+                const RandomQuant& quant, Device device, uint64_t seed) {
+  const int64_t out = shape[0], in = shape[1];
+  const float a = std::sqrt(3.0f / float(in));
+  const bool outside_layers = !module.starts_with("model.layers.");
+  if (quant.kind == RandomQuant::Kind::affine) {
+    MERE_CHECK(in % quant.group_size == 0, "--group-size {} does not divide {}'s {} columns", quant.group_size,
+               module, in);
+    // w = scale * q + bias, q in [0, 2^bits): scale 2a / (2^bits - 1) and bias -a (each +-10%).
+    Tensor packed = Tensor::empty({out, in * quant.bits / 32}, DType::u32, device);
+    fill_random_bytes(packed, seed, 0xff);
+    const float scale = 2 * a / float((1 << quant.bits) - 1);
+    const Shape groups{out, in / quant.group_size};
+    tensors.emplace(module + ".weight", packed);
+    tensors.emplace(module + ".scales", filled(groups, DType::bf16, device, seed + kScalesSeed, 0.1f * scale, scale));
+    tensors.emplace(module + ".biases", filled(groups, DType::bf16, device, seed + 2 * kScalesSeed, 0.1f * a, -a));
+  } else if (quant.kind == RandomQuant::Kind::fp8 && !outside_layers) {
+    // Values of magnitude below 2 (the top exponent bit cleared, which also
+    // avoids the NaN pattern 0x7f / 0xff); block scales near a.
+    constexpr int64_t kBlock = 128;
+    Tensor values = Tensor::empty({out, in}, DType::f8_e4m3, device);
+    fill_random_bytes(values, seed, 0xbf);
+    tensors.emplace(module + ".weight", values);
+    tensors.emplace(module + ".weight_scale_inv", filled({(out + kBlock - 1) / kBlock, (in + kBlock - 1) / kBlock},
+                                                         DType::f32, device, seed + kScalesSeed, 0.1f * a, a));
+  } else {
+    tensors.emplace(module + ".weight", filled(shape, DType::bf16, device, seed, a, 0.0f));
+  }
+}
+
 }  // namespace
+
+RandomQuant RandomQuant::parse(const std::string& name, int group_size) {
+  if (name == "bf16" || name == "none") return {};
+  if (name == "fp8") return {Kind::fp8, 0, 0};
+  MERE_CHECK(name == "int8" || name == "int4", "--quant '{}': expected bf16, int8, int4 or fp8", name);
+  MERE_CHECK(group_size == 32 || group_size == 64 || group_size == 128, "--group-size {}: expected 32, 64 or 128",
+             group_size);
+  return {Kind::affine, name == "int8" ? 8 : 4, group_size};
+}
+
+std::string RandomQuant::describe() const {
+  switch (kind) {
+    case Kind::affine: return fmt::format("int{} g{}", bits, group_size);
+    case Kind::fp8: return "fp8";
+    default: return "bf16";
+  }
+}
 
 std::vector<std::string> known_shapes() { return {"llama3-8b", "qwen3-8b", "qwen3-0.6b", "qwen3-30b-a3b"}; }
 
 nlohmann::json shape_config(const std::string& name) { return published(name); }
 
 std::unique_ptr<Model> random_model(const std::string& name, Device device, const LoadOptions& options,
-                                    uint64_t seed) {
-  ConfigJson config = ConfigJson::from_json(published(name), name + "/config.json");
+                                    uint64_t seed, const RandomQuant& quant) {
+  nlohmann::json json = published(name);
+  if (quant.kind == RandomQuant::Kind::affine)  // as mlx_lm writes it
+    json["quantization"] = {{"group_size", quant.group_size}, {"bits", quant.bits}};
+  if (quant.kind == RandomQuant::Kind::fp8)
+    json["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+  ConfigJson config = ConfigJson::from_json(json, name + "/config.json");
   LlamaConfig cfg = LlamaConfig::parse(config);
   std::map<std::string, Tensor> tensors;
   uint64_t i = 0;
   for (const auto& [tensor_name, shape] : cfg.tensor_shapes()) {
-    Tensor t = Tensor::empty(shape, DType::bf16, device);
-    // Norm weights near 1; matrices scaled like a trained model's so activations stay O(1).
-    bool is_norm = shape.size() == 1;
-    float scale = is_norm ? 0.1f : std::sqrt(3.0f / float(shape.back()));
-    ops::fill_random(t, seed * 1000003 + i++, scale, is_norm ? 1.0f : 0.0f);
-    tensors.emplace(tensor_name, t);
+    const uint64_t tensor_seed = seed * 1000003 + i++;
+    if (shape.size() == 2 && tensor_name.ends_with(".weight")) {
+      add_matrix(tensors, tensor_name.substr(0, tensor_name.size() - 7), shape, quant, device, tensor_seed);
+      continue;
+    }
+    tensors.emplace(tensor_name, filled(shape, DType::bf16, device, tensor_seed, 0.1f, 1.0f));  // norms near 1
   }
   auto model = std::make_unique<Llama>(config, Checkpoint::from_tensors(name, std::move(tensors)), device, options);
   // The in-memory checkpoint held the unfused originals; they are garbage now.

@@ -15,8 +15,24 @@ namespace mere {
 std::vector<std::string> known_shapes();
 // The config.json of a published model, e.g. "llama3-8b". Unknown names list the known ones.
 nlohmann::json shape_config(const std::string& name);
-// Random bf16 weights (never zeros) of that shape, made directly on `device`.
+
+// How random_model stores the matrices, as a quantized checkpoint would: MLX
+// affine (every Linear and the embedding: packed u32 `.weight`, bf16 `.scales`
+// and `.biases`, config.json "quantization") or FP8 E4M3 with 128x128 block
+// scales (the decoder layers' Linears, as DeepSeek-V3 and Qwen3 FP8 releases:
+// `.weight` and f32 `.weight_scale_inv`, "quantization_config" of quant_method fp8).
+struct RandomQuant {
+  enum class Kind { none, affine, fp8 };
+  Kind kind = Kind::none;
+  int bits = 0, group_size = 0;
+  // "bf16" (none), "int8", "int4" (affine with `group_size`) or "fp8".
+  static RandomQuant parse(const std::string& name, int group_size = 64);
+  std::string describe() const;  // "bf16", "int4 g64", "fp8"
+};
+
+// Random weights (never zeros) of that shape, made directly on `device`: bf16,
+// or quantized as `quant` says.
 std::unique_ptr<Model> random_model(const std::string& name, Device device, const LoadOptions& options = {},
-                                    uint64_t seed = 1);
+                                    uint64_t seed = 1, const RandomQuant& quant = {});
 
 }  // namespace mere

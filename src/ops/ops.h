@@ -60,6 +60,7 @@ void advance_position(Tensor& pos, int32_t by);
 struct LaunchSettings {
   bool programmatic = false;    // lever programmatic_launch: start during the previous kernel's tail
   bool matvec_split_k = false;  // lever matvec_split_k: several warps per row when a matrix has few rows
+  bool fp8_activation_gemm = false;  // lever fp8_activation_gemm: FP8 prefill with E4M3 activations
 };
 void set_launch_settings(const LaunchSettings& settings);
 

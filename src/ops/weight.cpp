@@ -180,7 +180,17 @@ Weight Weight::concat_rows(const std::vector<Weight>& parts) {
                        first.group_size};
     return Weight(std::move(fused), parts[0].cols());
   }
-  return Weight();  // fp8 blocks straddle the seams unless every part is a multiple of the block: keep them apart
+  // fp8: the block rows of scales stack only when no block straddles a seam
+  // (every part but the last a whole number of blocks); otherwise keep them apart.
+  const Fp8Weight& first = parts[0].fp8();
+  std::vector<Tensor> values, scales;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Fp8Weight& f = parts[i].fp8();
+    if (f.block != first.block || (i + 1 < parts.size() && parts[i].rows() % f.block != 0)) return Weight();
+    values.push_back(f.values);
+    scales.push_back(f.scale_inv);
+  }
+  return Weight(Fp8Weight{ops::concat_rows(values), ops::concat_rows(scales), first.block});
 }
 
 }  // namespace mere

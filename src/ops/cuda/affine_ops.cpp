@@ -1,18 +1,80 @@
-// MLX affine-quantized matmul and embedding on CUDA.
+// MLX affine-quantized matmul and embedding on CUDA (kernels in
+// affine_matvec.cu). Decode (up to kMaxMatvecTokens rows) runs the quantized
+// matvec, reading the packed weights once; prefill dequantizes the weight to a
+// bf16 temporary on the GPU and runs the dense tensor-core GEMM.
 #include "ops/cuda/cuda_ops.h"
 #include "ops/quantized_ops.h"
 
-namespace mere::ops::cuda {
+#ifdef MERE_HAVE_CUDA
 
-// Reference form until the kernels land: dequantize (through the host), then the dense path.
+#include "core/cuda_check.h"
+#include "ops/cuda/affine_launchers.h"
+#include "ops/cuda/launchers.h"
+
+namespace mere::ops::cuda {
+namespace {
+
+using namespace mere::cuda;
+
+cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The raw form of the weight, checked for what every kernel needs.
+AffineArgs affine_args(const AffineWeight& w, int64_t in, const char* op) {
+  MERE_CHECK(w.group_size == 32 || w.group_size == 64 || w.group_size == 128,
+             "{} (CUDA): affine group size {} (32, 64 or 128 run on the GPU)", op, w.group_size);
+  const DType dt = w.scales.dtype();
+  MERE_CHECK(dt == w.biases.dtype() && (dt == DType::f32 || dt == DType::f16 || dt == DType::bf16),
+             "{} (CUDA): affine scales {} and biases {} must be one float dtype", op, dtype_name(w.scales.dtype()),
+             dtype_name(w.biases.dtype()));
+  MERE_CHECK(aligned16(w.packed.raw()), "{} (CUDA): the packed weights are not 16-byte aligned", op);
+  AffineArgs a;
+  a.packed = w.packed.data<uint32_t>();
+  a.scales = w.scales.raw();
+  a.biases = w.biases.raw();
+  a.scale_dtype = w.scales.dtype();
+  a.bits = w.bits;
+  a.group_size = w.group_size;
+  a.in = in;
+  a.out = w.packed.dim(0);
+  return a;
+}
+
+}  // namespace
+
 void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out) {
-  Tensor dense = Weight(w, x.dim(1)).dequantize(DType::bf16);
+  MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
+             dtype_name(bias.dtype()));
+  const AffineArgs a = affine_args(w, x.dim(1), "linear");
+  const int64_t T = x.dim(0);
+  if (affine_matvec_supports(a, T) && aligned16(x.raw())) {
+    MERE_CUDA(launch_affine_matvec(a, x.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
+                                   out.data<float>(), T, stream()));
+    return;
+  }
+  // Prefill (or an x view off 16-byte alignment): a bf16 copy of the weight, then the dense path.
+  Tensor dense = Tensor::empty({a.out, a.in}, DType::bf16, Device::cuda);
+  MERE_CUDA(launch_affine_dequantize(a, dense.raw(), DType::bf16, stream()));
   linear(x, dense, bias, out);
 }
 
 void affine_embed(const AffineWeight& w, const Tensor& ids, Tensor& out) {
-  Tensor dense = Weight(w, out.dim(1)).dequantize(DType::bf16);
-  embed(dense, ids, out);
+  const AffineArgs a = affine_args(w, out.dim(1), "embed");
+  MERE_CUDA(launch_affine_embed(a, ids.data<int32_t>(), ids.numel(), out.data<float>(), stream()));
 }
 
 }  // namespace mere::ops::cuda
+
+#else  // no CUDA backend: unreachable, since no tensor can live on the GPU
+
+namespace mere::ops::cuda {
+
+void affine_linear(const Tensor&, const AffineWeight&, const Tensor&, Tensor&) {
+  fail("this binary was built without the CUDA backend");
+}
+void affine_embed(const AffineWeight&, const Tensor&, Tensor&) { fail("this binary was built without the CUDA backend"); }
+
+}  // namespace mere::ops::cuda
+
+#endif

@@ -302,6 +302,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
 void set_launch_settings(const LaunchSettings& settings) {
   mere::cuda::set_programmatic_launch(settings.programmatic);
   mere::cuda::set_matvec_split_k(settings.matvec_split_k);
+  mere::cuda::set_fp8_activation_gemm(settings.fp8_activation_gemm);
 }
 
 void advance_position(Tensor& pos, int32_t by) { MERE_CUDA(launch_advance_position(pos.data<int32_t>(), by, stream())); }

@@ -1,18 +1,225 @@
-// FP8 (E4M3, block-scaled) matmul and embedding on CUDA.
+// FP8 (E4M3, 128x128 block scales) matmul and embedding on CUDA. Decode (T <= 8)
+// runs the fp8 matvec (fp8_matvec.cu). Prefill quantizes the activations to E4M3
+// with one scale per token and 128 columns and runs cuBLASLt's block-scaled FP8
+// GEMM on Hopper's tensor cores: weight scales BLK128x128_32F, activation scales
+// VEC128_32F (cuBLAS 12.9+, sm_90). Where cuBLASLt offers no such algorithm (rows
+// not a multiple of 16 bytes, another block size) the weight is dequantized to
+// bf16 on the GPU and the bf16 GEMM runs; fp8_gemm_path() says which one a shape takes.
 #include "ops/cuda/cuda_ops.h"
 #include "ops/quantized_ops.h"
 
+#ifdef MERE_HAVE_CUDA
+
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "core/cuda_check.h"
+#include "ops/cuda/fp8_launchers.h"
+#include "ops/cuda/launchers.h"
+
+namespace mere::ops::cuda {
+namespace {
+
+using namespace mere::cuda;
+
+cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
+
+#define MERE_CUBLAS(call)                                                                         \
+  do {                                                                                            \
+    cublasStatus_t mere_st_ = (call);                                                             \
+    if (mere_st_ != CUBLAS_STATUS_SUCCESS)                                                        \
+      ::mere::fail("cuBLASLt error {} in {} ({}:{})", int(mere_st_), #call, __FILE__, __LINE__); \
+  } while (0)
+
+cublasLtHandle_t lt_handle() {
+  static cublasLtHandle_t h = [] {
+    cublasLtHandle_t created;
+    MERE_CUBLAS(cublasLtCreate(&created));
+    return created;
+  }();
+  return h;
+}
+
+constexpr size_t kWorkspaceBytes = 32 << 20;
+void* lt_workspace() {
+  static void* p = device_alloc(kWorkspaceBytes);
+  return p;
+}
+
+Fp8WeightView view_of(const Fp8Weight& w) {
+  Fp8WeightView v;
+  v.values = w.values.data<uint8_t>();
+  v.scale_inv = w.scale_inv.data<float>();
+  v.out = w.values.dim(0);
+  v.in = w.values.dim(1);
+  v.scale_cols = w.scale_inv.dim(1);
+  v.block = w.block;
+  return v;
+}
+
+// The descriptors of one block-scaled FP8 GEMM, Y^T [out, T] = W [in, out]^T X [in, T]
+// in cuBLASLt's column-major terms (W and X row-major [out, in] and [T, in]).
+struct Fp8GemmDesc {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+
+  Fp8GemmDesc(int64_t T, int64_t in, int64_t out, cudaDataType_t d_type, const void* w_scales, const void* x_scales) {
+    MERE_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+    const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const int32_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    MERE_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
+    MERE_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof(no_trans)));
+    MERE_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
+    MERE_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
+    MERE_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)));
+    MERE_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)));
+    MERE_CUBLAS(cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, uint64_t(in), uint64_t(out), in));
+    MERE_CUBLAS(cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, uint64_t(in), uint64_t(T), in));
+    MERE_CUBLAS(cublasLtMatrixLayoutCreate(&d, d_type, uint64_t(out), uint64_t(T), out));
+  }
+  ~Fp8GemmDesc() {
+    cublasLtMatrixLayoutDestroy(d);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatmulDescDestroy(op);
+  }
+  Fp8GemmDesc(const Fp8GemmDesc&) = delete;
+  Fp8GemmDesc& operator=(const Fp8GemmDesc&) = delete;
+};
+
+// The algorithm cuBLASLt picks for a shape, and the output dtype it takes (f32,
+// else bf16); asked once per shape. All our buffers come from cudaMalloc (256-byte
+// aligned), as the heuristic assumes by default.
+struct Fp8GemmPlan {
+  bool ok = false;
+  cudaDataType_t d_type = CUDA_R_32F;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+Fp8GemmPlan plan_for(int64_t T, int64_t in, int64_t out, int block) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int64_t, int64_t, int64_t>, Fp8GemmPlan> plans;
+  // 16-byte leading dimensions for every operand (cuBLASLt's FP8 requirement).
+  if (block != 128 || in % 16 != 0 || out % 16 != 0) return {};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, fresh] = plans.try_emplace({T, in, out});
+  if (!fresh) return it->second;
+  cublasLtMatmulPreference_t pref;
+  MERE_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = kWorkspaceBytes;
+  MERE_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // Any device pointers for the scales: the heuristic reads their modes, not them.
+  for (cudaDataType_t d_type : {CUDA_R_32F, CUDA_R_16BF}) {
+    Fp8GemmDesc desc(T, in, out, d_type, lt_workspace(), lt_workspace());
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc.op, desc.a, desc.b, desc.d, desc.d, pref,
+                                                           1, &result, &found);
+    if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
+      it->second = {true, d_type, result.algo};
+      break;
+    }
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  return it->second;
+}
+
+// The weight's scales as BLK128x128_32F reads them: rows of block scales with a
+// leading dimension padded to a multiple of 4.
+Tensor lt_weight_scales(const Fp8Weight& w) {
+  const int64_t rows = w.scale_inv.dim(0), cols = w.scale_inv.dim(1), ld = (cols + 3) / 4 * 4;
+  if (ld == cols) return w.scale_inv;
+  Tensor padded = Tensor::zeros({rows, ld}, DType::f32, Device::cuda);
+  MERE_CUDA(cudaMemcpy2DAsync(padded.raw(), size_t(ld) * 4, w.scale_inv.raw(), size_t(cols) * 4, size_t(cols) * 4,
+                              size_t(rows), cudaMemcpyDeviceToDevice, stream()));
+  return padded;
+}
+
+// Tokens padded to a multiple of 16: cuBLASLt offers no block-scaled algorithm
+// for some counts (17, say); the padding rows are zeros and are not copied out.
+int64_t padded_tokens(int64_t T) { return (T + 15) / 16 * 16; }
+
+// out [T, n_out] = x w^T on the FP8 tensor cores; false when cuBLASLt has no algorithm.
+bool fp8_gemm(const Tensor& x, const Fp8Weight& w, Tensor& out) {
+  const int64_t T = x.dim(0), in = x.dim(1), n_out = w.values.dim(0), Tp = padded_tokens(T);
+  const Fp8GemmPlan plan = plan_for(Tp, in, n_out, w.block);
+  if (!plan.ok) return false;
+  Tensor q = Tensor::empty({Tp, in}, DType::u8, Device::cuda);                        // [Tp, in] E4M3
+  Tensor q_scales = Tensor::empty({(in + 127) / 128, Tp}, DType::f32, Device::cuda);  // [in / 128, Tp]
+  if (Tp != T) {
+    MERE_CUDA(cudaMemsetAsync(q.data<uint8_t>() + T * in, 0, size_t((Tp - T) * in), stream()));
+    MERE_CUDA(cudaMemsetAsync(q_scales.raw(), 0, q_scales.size_bytes(), stream()));
+  }
+  MERE_CUDA(launch_fp8_quantize_activations(x.data<float>(), T, in, q.data<uint8_t>(), q_scales.data<float>(), Tp,
+                                            stream()));
+  Tensor w_scales = lt_weight_scales(w);
+  const bool direct = plan.d_type == CUDA_R_32F && Tp == T;
+  Tensor y = direct ? out
+                    : Tensor::empty({Tp, n_out}, plan.d_type == CUDA_R_32F ? DType::f32 : DType::bf16, Device::cuda);
+  Fp8GemmDesc desc(Tp, in, n_out, plan.d_type, w_scales.raw(), q_scales.raw());
+  const float alpha = 1, beta = 0;
+  MERE_CUBLAS(cublasLtMatmul(lt_handle(), desc.op, &alpha, w.values.raw(), desc.a, q.raw(), desc.b, &beta, y.raw(),
+                             desc.d, y.raw(), desc.d, &plan.algo, lt_workspace(), kWorkspaceBytes, stream()));
+  if (!direct)  // the first T rows of y are out's
+    MERE_CUDA(launch_convert(y.raw(), y.dtype(), out.raw(), DType::f32, out.numel(), stream()));
+  return true;
+}
+
+}  // namespace
+}  // namespace mere::ops::cuda
+
+namespace mere::cuda {
+
+const char* fp8_gemm_path(int64_t T, int64_t in, int64_t out, int block) {
+  if (T <= kMaxFp8MatvecTokens) return "fp8 matvec";
+  if (!fp8_activation_gemm_enabled()) return "bf16 dequantized";
+  const ops::cuda::Fp8GemmPlan plan = ops::cuda::plan_for(ops::cuda::padded_tokens(T), in, out, block);
+  if (!plan.ok) return "bf16 dequantized";
+  return plan.d_type == CUDA_R_32F ? "fp8 tensor cores" : "fp8 tensor cores, bf16 out";
+}
+
+}  // namespace mere::cuda
+
 namespace mere::ops::cuda {
 
-// Reference form until the kernels land: dequantize (through the host), then the dense path.
 void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& out) {
-  Tensor dense = Weight(w).dequantize(DType::bf16);
+  MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
+             dtype_name(bias.dtype()));
+  const int64_t T = x.dim(0);
+  if (T == 0) return;
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
+  if (T <= kMaxFp8MatvecTokens) {
+    MERE_CUDA(launch_fp8_matvec(x.data<float>(), view_of(w), b, out.data<float>(), T, stream()));
+    return;
+  }
+  if (fp8_activation_gemm_enabled() && fp8_gemm(x, w, out)) {
+    if (b) MERE_CUDA(launch_add_bias(out.data<float>(), b, T, out.dim(1), stream()));
+    return;
+  }
+  Tensor dense = Tensor::empty(w.values.shape(), DType::bf16, Device::cuda);
+  MERE_CUDA(launch_fp8_dequantize(view_of(w), dense.raw(), DType::bf16, stream()));
   linear(x, dense, bias, out);
 }
 
 void fp8_embed(const Fp8Weight& w, const Tensor& ids, Tensor& out) {
-  Tensor dense = Weight(w).dequantize(DType::bf16);
-  embed(dense, ids, out);
+  MERE_CUDA(launch_fp8_embed(view_of(w), ids.data<int32_t>(), ids.numel(), out.data<float>(), stream()));
 }
 
 }  // namespace mere::ops::cuda
+
+#else  // no CUDA backend: unreachable, since no tensor can live on the GPU
+
+namespace mere::ops::cuda {
+
+void fp8_linear(const Tensor&, const Fp8Weight&, const Tensor&, Tensor&) {
+  fail("this binary was built without the CUDA backend");
+}
+void fp8_embed(const Fp8Weight&, const Tensor&, Tensor&) { fail("this binary was built without the CUDA backend"); }
+
+}  // namespace mere::ops::cuda
+
+#endif

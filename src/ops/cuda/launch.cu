@@ -1,4 +1,5 @@
-// Launch settings the kernel launchers share (levers programmatic_launch and matvec_split_k).
+// Launch settings the kernel launchers share (levers programmatic_launch,
+// matvec_split_k and fp8_activation_gemm).
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -6,11 +7,14 @@ namespace mere::cuda {
 namespace {
 bool programmatic_launch = false;
 bool matvec_split_k = false;
+bool fp8_activation_gemm = false;
 }
 
 bool programmatic_launch_enabled() { return programmatic_launch; }
 void set_programmatic_launch(bool on) { programmatic_launch = on; }
 bool matvec_split_k_enabled() { return matvec_split_k; }
 void set_matvec_split_k(bool on) { matvec_split_k = on; }
+bool fp8_activation_gemm_enabled() { return fp8_activation_gemm; }
+void set_fp8_activation_gemm(bool on) { fp8_activation_gemm = on; }
 
 }  // namespace mere::cuda

@@ -22,6 +22,11 @@ void set_programmatic_launch(bool on);
 // Decode matvecs with few rows share each row among up to 4 warps (lever
 // matvec_split_k), so the grid fills the GPU. Off by default.
 void set_matvec_split_k(bool on);
+// FP8 weights' prefill on FP8 tensor cores with activations quantized to E4M3 per
+// token and 128 columns (lever fp8_activation_gemm); off: dequantize to bf16 and
+// use the bf16 GEMM.
+void set_fp8_activation_gemm(bool on);
+bool fp8_activation_gemm_enabled();
 
 // y[T, out] = x'[T, in] w[out, in]^T (+ bias[out]), x' the input as `input` forms
 // it; T <= kMaxMatvecTokens, rows 16-byte aligned (in * sizeof(w) % 16 == 0).

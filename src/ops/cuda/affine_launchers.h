@@ -1,0 +1,59 @@
+// Launchers of the MLX affine-quantized kernels (affine_matvec.cu): raw
+// pointers, sizes and a stream, no Tensor and no {fmt}. Each returns the
+// launch's cudaError_t. The weight is w[o, i] = scales[o, g] * q[o, i] +
+// biases[o, g], g = i / group_size, q unsigned of `bits` bits packed 32 / bits
+// to a u32 word, the first in the lowest bits (ops/weight.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace mere::cuda {
+
+struct AffineArgs {
+  const uint32_t* packed = nullptr;  // [out, in * bits / 32], 16-byte aligned
+  const void* scales = nullptr;      // [out, in / group_size]
+  const void* biases = nullptr;      // [out, in / group_size]
+  DType scale_dtype = DType::bf16;   // of scales and biases: f32, f16 or bf16
+  int bits = 4, group_size = 64;     // 4 or 8; 32, 64 or 128
+  int64_t in = 0, out = 0;
+};
+
+// The decode matvec takes T <= kMaxMatvecTokens (launchers.h), bits 4 or 8,
+// groups of 32, 64 or 128, in a multiple of 32 and 16-byte aligned packed and x.
+bool affine_matvec_supports(const AffineArgs& w, int64_t T);
+
+// How the matvec shares out the work: `rows` rows per warp, `batch` 16-byte
+// loads per row and lane in flight, `split` warps per row group (split-K; a
+// power of two up to 8), `stage` x copied to shared memory (1) or read through
+// L1 (0). Zeros (stage -1) pick the defaults for T and the matrix; alternative
+// rows and batch are compiled for T = 1 with bf16 scales only.
+struct AffineMatvecPlan {
+  int rows = 0, batch = 0, split = 0, stage = -1;
+};
+// The plan a launch with these arguments uses (zeros in `hint` filled in).
+AffineMatvecPlan affine_matvec_plan(const AffineArgs& w, int64_t T, AffineMatvecPlan hint = {});
+
+// y[T, out] = x[T, in] dequant(w)^T (+ bias[out]); f32 x, y and bias, f32
+// arithmetic: per group scale * sum(q x) + bias * sum(x).
+cudaError_t launch_affine_matvec(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,
+                                 cudaStream_t stream, AffineMatvecPlan hint = {});
+
+// dst [out, in] = dequant(w) in dst_dtype (f32, f16 or bf16), each value
+// computed in f32 as scale * q + bias and rounded once (Weight::dequantize).
+cudaError_t launch_affine_dequantize(const AffineArgs& w, void* dst, DType dst_dtype, cudaStream_t stream);
+
+// out [T, in] f32 = rows ids[t] of dequant(w); ids on the device (graph replay
+// reads them there). Ids outside [0, out) give rows of NaN.
+cudaError_t launch_affine_embed(const AffineArgs& w, const int32_t* ids, int64_t T, float* out, cudaStream_t stream);
+
+// Random bytes (a counter hash of seed and position), each ANDed with
+// byte_mask: packed integer weights (0xff) or FP8 E4M3 values without the NaN
+// pattern (0xbf clears the top exponent bit: |v| < 2). dst 8-byte aligned.
+cudaError_t launch_fill_random_bytes(void* dst, int64_t n_bytes, uint64_t seed, uint8_t byte_mask,
+                                     cudaStream_t stream);
+
+}  // namespace mere::cuda

@@ -1,0 +1,563 @@
+// MLX affine-quantized weights on CUDA: the decode matvec, dequantization to a
+// dense matrix (prefill: then the dense GEMM), and the embedding gather.
+//
+// Matvec, y[T, out] = x[T, in] w^T (+ bias) for T <= 8: a warp takes R rows
+// (so each x read serves R rows) and a share of their 16-byte chunks of packed
+// words (split-K: `split` warps of a block share a row group, summed through
+// shared memory in a fixed order). Each lane streams one chunk of each of its
+// rows per step, B steps of loads in flight, the first issued before the
+// kernel waits for the previous one. A chunk holds 32 (4-bit) or 16 (8-bit)
+// values of one group, so per chunk
+//   sum_i w_i x_i = sum_i (scale q_i) x_i + bias sum_i x_i,
+// with q_i made a float by the bit trick 2^23 + q_i (one byte permute; LOP3s
+// leaving the bits in place under per-position exponents measured slower) and
+// scale q_i by one exact FMA.
+//
+// Lanes read x at 128- or 64-byte strides, one cache line per lane, which L1
+// serves slowly: when x fits, each block first copies it to shared memory
+// (16-byte units XOR-swizzled within 128 bytes, so the reads are free of bank
+// conflicts) with each chunk's sum of x, then loops over row blocks (a
+// persistent grid of one wave). Otherwise lanes read x through L1, lane l
+// starting its chunk at quad (l mod 8) of 4 values, which spreads one
+// instruction's reads over the banks.
+#include <type_traits>
+
+#include "ops/cuda/affine_launchers.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/launchers.h"
+
+namespace mere::cuda {
+namespace {
+
+constexpr int kWarps = 8;                 // per block
+constexpr uint32_t kMagic = 0x4B000000u;  // the bits of 2^23: 2^23 + q once q fills the low mantissa byte
+constexpr float kTwo23 = 8388608.0f;
+constexpr int kMaxStagedBytes = 100 * 1024;  // x and chunk sums in shared memory: two blocks fit an SM
+
+// 2^23 + byte k of v, as a float (k is a constant once loops are unrolled).
+__device__ __forceinline__ float magic_byte(uint32_t v, int k) {
+  return __uint_as_float(__byte_perm(v, kMagic, 0x7440 + k));
+}
+
+// Weights are read once: keep them out of L1.
+__device__ __forceinline__ uint4 load_streaming(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Where float4 f of a staged row of x lives: XOR-swizzled within 8 (128 bytes).
+__device__ __forceinline__ int swizzle(int f) { return f ^ ((f >> 3) & 7); }
+
+struct Problem {
+  const uint4* packed;
+  const void* scales;
+  const void* biases;
+  const float* x;
+  const float* bias;
+  float* y;
+  int64_t in, out;
+  int64_t n_chunks, n_groups;  // per row
+  int group_shift;             // chunk index >> group_shift = group index
+};
+
+// The chunk rotated left by k quads (half-words for 4 bits, words for 8):
+// quad m then holds the chunk's quad (m + k) mod quads.
+template <int kBits>
+__device__ __forceinline__ void rotate_quads(uint32_t (&w)[4], int k) {
+  if constexpr (kBits == 4) {
+    const uint32_t half = (k & 1) ? 0x5432 : 0x3210;
+    uint32_t a[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = __byte_perm(w[i], w[(i + 1) & 3], half);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = a[i];
+    k >>= 1;
+  }
+  const uint32_t word = (k & 1) ? 0x7654 : 0x3210;
+  uint32_t b[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) b[i] = __byte_perm(w[i], w[(i + 1) & 3], word);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = (k & 2) ? b[(i + 2) & 3] : b[i];
+}
+
+// acc[r][t] += the chunk cc of row r times token t's x. x comes from the
+// staged copy (and its chunk sums) when kStaged, else from global memory,
+// rotated by k quads.
+template <int kBits, typename S, int T, int R, bool kStaged>
+__device__ __forceinline__ void accumulate_chunk(float (&acc)[R][T], const uint4 (&wq)[R], const S (&ws)[R],
+                                                 const S (&wb)[R], const Problem& p, int64_t cc, int k,
+                                                 const float4* staged, int q4) {
+  constexpr int kQuads = 32 / kBits;
+  uint32_t w[R][4];
+  float s[R], c0[R], s16[R], c16[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    w[r][0] = wq[r].x;
+    w[r][1] = wq[r].y;
+    w[r][2] = wq[r].z;
+    w[r][3] = wq[r].w;
+    if constexpr (!kStaged) rotate_quads<kBits>(w[r], k);
+    s[r] = to_float(ws[r]);
+    c0[r] = -kTwo23 * s[r];   // scale * (2^23 + q) + c0 = scale * q, exactly rounded
+    s16[r] = 0.0625f * s[r];  // high nibbles come as 16 q
+    c16[r] = 0.0625f * c0[r];
+  }
+  float xs[T];  // sum of the chunk's x, per token
+  const int f0 = int(cc) * kQuads, sw = (f0 >> 3) & 7;  // staged: the chunk's first float4 and its swizzle
+  const float4* xc = reinterpret_cast<const float4*>(p.x) + f0;
+  if constexpr (kStaged) {
+    const float* sums = reinterpret_cast<const float*>(staged + T * q4);
+#pragma unroll
+    for (int t = 0; t < T; ++t) xs[t] = sums[t * p.n_chunks + cc];
+  } else {
+#pragma unroll
+    for (int t = 0; t < T; ++t) xs[t] = 0;
+  }
+#pragma unroll
+  for (int m = 0; m < kQuads; ++m) {
+    float wv[R][4];  // scale * q of the quad's 4 values
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kBits == 4) {
+        const uint32_t word = w[r][m / 2], lo = word & 0x0F0F0F0Fu, hi = word & 0xF0F0F0F0u;
+        const int b = 2 * (m % 2);
+        wv[r][0] = fmaf(s[r], magic_byte(lo, b), c0[r]);
+        wv[r][1] = fmaf(s16[r], magic_byte(hi, b), c16[r]);
+        wv[r][2] = fmaf(s[r], magic_byte(lo, b + 1), c0[r]);
+        wv[r][3] = fmaf(s16[r], magic_byte(hi, b + 1), c16[r]);
+      } else {
+        const uint32_t word = w[r][m];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) wv[r][i] = fmaf(s[r], magic_byte(word, i), c0[r]);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float4 xq;
+      if constexpr (kStaged) {
+        xq = staged[t * q4 + ((f0 + m) ^ sw)];
+      } else {
+        xq = __ldg(xc + t * q4 + ((m + k) & (kQuads - 1)));
+        xs[t] += (xq.x + xq.y) + (xq.z + xq.w);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        acc[r][t] = fmaf(wv[r][0], xq.x, acc[r][t]);
+        acc[r][t] = fmaf(wv[r][1], xq.y, acc[r][t]);
+        acc[r][t] = fmaf(wv[r][2], xq.z, acc[r][t]);
+        acc[r][t] = fmaf(wv[r][3], xq.w, acc[r][t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float b = to_float(wb[r]);
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = fmaf(b, xs[t], acc[r][t]);
+  }
+}
+
+// Block b of the grid takes blocks of rows b, b + gridDim.x, ... of the
+// n_blocks there are (one, unless staged).
+template <int kBits, typename S, int T, int R, int B, bool kStaged>
+__global__ void __launch_bounds__(kWarps * 32)
+    affine_matvec_kernel(const __grid_constant__ Problem p, int split, int64_t n_blocks) {
+  static_assert(R * T <= 32, "one lane writes each result");
+  constexpr int kQuads = 32 / kBits;
+  extern __shared__ float4 staged[];  // kStaged: x [T][in / 4] swizzled, then chunk sums [T][n_chunks]
+  __shared__ float partial[2][kWarps][R * T];
+  const S* scales = static_cast<const S*>(p.scales);
+  const S* biases = static_cast<const S*>(p.biases);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % split;
+  const int q4 = int(p.in / 4);
+  const int64_t rows_per_block = int64_t(kWarps / split) * R;
+  // This warp's chunks [begin, end) of each row: shares in whole rounds of 32 lanes.
+  const int64_t share = (p.n_chunks + 32 * split - 1) / (32 * split) * 32;
+  const int64_t begin = part * share, first = begin + lane;
+  const int k = kStaged ? 0 : kBits == 4 ? lane & 7 : (lane >> 1) & 3;
+
+  int64_t row0 = 0, end = 0, row[R];  // rows past the end read the last row again and are not written
+  auto set_rows = [&](int64_t b) {
+    row0 = b * rows_per_block + int64_t(warp / split) * R;
+    end = row0 < p.out ? min(p.n_chunks, begin + share) : begin;
+#pragma unroll
+    for (int r = 0; r < R; ++r) row[r] = min(row0 + r, p.out - 1);
+  };
+  uint4 wq[B][R];
+  S ws[B][R], wb[B][R];
+  auto load = [&](int64_t c) {
+#pragma unroll
+    for (int u = 0; u < B; ++u) {
+      const int64_t cc = c + 32 * u;
+      if (cc < end) {
+        const int64_t g = cc >> p.group_shift;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          wq[u][r] = load_streaming(p.packed + row[r] * p.n_chunks + cc);
+          ws[u][r] = __ldg(scales + row[r] * p.n_groups + g);
+          wb[u][r] = __ldg(biases + row[r] * p.n_groups + g);
+        }
+      }
+    }
+  };
+  // Weights never change during a forward: the first batch loads before the wait.
+  int64_t b = blockIdx.x;
+  set_rows(b);
+  load(first);
+  allow_next_kernel();
+  wait_for_previous_kernel();
+
+  if constexpr (kStaged) {
+    const float4* x4 = reinterpret_cast<const float4*>(p.x);
+    for (int i = threadIdx.x; i < T * q4; i += blockDim.x) {
+      const int t = i / q4, f = i - t * q4;
+      staged[t * q4 + swizzle(f)] = __ldg(x4 + i);
+    }
+    __syncthreads();
+    float* sums = reinterpret_cast<float*>(staged + T * q4);
+    for (int i = threadIdx.x; i < T * int(p.n_chunks); i += blockDim.x) {
+      const int t = i / int(p.n_chunks), f0 = (i - t * int(p.n_chunks)) * kQuads;
+      float sum = 0;
+#pragma unroll
+      for (int m = 0; m < kQuads; ++m) {
+        const float4 v = staged[t * q4 + swizzle(f0 + m)];
+        sum += (v.x + v.y) + (v.z + v.w);
+      }
+      sums[i] = sum;
+    }
+    __syncthreads();
+  }
+
+  for (int iteration = 0; b < n_blocks; b += gridDim.x, ++iteration) {
+    if (iteration > 0) {
+      set_rows(b);
+      load(first);
+    }
+    float acc[R][T];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < T; ++t) acc[r][t] = 0;
+    for (int64_t c = first; c < end; c += 32 * B) {
+      if (c != first) load(c);
+#pragma unroll
+      for (int u = 0; u < B; ++u)
+        if (c + 32 * u < end)
+          accumulate_chunk<kBits, S, T, R, kStaged>(acc, wq[u], ws[u], wb[u], p, c + 32 * u, k, staged, q4);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < T; ++t) acc[r][t] = warp_sum(acc[r][t]);
+    if (split > 1) {
+      // The row group's first warp adds the others' sums, in a fixed order. The
+      // two buffers alternate, so one barrier per row block suffices.
+      float (*buffer)[R * T] = partial[iteration & 1];
+      if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int t = 0; t < T; ++t) buffer[warp][r * T + t] = acc[r][t];
+      __syncthreads();
+      if (part == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int t = 0; t < T; ++t)
+            for (int q = 1; q < split; ++q) acc[r][t] += buffer[warp + q][r * T + t];
+    }
+    if (part != 0) continue;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const int64_t o = row0 + r;
+        if (lane == r * T + t && o < p.out) p.y[t * p.out + o] = p.bias ? acc[r][t] + p.bias[o] : acc[r][t];
+      }
+  }
+}
+
+// The values of chunk c of row o, scale * q + bias in f32.
+template <int kBits, typename S>
+__device__ __forceinline__ void dequantize_chunk(const Problem& p, int64_t o, int64_t c, float (&v)[128 / kBits]) {
+  constexpr int kPerWord = 32 / kBits;
+  constexpr uint32_t kMask = (1u << kBits) - 1;
+  const uint4 chunk = load_streaming(p.packed + o * p.n_chunks + c);
+  const int64_t g = o * p.n_groups + (c >> p.group_shift);
+  const float s = to_float(static_cast<const S*>(p.scales)[g]), b = to_float(static_cast<const S*>(p.biases)[g]);
+  const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+  // q as a float by the 2^23 bit trick: an integer-to-float conversion runs at a quarter rate.
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int n = 0; n < kPerWord; ++n) {
+      const float q = __uint_as_float(((words[j] >> (n * kBits)) & kMask) | kMagic) - kTwo23;
+      v[j * kPerWord + n] = s * q + b;
+    }
+}
+
+// One thread per chunk (n of them, fewer than 2^32); 16-byte stores.
+template <int kBits, typename S, typename D>
+__global__ void affine_dequantize_kernel(const __grid_constant__ Problem p, D* dst, uint32_t n) {
+  constexpr int kPerChunk = 128 / kBits;
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const uint32_t o = i / uint32_t(p.n_chunks);
+  float v[kPerChunk];
+  dequantize_chunk<kBits, S>(p, o, i - o * uint32_t(p.n_chunks), v);
+  alignas(16) D d[kPerChunk];
+#pragma unroll
+  for (int j = 0; j < kPerChunk; ++j) d[j] = from_float<D>(v[j]);
+  uint4* out = reinterpret_cast<uint4*>(dst + int64_t(i) * kPerChunk);
+#pragma unroll
+  for (int j = 0; j < int(kPerChunk * sizeof(D) / 16); ++j) out[j] = reinterpret_cast<const uint4*>(d)[j];
+}
+
+// Block (x, t): chunks of row ids[t], threads over the row.
+template <int kBits, typename S>
+__global__ void affine_embed_kernel(const __grid_constant__ Problem p, const int32_t* ids, float* out) {
+  constexpr int kPerChunk = 128 / kBits;
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int64_t t = blockIdx.y;
+  const int32_t id = ids[t];
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < p.n_chunks; c += int64_t(gridDim.x) * blockDim.x) {
+    float v[kPerChunk];
+    if (id >= 0 && id < p.out) {
+      dequantize_chunk<kBits, S>(p, id, c, v);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPerChunk; ++j) v[j] = __int_as_float(0x7fc00000);
+    }
+    float4* dst = reinterpret_cast<float4*>(out + t * p.in + c * kPerChunk);
+#pragma unroll
+    for (int j = 0; j < kPerChunk / 4; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+  }
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t seed, uint64_t index) {  // SplitMix64's finalizer
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_random_bytes_kernel(uint8_t* dst, int64_t n, uint64_t seed, uint64_t mask) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k * 8 < n; k += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t z = mix64(seed, uint64_t(k)) & mask;
+    if (k * 8 + 8 <= n)
+      reinterpret_cast<uint64_t*>(dst)[k] = z;
+    else
+      for (int64_t i = k * 8; i < n; ++i) dst[i] = uint8_t(z >> (8 * (i - k * 8)));
+  }
+}
+
+// ---- host side ----
+
+int log2_exact(int64_t v) {  // -1 unless v is a power of two
+  if (v <= 0 || (v & (v - 1))) return -1;
+  int s = 0;
+  while ((int64_t(1) << s) < v) ++s;
+  return s;
+}
+
+bool supported(const AffineArgs& w) {
+  if ((w.bits != 4 && w.bits != 8) || w.in <= 0 || w.out <= 0 || w.in % w.group_size != 0) return false;
+  if (w.group_size != 32 && w.group_size != 64 && w.group_size != 128) return false;
+  return reinterpret_cast<uintptr_t>(w.packed) % 16 == 0 && w.in % 32 == 0;
+}
+
+Problem problem(const AffineArgs& w, const float* x, const float* bias, float* y) {
+  Problem p{};
+  p.packed = reinterpret_cast<const uint4*>(w.packed);
+  p.scales = w.scales;
+  p.biases = w.biases;
+  p.x = x;
+  p.bias = bias;
+  p.y = y;
+  p.in = w.in;
+  p.out = w.out;
+  p.n_chunks = w.in * w.bits / 128;
+  p.n_groups = w.in / w.group_size;
+  p.group_shift = log2_exact(w.group_size / (128 / w.bits));
+  return p;
+}
+
+// Calls fn.template operator()<kBits, S>() for the weight's bits and scale type.
+template <typename Fn>
+cudaError_t visit_affine(const AffineArgs& w, Fn&& fn) {
+  if (!supported(w)) return cudaErrorInvalidValue;
+  return visit_float(w.scale_dtype, [&]<typename S>() {
+    if (w.bits == 4)
+      fn.template operator()<4, S>();
+    else
+      fn.template operator()<8, S>();
+  });
+}
+
+// x and its chunk sums, staged in shared memory.
+int64_t staged_bytes(const AffineArgs& w, int64_t T) { return T * (w.in + w.in * w.bits / 128) * 4; }
+
+struct DeviceShape {
+  int sms = 0;
+};
+const DeviceShape& device_shape() {
+  static const DeviceShape shape = [] {
+    DeviceShape d;
+    int device = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device);
+    return d;
+  }();
+  return shape;
+}
+
+// One compiled shape of the matvec.
+template <int kBits, typename S, int T, int R, int B, bool kStaged>
+struct Variant {
+  static constexpr auto kernel = affine_matvec_kernel<kBits, S, T, R, B, kStaged>;
+  static constexpr bool kStagedX = kStaged;
+
+  // Blocks resident on one SM with `smem` bytes of x staged.
+  static int blocks_per_sm(int64_t smem) {
+    if constexpr (kStaged) {
+      static const cudaError_t raised =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStagedBytes);
+      (void)raised;
+    }
+    int blocks = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, size_t(smem));
+    return blocks > 0 ? blocks : 1;
+  }
+
+  static AffineMatvecPlan plan(const Problem& p, int64_t smem, int split_hint) {
+    const int64_t resident_warps = int64_t(blocks_per_sm(smem)) * kWarps * device_shape().sms;
+    int split = split_hint;
+    if (split <= 0) {
+      // Split-K until the row groups fill one wave of resident warps, keeping
+      // at least one whole batch of loads per lane.
+      const int64_t row_groups = (p.out + R - 1) / R;
+      split = 1;
+      if (matvec_split_k_enabled())
+        while (split < kWarps && row_groups * split * 2 <= resident_warps && p.n_chunks / (split * 2) >= 32 * B)
+          split *= 2;
+    }
+    return {R, B, split, kStaged ? 1 : 0};
+  }
+
+  static cudaError_t launch(const Problem& p, int split_hint, cudaStream_t stream) {
+    const int64_t smem = kStaged ? T * (p.in + p.n_chunks) * 4 : 0;  // staged_bytes
+    const int split = std::min(plan(p, smem, split_hint).split, kWarps);
+    const int64_t rows_per_block = int64_t(R) * (kWarps / split);
+    const int64_t n_blocks = (p.out + rows_per_block - 1) / rows_per_block;
+    // Staged: a persistent grid of one wave, each block copying x once.
+    const int64_t grid = kStaged ? std::min<int64_t>(n_blocks, int64_t(blocks_per_sm(smem)) * device_shape().sms)
+                                 : n_blocks;
+    return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kWarps * 32), size_t(smem), stream, p, split, n_blocks);
+  }
+};
+
+// Calls fn with the Variant for T and the plan's hints: x staged when it fits
+// (unless hint.stage is 0), else read through L1; (T = 1, bf16 scales) the
+// alternatives the timing test compares.
+template <int kBits, typename S, int T, typename Fn>
+void visit_variant(const AffineArgs& w, const AffineMatvecPlan& hint, Fn&& fn) {
+  constexpr int kB = T <= 2 ? 2 : 1;
+  if (hint.stage == 0 || staged_bytes(w, T) > kMaxStagedBytes) return fn(Variant<kBits, S, T, 4, kB, false>{});
+  if constexpr (T == 1 && std::is_same_v<S, __nv_bfloat16>) {
+    if (hint.rows == 4 && hint.batch == 1) return fn(Variant<kBits, S, T, 4, 1, true>{});
+    if (hint.rows == 2 && hint.batch == 2) return fn(Variant<kBits, S, T, 2, 2, true>{});
+    if (hint.rows == 2 && hint.batch == 4) return fn(Variant<kBits, S, T, 2, 4, true>{});
+    if (hint.rows == 8 && hint.batch == 1) return fn(Variant<kBits, S, T, 8, 1, true>{});
+  }
+  fn(Variant<kBits, S, T, 4, kB, true>{});
+}
+
+template <int kBits, typename S, typename Fn>
+void visit_tokens(const AffineArgs& w, int64_t T, const AffineMatvecPlan& hint, Fn&& fn) {
+  switch (T) {
+    case 1: return visit_variant<kBits, S, 1>(w, hint, fn);
+    case 2: return visit_variant<kBits, S, 2>(w, hint, fn);
+    case 3: return visit_variant<kBits, S, 3>(w, hint, fn);
+    case 4: return visit_variant<kBits, S, 4>(w, hint, fn);
+    case 5: return visit_variant<kBits, S, 5>(w, hint, fn);
+    case 6: return visit_variant<kBits, S, 6>(w, hint, fn);
+    case 7: return visit_variant<kBits, S, 7>(w, hint, fn);
+    default: return visit_variant<kBits, S, 8>(w, hint, fn);
+  }
+}
+
+}  // namespace
+
+bool affine_matvec_supports(const AffineArgs& w, int64_t T) {
+  return T >= 1 && T <= kMaxMatvecTokens && supported(w);
+}
+
+AffineMatvecPlan affine_matvec_plan(const AffineArgs& w, int64_t T, AffineMatvecPlan hint) {
+  AffineMatvecPlan plan{};
+  if (!affine_matvec_supports(w, T)) return plan;
+  const Problem p = problem(w, nullptr, nullptr, nullptr);
+  visit_affine(w, [&]<int kBits, typename S>() {
+    visit_tokens<kBits, S>(w, T, hint, [&](auto variant) {
+      using V = decltype(variant);
+      plan = V::plan(p, V::kStagedX ? staged_bytes(w, T) : 0, hint.split);
+    });
+  });
+  return plan;
+}
+
+cudaError_t launch_affine_matvec(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,
+                                 cudaStream_t stream, AffineMatvecPlan hint) {
+  if (!affine_matvec_supports(w, T) || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
+  if (hint.split != 0 && log2_exact(hint.split) < 0) return cudaErrorInvalidValue;
+  const Problem p = problem(w, x, bias, y);
+  cudaError_t status = cudaSuccess;
+  cudaError_t dispatch = visit_affine(w, [&]<int kBits, typename S>() {
+    visit_tokens<kBits, S>(w, T, hint,
+                           [&](auto variant) { status = decltype(variant)::launch(p, hint.split, stream); });
+  });
+  return status != cudaSuccess ? status : dispatch;
+}
+
+cudaError_t launch_affine_dequantize(const AffineArgs& w, void* dst, DType dst_dtype, cudaStream_t stream) {
+  const Problem p = problem(w, nullptr, nullptr, nullptr);
+  const int64_t n = p.out * p.n_chunks;
+  if (n >= (int64_t(1) << 32)) return cudaErrorInvalidValue;
+  cudaError_t status = cudaSuccess;
+  cudaError_t dispatch = visit_affine(w, [&]<int kBits, typename S>() {
+    status = visit_float(dst_dtype, [&]<typename D>() {
+      launch_kernel(affine_dequantize_kernel<kBits, S, D>, dim3(ceil_div(n, 256)), dim3(256), 0, stream, p,
+                    static_cast<D*>(dst), uint32_t(n));
+    });
+  });
+  return status != cudaSuccess ? status : dispatch;
+}
+
+cudaError_t launch_affine_embed(const AffineArgs& w, const int32_t* ids, int64_t T, float* out, cudaStream_t stream) {
+  if (T <= 0) return cudaSuccess;
+  const Problem p = problem(w, nullptr, nullptr, nullptr);
+  const dim3 grid(ceil_div(p.n_chunks, 128), unsigned(T));
+  return visit_affine(w, [&]<int kBits, typename S>() {
+    launch_kernel(affine_embed_kernel<kBits, S>, grid, dim3(128), 0, stream, p, ids, out);
+  });
+}
+
+cudaError_t launch_fill_random_bytes(void* dst, int64_t n_bytes, uint64_t seed, uint8_t byte_mask,
+                                     cudaStream_t stream) {
+  if (reinterpret_cast<uintptr_t>(dst) % 8) return cudaErrorInvalidValue;
+  if (n_bytes <= 0) return cudaSuccess;
+  const uint64_t mask = uint64_t(byte_mask) * 0x0101010101010101ull;
+  launch_kernel(fill_random_bytes_kernel, dim3(grid_for((n_bytes + 7) / 8)), dim3(256), 0, stream,
+                static_cast<uint8_t*>(dst), n_bytes, seed, mask);
+  return cudaGetLastError();
+}
+
+}  // namespace mere::cuda

@@ -1,0 +1,297 @@
+// The MLX affine-quantized CUDA kernels (ops/cuda/affine_matvec.cu) against the
+// reference, Weight::dequantize then the CPU dense matmul, on random packed
+// words (ctest label gpu). Decode row counts run the quantized matvec (f32
+// arithmetic); prefill ones a bf16 dequantized copy through the tensor cores.
+// A timing case prints the matvec's bandwidth on Llama-3-8B's matrices.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "core/device.h"
+#include "ops/cuda/affine_launchers.h"
+#include "ops/cuda/launchers.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace mere {
+namespace {
+
+Tensor random(Shape shape, DType dt, uint64_t seed, float scale = 1.0f, float offset = 0.0f) {
+  Tensor t = Tensor::empty(std::move(shape), dt);
+  ops::fill_random(t, seed, scale, offset);
+  return t;
+}
+
+Tensor gpu(const Tensor& t) { return t.to_device(Device::cuda); }
+
+uint32_t random_word(uint64_t seed, uint64_t i) {  // SplitMix64
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return uint32_t((z ^ (z >> 31)) >> 16);
+}
+
+// Random packed words; scales near 1e-2 and biases near -scale * 2^(bits-1),
+// so the weights are centred on zero as a quantized trained matrix's are.
+AffineWeight random_affine(int64_t out, int64_t in, int bits, int group, DType dt, uint64_t seed) {
+  Tensor packed = Tensor::empty({out, in * bits / 32}, DType::u32);
+  for (int64_t i = 0; i < packed.numel(); ++i) packed.data<uint32_t>()[i] = random_word(seed, uint64_t(i));
+  const float s0 = 1e-2f;
+  Tensor scales = random({out, in / group}, dt, seed + 1, 0.5f * s0, s0);
+  Tensor biases = random({out, in / group}, dt, seed + 2, s0, -s0 * float(1 << (bits - 1)));
+  return AffineWeight{packed, scales, biases, bits, group};
+}
+
+// max |got - want| / max |want|, printed with the case.
+float relative_error(const Tensor& got_device, const Tensor& want, const std::string& label, bool print = true) {
+  Tensor got = got_device.to_device(Device::cpu);
+  EXPECT_EQ(got.shape(), want.shape()) << label;
+  float max_ref = 1e-30f;
+  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
+  test::MaxDiff d = test::max_abs_diff(got, want);
+  float rel = d.diff / max_ref;
+  if (print) std::printf("[ gpu      ] %-56s rel err %.2e\n", label.c_str(), rel);
+  return rel;
+}
+
+mere::cuda::AffineArgs args_of(const Weight& w) {
+  const AffineWeight& a = w.affine();
+  return {a.packed.data<uint32_t>(), a.scales.raw(), a.biases.raw(), a.scales.dtype(), a.bits, a.group_size,
+          w.cols(),  w.rows()};
+}
+
+// The matvec launched directly with a plan's hints (x staged or not, a forced split).
+Tensor launch_matvec(const Weight& w, const Tensor& x, const Tensor& bias, mere::cuda::AffineMatvecPlan hint) {
+  Tensor y = Tensor::empty({x.dim(0), w.rows()}, DType::f32, Device::cuda);
+  EXPECT_EQ(mere::cuda::launch_affine_matvec(args_of(w), x.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
+                                             y.data<float>(), x.dim(0), static_cast<cudaStream_t>(cuda_stream()), hint),
+            cudaSuccess);
+  return y;
+}
+
+class Affine : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+    ops::set_launch_settings({});
+  }
+  void TearDown() override { ops::set_launch_settings({}); }
+};
+
+TEST_F(Affine, MatvecAndPrefillMatchTheDequantizedReference) {
+  struct Shape2 { int64_t in, out; };
+  const Shape2 shapes[] = {{512, 77}, {1024, 131}, {384, 33}};
+  int n = 0;
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (DType dt : {DType::bf16, DType::f16})
+        for (int64_t T : {1, 2, 5, 8, 17, 64})
+          for (bool with_bias : {false, true}) {
+            const Shape2 s = shapes[n++ % 3];
+            if (s.in % group) continue;
+            const uint64_t seed = uint64_t(n) * 7919;
+            Weight w(random_affine(s.out, s.in, bits, group, dt, seed), s.in);
+            Tensor x = random({T, s.in}, DType::f32, seed + 3);
+            Tensor b = with_bias ? random({s.out}, DType::f32, seed + 4, 0.1f) : Tensor();
+            Tensor want = ops::linear(x, w.dequantize(DType::f32), b);
+            Tensor got = ops::linear(gpu(x), w.to_device(Device::cuda), with_bias ? gpu(b) : Tensor());
+            const bool matvec = T <= 8;
+            const std::string label = fmt::format("int{} g{} {} T={} {}x{}{} {}", bits, group, dtype_name(dt), T, s.out,
+                                                  s.in, with_bias ? " +bias" : "", matvec ? "matvec" : "gemm");
+            // The matvec sums f32 products; the GEMM rounds x and w to bf16 first.
+            EXPECT_LE(relative_error(got, want, label), matvec ? 1e-5f : 4e-3f) << label;
+            if (matvec)  // x read through L1 instead of staged
+              EXPECT_LE(relative_error(launch_matvec(w.to_device(Device::cuda), gpu(x), with_bias ? gpu(b) : Tensor(),
+                                              {.stage = 0}),
+                                       want, label + " L1", false),
+                        1e-5f)
+                  << label << " L1";
+          }
+}
+
+// More rows than one wave of blocks: staged blocks loop over row blocks, also
+// with a forced split (the partial sums' buffers alternate).
+TEST_F(Affine, PersistentBlocksLoopOverRows) {
+  for (int64_t T : {1, 3})
+    for (int split : {0, 2, 8}) {
+      const int64_t in = 256, out = 20001;
+      Weight w(random_affine(out, in, 4, 32, DType::bf16, uint64_t(T * 10 + split)), in);
+      Tensor x = random({T, in}, DType::f32, 7), b = random({out}, DType::f32, 8, 0.1f);
+      Tensor want = ops::linear(x, w.dequantize(DType::f32), b);
+      Tensor got = launch_matvec(w.to_device(Device::cuda), gpu(x), gpu(b), {.split = split});
+      EXPECT_LE(relative_error(got, want, fmt::format("int4 g32 T={} {}x{} split {}", T, out, in, split)), 1e-5f);
+    }
+}
+
+// Programmatic launch changes nothing; split-K (few rows, long rows) only the
+// summation order. f32 scales take the same path.
+TEST_F(Affine, ProgrammaticLaunchAndSplitK) {
+  struct Case { int64_t T, in, out; int bits, group; DType dt; };
+  for (Case c : {Case{1, 4096, 37, 4, 64, DType::bf16}, Case{3, 4096, 19, 8, 32, DType::f16},
+                 Case{8, 8192, 5, 4, 128, DType::bf16}, Case{1, 2048, 300, 8, 64, DType::f32},
+                 Case{2, 14336, 9, 4, 32, DType::f32}}) {
+    const std::string label = fmt::format("int{} g{} {} T={} {}x{}", c.bits, c.group, dtype_name(c.dt), c.T, c.out, c.in);
+    Weight w(random_affine(c.out, c.in, c.bits, c.group, c.dt, uint64_t(c.in + c.out)), c.in);
+    Tensor x = random({c.T, c.in}, DType::f32, 5), b = random({c.out}, DType::f32, 6, 0.1f);
+    Tensor want = ops::linear(x, w.dequantize(DType::f32), b);
+    Weight wg = w.to_device(Device::cuda);
+    Tensor xg = gpu(x), bg = gpu(b);
+    ops::set_launch_settings({});
+    Tensor plain = ops::linear(xg, wg, bg).to_device(Device::cpu);
+    ops::set_launch_settings({.programmatic = true});
+    Tensor early = ops::linear(xg, wg, bg).to_device(Device::cpu);
+    ops::set_launch_settings({.programmatic = true, .matvec_split_k = true});
+    Tensor split = ops::linear(xg, wg, bg);
+    ops::set_launch_settings({});
+    EXPECT_LE(relative_error(plain, want, "matvec " + label), 1e-5f);
+    EXPECT_EQ(test::max_abs_diff(early, plain).diff, 0.0f) << "programmatic launch changed " << label;
+    mere::cuda::AffineArgs a{};
+    a.bits = c.bits;
+    a.group_size = c.group;
+    a.in = c.in;
+    a.out = c.out;
+    a.packed = wg.affine().packed.data<uint32_t>();
+    a.scale_dtype = c.dt;
+    cuda::set_matvec_split_k(true);
+    const int warps_per_row = mere::cuda::affine_matvec_plan(a, c.T).split;
+    cuda::set_matvec_split_k(false);
+    EXPECT_LE(relative_error(split, want, fmt::format("split-K x{} {}", warps_per_row, label)), 1e-5f);
+  }
+}
+
+TEST_F(Affine, DequantizeAndEmbedMatchTheReference) {
+  for (int bits : {4, 8})
+    for (int group : {32, 128})
+      for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+        const int64_t vocab = 1001, d = 256;
+        Weight w(random_affine(vocab, d, bits, group, dt, uint64_t(bits * group)), d);
+        Weight wg = w.to_device(Device::cuda);
+        const std::string label = fmt::format("int{} g{} {}", bits, group, dtype_name(dt));
+        const AffineWeight& a = wg.affine();
+        mere::cuda::AffineArgs args{a.packed.data<uint32_t>(), a.scales.raw(), a.biases.raw(), dt, bits, group, d, vocab};
+        Tensor dense = Tensor::empty({vocab, d}, DType::f32, Device::cuda);
+        ASSERT_EQ(mere::cuda::launch_affine_dequantize(args, dense.raw(), DType::f32,
+                                                       static_cast<cudaStream_t>(cuda_stream())),
+                  cudaSuccess);
+        EXPECT_LE(relative_error(dense, w.dequantize(DType::f32), "dequantize " + label), 1e-6f);
+        Tensor ids = Tensor::empty({5}, DType::i32);
+        const int32_t picks[5] = {0, 1000, 17, 17, 512};
+        std::copy(picks, picks + 5, ids.data<int32_t>());
+        EXPECT_LE(relative_error(ops::embed(wg, gpu(ids)), ops::embed(w, ids), "embed " + label), 1e-6f);
+      }
+}
+
+// Seconds per launch of `launch`, from CUDA events around a graph of n launches
+// (host launch costs would otherwise hide microsecond kernels); best of 3.
+double seconds_per_launch(const std::function<void()>& launch, int n = 50) {
+  launch();  // first-use setup (occupancy queries) outside the capture
+  CudaGraph graph;
+  graph.capture([&] {
+    for (int i = 0; i < n; ++i) launch();
+  });
+  graph.replay();
+  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  float best_ms = 1e30f;
+  for (int rep = 0; rep < 3; ++rep) {
+    cudaEventRecord(start, stream);
+    graph.replay();
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    best_ms = std::min(best_ms, ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best_ms * 1e-3 / n;
+}
+
+// GB/s of the decode matvec on Llama-3-8B's matrices (bytes: packed words,
+// scales and biases; bf16 weights for the dense kernel), and the fraction of
+// the H200's 4.2 TB/s copy bandwidth. Programmatic launch and split-K on, as
+// a decode step runs. Nothing is asserted.
+TEST_F(Affine, TimingOnLlama3Matrices) {
+  struct Matrix { const char* name; int64_t in, out; };
+  const Matrix matrices[] = {{"qkv", 4096, 6144}, {"o", 4096, 4096}, {"gate_up", 4096, 28672},
+                             {"down", 14336, 4096}, {"lm_head", 4096, 128256}};
+  constexpr double kCopyBytesPerS = 4.2e12;
+  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
+  ops::set_launch_settings({.programmatic = true, .matvec_split_k = true});
+  auto report = [&](const std::string& label, double bytes, double s) {
+    std::printf("[ timing   ] %-58s %8.1f us %7.0f GB/s %5.3f of 4.2 TB/s\n", label.c_str(), s * 1e6, bytes / s / 1e9,
+                bytes / s / kCopyBytesPerS);
+  };
+  for (const Matrix& m : matrices) {
+    Tensor x = Tensor::empty({8, m.in}, DType::f32, Device::cuda), y = Tensor::empty({8, m.out}, DType::f32, Device::cuda);
+    ops::fill_random(x, 1, 1.0f);
+    {
+      Tensor w = Tensor::empty({m.out, m.in}, DType::bf16, Device::cuda);
+      ops::fill_random(w, 2, 0.02f);
+      mere::cuda::MatvecArgs a;
+      a.x = x.data<float>();
+      a.w = w.raw();
+      a.y = y.data<float>();
+      a.in = m.in;
+      a.out = m.out;
+      for (int64_t T : {1, 8}) {
+        a.T = T;
+        report(fmt::format("{:8s} {}x{} bf16 dense T={}", m.name, m.out, m.in, T), double(w.size_bytes()),
+               seconds_per_launch([&] { mere::cuda::launch_matvec(a, stream); }));
+      }
+    }
+    for (int bits : {4, 8}) {
+      Tensor packed = Tensor::empty({m.out, m.in * bits / 32}, DType::u32, Device::cuda);
+      ASSERT_EQ(mere::cuda::launch_fill_random_bytes(packed.raw(), int64_t(packed.size_bytes()), 3, 0xff, stream),
+                cudaSuccess);
+      for (int group : {32, 64, 128}) {
+        Tensor scales = Tensor::empty({m.out, m.in / group}, DType::bf16, Device::cuda);
+        Tensor biases = Tensor::empty({m.out, m.in / group}, DType::bf16, Device::cuda);
+        ops::fill_random(scales, 4, 0.005f, 0.01f);
+        ops::fill_random(biases, 5, 0.01f, -0.01f * float(1 << (bits - 1)));
+        mere::cuda::AffineArgs a{packed.data<uint32_t>(), scales.raw(), biases.raw(), DType::bf16, bits, group, m.in,
+                                 m.out};
+        const double bytes = double(packed.size_bytes() + scales.size_bytes() + biases.size_bytes());
+        auto run = [&](int64_t T, mere::cuda::AffineMatvecPlan hint) {
+          const mere::cuda::AffineMatvecPlan plan = mere::cuda::affine_matvec_plan(a, T, hint);
+          report(fmt::format("{:8s} {}x{} int{} g{} T={} R{} B{} split{} {}", m.name, m.out, m.in, bits, group, T,
+                             plan.rows, plan.batch, plan.split, plan.stage ? "staged" : "L1"),
+                 bytes, seconds_per_launch([&] {
+                   mere::cuda::launch_affine_matvec(a, x.data<float>(), nullptr, y.data<float>(), T, stream, hint);
+                 }));
+        };
+        run(1, {});
+        if (group != 64) continue;
+        for (int64_t T : {2, 4, 8}) run(T, {});
+        // The alternatives to the default plan, for tuning.
+        for (mere::cuda::AffineMatvecPlan hint :
+             {mere::cuda::AffineMatvecPlan{0, 0, 0, 0}, {4, 1, 0, -1}, {2, 2, 0, -1}, {2, 4, 0, -1}, {8, 1, 0, -1},
+              {0, 0, 1, -1}, {0, 0, 2, -1}, {0, 0, 4, -1}})
+          run(1, hint);
+        ops::set_launch_settings({.programmatic = false, .matvec_split_k = true});
+        std::printf("[ timing   ] programmatic launch off:\n");
+        run(1, {});
+        ops::set_launch_settings({.programmatic = true, .matvec_split_k = true});
+      }
+    }
+    // The prefill path's dequantization (bf16 out), for its share of a prefill.
+    {
+      Tensor packed = Tensor::empty({m.out, m.in / 8}, DType::u32, Device::cuda);
+      Tensor scales = Tensor::empty({m.out, m.in / 64}, DType::bf16, Device::cuda);
+      Tensor dense = Tensor::empty({m.out, m.in}, DType::bf16, Device::cuda);
+      ops::fill_random(scales, 4, 0.005f, 0.01f);
+      mere::cuda::AffineArgs a{packed.data<uint32_t>(), scales.raw(), scales.raw(), DType::bf16, 4, 64, m.in, m.out};
+      const double bytes = double(packed.size_bytes() + 2 * scales.size_bytes() + dense.size_bytes());
+      report(fmt::format("{:8s} {}x{} int4 g64 dequantize to bf16", m.name, m.out, m.in), bytes,
+             seconds_per_launch([&] { mere::cuda::launch_affine_dequantize(a, dense.raw(), DType::bf16, stream); }, 10));
+    }
+  }
+  ops::set_launch_settings({});
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "a timed launch failed";
+}
+
+}  // namespace
+}  // namespace mere
