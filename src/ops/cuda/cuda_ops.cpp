@@ -5,11 +5,11 @@
 
 #ifdef MERE_HAVE_CUDA
 
-#include <cublasLt.h>
 
 #include <algorithm>
 
 #include "core/cuda_check.h"
+#include "ops/cuda/cublaslt.h"
 #include "ops/cuda/launchers.h"
 
 namespace mere::ops::cuda {
@@ -18,28 +18,6 @@ namespace {
 using namespace mere::cuda;
 
 cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
-
-#define MERE_CUBLAS(call)                                                                         \
-  do {                                                                                            \
-    cublasStatus_t mere_st_ = (call);                                                             \
-    if (mere_st_ != CUBLAS_STATUS_SUCCESS)                                                        \
-      ::mere::fail("cuBLASLt error {} in {} ({}:{})", int(mere_st_), #call, __FILE__, __LINE__); \
-  } while (0)
-
-cublasLtHandle_t lt_handle() {
-  static cublasLtHandle_t h = [] {
-    cublasLtHandle_t created;
-    MERE_CUBLAS(cublasLtCreate(&created));
-    return created;
-  }();
-  return h;
-}
-
-constexpr size_t kWorkspaceBytes = 32 << 20;
-void* lt_workspace() {
-  static void* p = device_alloc(kWorkspaceBytes);
-  return p;
-}
 
 cudaDataType_t cuda_type(DType dt) {
   switch (dt) {
@@ -111,6 +89,20 @@ MatvecArgs matvec_args(const Tensor& x, const Tensor& w, const Tensor& bias, Ten
 }
 
 }  // namespace
+
+cublasLtHandle_t lt_handle() {
+  static cublasLtHandle_t h = [] {
+    cublasLtHandle_t created;
+    MERE_CUBLAS(cublasLtCreate(&created));
+    return created;
+  }();
+  return h;
+}
+
+void* lt_workspace() {
+  static void* p = device_alloc(kWorkspaceBytes);
+  return p;
+}
 
 void embed(const Tensor& table, const std::vector<int32_t>& ids, Tensor& out) {
   Tensor ids_dev = upload_ints(ids);

@@ -10,13 +10,13 @@
 
 #ifdef MERE_HAVE_CUDA
 
-#include <cublasLt.h>
 
 #include <map>
 #include <mutex>
 #include <tuple>
 
 #include "core/cuda_check.h"
+#include "ops/cuda/cublaslt.h"
 #include "ops/cuda/fp8_launchers.h"
 #include "ops/cuda/launchers.h"
 
@@ -26,28 +26,6 @@ namespace {
 using namespace mere::cuda;
 
 cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
-
-#define MERE_CUBLAS(call)                                                                         \
-  do {                                                                                            \
-    cublasStatus_t mere_st_ = (call);                                                             \
-    if (mere_st_ != CUBLAS_STATUS_SUCCESS)                                                        \
-      ::mere::fail("cuBLASLt error {} in {} ({}:{})", int(mere_st_), #call, __FILE__, __LINE__); \
-  } while (0)
-
-cublasLtHandle_t lt_handle() {
-  static cublasLtHandle_t h = [] {
-    cublasLtHandle_t created;
-    MERE_CUBLAS(cublasLtCreate(&created));
-    return created;
-  }();
-  return h;
-}
-
-constexpr size_t kWorkspaceBytes = 32 << 20;
-void* lt_workspace() {
-  static void* p = device_alloc(kWorkspaceBytes);
-  return p;
-}
 
 Fp8WeightView view_of(const Fp8Weight& w) {
   Fp8WeightView v;
