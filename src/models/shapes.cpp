@@ -9,11 +9,6 @@
 #include "models/llama.h"
 #include "ops/ops.h"
 
-#ifdef MERE_HAVE_CUDA
-#include "core/cuda_check.h"
-#include "ops/cuda/affine_launchers.h"
-#endif
-
 namespace mere {
 namespace {
 
@@ -42,26 +37,6 @@ nlohmann::json published(const std::string& name) {
   fail("unknown --shape '{}' (known: {})", name, fmt::join(known_shapes(), ", "));
 }
 
-// Random bytes ANDed with `mask`, for packed integer and fp8 tensors (fill_random
-// makes floats only).
-void fill_random_bytes(Tensor& t, uint64_t seed, uint8_t mask) {
-  if (t.device() == Device::cuda) {
-#ifdef MERE_HAVE_CUDA
-    MERE_CUDA(cuda::launch_fill_random_bytes(t.raw(), int64_t(t.size_bytes()), seed, mask,
-                                             static_cast<cudaStream_t>(cuda_stream())));
-#endif
-    return;
-  }
-  uint8_t* bytes = static_cast<uint8_t*>(t.raw());
-  for (size_t i = 0; i < t.size_bytes(); i += 8) {
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + i / 8 + 0x632BE59BD9B4E019ull;  // SplitMix64
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    for (size_t j = i; j < std::min(i + 8, t.size_bytes()); ++j) bytes[j] = uint8_t(z >> (8 * (j - i))) & mask;
-  }
-}
-
 Tensor filled(Shape shape, DType dtype, Device device, uint64_t seed, float scale, float offset) {
   Tensor t = Tensor::empty(std::move(shape), dtype, device);
   ops::fill_random(t, seed, scale, offset);
@@ -83,7 +58,7 @@ void add_matrix(std::map<std::string, Tensor>& tensors, const std::string& modul
                module, in);
     // w = scale * q + bias, q in [0, 2^bits): scale 2a / (2^bits - 1) and bias -a (each +-10%).
     Tensor packed = Tensor::empty({out, in * quant.bits / 32}, DType::u32, device);
-    fill_random_bytes(packed, seed, 0xff);
+    ops::fill_random_bytes(packed, seed, 0xff);
     const float scale = 2 * a / float((1 << quant.bits) - 1);
     const Shape groups{out, in / quant.group_size};
     tensors.emplace(module + ".weight", packed);
@@ -94,7 +69,7 @@ void add_matrix(std::map<std::string, Tensor>& tensors, const std::string& modul
     // avoids the NaN pattern 0x7f / 0xff); block scales near a.
     constexpr int64_t kBlock = 128;
     Tensor values = Tensor::empty({out, in}, DType::f8_e4m3, device);
-    fill_random_bytes(values, seed, 0xbf);
+    ops::fill_random_bytes(values, seed, 0xbf);
     tensors.emplace(module + ".weight", values);
     tensors.emplace(module + ".weight_scale_inv", filled({(out + kBlock - 1) / kBlock, (in + kBlock - 1) / kBlock},
                                                          DType::f32, device, seed + kScalesSeed, 0.1f * a, a));

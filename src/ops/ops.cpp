@@ -1,5 +1,7 @@
 #include "ops/ops.h"
 
+#include <algorithm>
+
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/quantized_ops.h"
@@ -166,6 +168,21 @@ void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const 
 }
 
 void set_launch_settings(const LaunchSettings& settings) { cuda::set_launch_settings(settings); }
+
+void fill_random_bytes(Tensor& t, uint64_t seed, uint8_t mask) {
+  if (t.device() == Device::cuda) {
+    cuda::fill_random_bytes(t, seed, mask);
+    return;
+  }
+  auto* bytes = static_cast<uint8_t*>(t.raw());
+  for (size_t i = 0; i < t.size_bytes(); i += 8) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + i / 8 + 0x632BE59BD9B4E019ull;  // SplitMix64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    for (size_t j = i; j < std::min(i + 8, t.size_bytes()); ++j) bytes[j] = uint8_t(z >> (8 * (j - i))) & mask;
+  }
+}
 
 void advance_position(Tensor& pos, int32_t by) {
   MERE_CHECK(pos.dtype() == DType::i32 && pos.numel() == 1, "advance_position: expected an i32 scalar, got {} {}",

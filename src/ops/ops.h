@@ -114,6 +114,10 @@ void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos);
 // from a counter-based hash of (seed, index): the same values on every device.
 void fill_random(Tensor& t, uint64_t seed, float scale, float offset = 0.0f);
 
+// Fills t's bytes (any dtype, CPU or GPU) with counter-based random bytes ANDed
+// with `mask`: packed integer codes and fp8 values for random-weight models.
+void fill_random_bytes(Tensor& t, uint64_t seed, uint8_t mask);
+
 // dst = src converted to dst's float dtype; same element count, same device.
 void convert_into(const Tensor& src, Tensor& dst);
 

@@ -130,5 +130,24 @@ TEST(CpuOps, FusedHelpersMatchTheirCompositions) {
   EXPECT_EQ(test::max_abs_diff(fused, ops::rms_norm(h2, w, 1e-6f)).diff, 0.0f);
 }
 
+// Random bytes for packed codes: the same for one seed, masked, and not degenerate.
+TEST(CpuOps, FillRandomBytesIsSeededAndMasked) {
+  Tensor a = Tensor::empty({1001}, DType::u8), b = Tensor::empty({1001}, DType::u8), c = Tensor::empty({1001}, DType::u8);
+  ops::fill_random_bytes(a, 5, 0xbf);
+  ops::fill_random_bytes(b, 5, 0xbf);
+  ops::fill_random_bytes(c, 6, 0xbf);
+  int differ = 0, distinct_low = 0;
+  std::vector<bool> seen(256);
+  for (int64_t i = 0; i < 1001; ++i) {
+    const uint8_t x = a.data<uint8_t>()[i];
+    EXPECT_EQ(x, b.data<uint8_t>()[i]);
+    EXPECT_EQ(x & 0x40, 0);  // the mask clears bit 6
+    differ += x != c.data<uint8_t>()[i];
+    if (!seen[x]) seen[x] = true, ++distinct_low;
+  }
+  EXPECT_GT(differ, 900);
+  EXPECT_GT(distinct_low, 100);
+}
+
 }  // namespace
 }  // namespace mere

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "core/cuda_check.h"
+#include "ops/cuda/affine_launchers.h"
 #include "ops/cuda/cublaslt.h"
 #include "ops/cuda/launchers.h"
 
@@ -297,6 +298,10 @@ void set_launch_settings(const LaunchSettings& settings) {
   mere::cuda::set_fp8_activation_gemm(settings.fp8_activation_gemm);
 }
 
+void fill_random_bytes(Tensor& t, uint64_t seed, uint8_t mask) {
+  MERE_CUDA(launch_fill_random_bytes(t.raw(), int64_t(t.size_bytes()), seed, mask, stream()));
+}
+
 void advance_position(Tensor& pos, int32_t by) { MERE_CUDA(launch_advance_position(pos.data<int32_t>(), by, stream())); }
 
 }  // namespace mere::ops::cuda
@@ -333,6 +338,7 @@ bool linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(
 bool swiglu_linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void set_launch_settings(const LaunchSettings&) {}  // nothing launches
 void advance_position(Tensor&, int32_t) { no_cuda(); }
+void fill_random_bytes(Tensor&, uint64_t, uint8_t) { no_cuda(); }
 
 }  // namespace mere::ops::cuda
 
