@@ -15,6 +15,7 @@ namespace {
 
 struct BenchFlags {
   std::string model, shape, prompt = "512", gen = "128", depth = "0", device = "auto", quant = "bf16";
+  std::string kv_cache_mode = "default";
   int reps = 5, threads = 0, group_size = 64;
   bool json = false, calibrate = false, baseline = false;
   double bandwidth = 0, matmul_rate = 0;
@@ -55,13 +56,22 @@ void run_bench(const BenchFlags& f) {
 
   std::vector<BenchRow> rows;
   // One row per (depth, prompt length) and (depth, decode length), llama-bench style.
+  // One row per (KV mode, depth, prompt length) and (KV mode, depth, decode length), llama-bench style.
+  std::vector<KvCacheMode> kv_modes;
+  for (const std::string& name : split_list(f.kv_cache_mode, "--kv-cache-mode")) {
+    auto mode = parse_kv_cache_mode(name);
+    MERE_CHECK(mode, "--kv-cache-mode {}: expected {}", name, kKvCacheModeNames);
+    check_engageable({*mode}, device);
+    kv_modes.push_back(*mode);
+  }
   auto run_rows = [&](const Model& m, const Levers& levers) {
-    for (int64_t d : parse_int_list(f.depth, "-d")) {
-      for (int64_t p : parse_int_list(f.prompt, "-p"))
-        if (p > 0) rows.push_back(bench_prefill(m, p, d, f.reps, ceilings));
-      for (int64_t n : parse_int_list(f.gen, "-n"))
-        if (n > 0) rows.push_back(bench_decode(m, n, d, f.reps, ceilings, levers));
-    }
+    for (KvCacheMode kv : kv_modes)
+      for (int64_t d : parse_int_list(f.depth, "-d")) {
+        for (int64_t p : parse_int_list(f.prompt, "-p"))
+          if (p > 0) rows.push_back(bench_prefill(m, p, d, f.reps, ceilings, kv));
+        for (int64_t n : parse_int_list(f.gen, "-n"))
+          if (n > 0) rows.push_back(bench_decode(m, n, d, f.reps, ceilings, levers, kv));
+      }
   };
   run_rows(*model, Levers::from_env());
   // Resident GPU memory: what the allocator holds after the rows ran (weights,
@@ -124,6 +134,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("-p,--prompt-tokens", f->prompt, "Prefill lengths, comma-separated (pp rows; 0: none)");
   cmd->add_option("-n,--gen-tokens", f->gen, "Decode lengths, comma-separated (tg rows; 0: none)");
   cmd->add_option("-d,--depth", f->depth, "Tokens already in the cache, comma-separated");
+  cmd->add_option("--kv-cache-mode", f->kv_cache_mode,
+                  "KV cache modes, comma-separated: default, bf16, affine8, affine4 (quantized ones: CPU only for now)");
   cmd->add_option("-r,--reps", f->reps, "Repetitions per row, after one warm-up")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", f->json, "Print the rows as JSON");
   cmd->add_flag("--baseline", f->baseline, "Also run every row with all levers off, for comparison");

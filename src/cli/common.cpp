@@ -145,6 +145,18 @@ std::vector<int64_t> parse_int_list(const std::string& text, const char* flag) {
   return out;
 }
 
+std::vector<std::string> split_list(const std::string& text, const char* flag) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    out.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    MERE_CHECK(!out.back().empty(), "{}: empty entry in '{}'", flag, text);
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
 void add_threads_option(CLI::App& cmd, int& threads) {
   cmd.add_option("-t,--threads", threads, "CPU threads (default: one per hardware thread)")
       ->check(CLI::NonNegativeNumber);

@@ -58,6 +58,8 @@ Device resolve_device(const std::string& flag);
 
 // "512,4096" -> {512, 4096}; each item a non-negative integer.
 std::vector<int64_t> parse_int_list(const std::string& text, const char* flag);
+// "a,b,c" -> {"a", "b", "c"}; empty entries are an error naming the flag.
+std::vector<std::string> split_list(const std::string& text, const char* flag);
 
 // Adds --threads to a subcommand; apply_threads() sets the pool size from it.
 void add_threads_option(CLI::App& cmd, int& threads);

@@ -40,8 +40,8 @@ std::string label(const char* kind, int64_t tokens, int64_t depth) {
 }
 
 // A state holding `depth` cached tokens, with room for `extra` more.
-std::unique_ptr<SeqState> state_at_depth(const Model& model, int64_t depth, int64_t extra) {
-  auto state = model.make_state(depth + extra + 1);
+std::unique_ptr<SeqState> state_at_depth(const Model& model, int64_t depth, int64_t extra, KvCacheMode kv_mode) {
+  auto state = model.make_state(depth + extra + 1, kv_mode);
   for (int64_t done = 0; done < depth;) {  // in chunks, so deep contexts do not need one huge activation
     int64_t n = std::min<int64_t>(2048, depth - done);
     model.forward(random_ids(n, model.info().vocab, 7 + uint64_t(done)), *state, false);
@@ -96,20 +96,21 @@ Ceilings calibrate(Device device) {
   return c;
 }
 
-BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings) {
+BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings,
+                       KvCacheMode kv_mode) {
   BenchRow row;
   row.test = label("pp", tokens, depth);
   row.tokens = tokens;
   row.depth = depth;
   row.prefill = true;
-  row.levers = layout_levers(model.info().options);
+  row.levers = layout_levers(model.info().options) + " kv_cache_mode=" + std::string(kv_cache_mode_name(kv_mode));
   row.flops = model.prefill_flops(tokens, depth);
   row.roofline_tok_s = ceilings.matmul_flop_per_s / (row.flops / double(tokens));
   std::vector<int32_t> ids = random_ids(tokens, model.info().vocab, 11);
   std::vector<double> ttft;
   Sampler greedy(SamplingParams{.temperature = 0});
   for (int r = -1; r < reps; ++r) {  // r = -1 warms up
-    auto state = state_at_depth(model, depth, tokens);
+    auto state = state_at_depth(model, depth, tokens, kv_mode);
     device_synchronize();
     auto t0 = Clock::now();
     Tensor logits = model.forward(ids, *state, false);
@@ -128,17 +129,18 @@ BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int re
 }
 
 BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings,
-                      const Levers& levers) {
+                      const Levers& levers, KvCacheMode kv_mode) {
   BenchRow row;
   row.test = label("tg", tokens, depth);
   const bool graphs = model.info().device == Device::cuda && levers.cuda_graphs;
   const bool pipelined = model.info().device == Device::cuda && levers.pipelined_decode;
   row.levers = std::string(graphs ? "cuda_graphs=on " : "cuda_graphs=off ") +
-               (pipelined ? "pipelined_decode=on " : "pipelined_decode=off ") + layout_levers(model.info().options);
+               (pipelined ? "pipelined_decode=on " : "pipelined_decode=off ") + layout_levers(model.info().options) +
+               " kv_cache_mode=" + std::string(kv_cache_mode_name(kv_mode));
   row.tokens = tokens;
   row.depth = depth;
   // The mean context over the run decides the K/V bytes.
-  row.bytes_per_token = double(model.decode_bytes(depth + tokens / 2));
+  row.bytes_per_token = double(model.decode_bytes(depth + tokens / 2, kv_mode));
   row.roofline_tok_s = ceilings.copy_bytes_per_s / row.bytes_per_token;
   // The engine's own loop (device sampling, graphs, pipelining as the levers
   // say), greedy, with no EOS: `tokens` steps after the first, timed from the second token.
@@ -147,7 +149,7 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
   options.sampling.temperature = 0;
   options.levers = levers;
   for (int r = -1; r < reps; ++r) {
-    auto state = state_at_depth(model, depth, tokens + 3);
+    auto state = state_at_depth(model, depth, tokens + 3, kv_mode);
     GenerateStats stats = generate_from(model, *state, {1}, options, [](int32_t) { return true; });
     if (r >= 0) row.tok_s.push_back(stats.decode_tok_s());
   }

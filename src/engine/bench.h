@@ -35,11 +35,12 @@ struct BenchRow {
 
 // One prefill of `tokens` after `depth` cached tokens, `reps` times after a warm-up.
 // The row's levers say how the model's weights are laid out (fused or not).
-BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings);
+BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings,
+                       KvCacheMode kv_mode = KvCacheMode::native);
 // `tokens` decode steps of the engine's generation loop (greedy, no EOS) after
 // `depth` cached tokens, with the engine's levers as given (on the GPU: device
 // sampling, graphs and pipelining).
 BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings,
-                      const Levers& levers);
+                      const Levers& levers, KvCacheMode kv_mode = KvCacheMode::native);
 
 }  // namespace mere

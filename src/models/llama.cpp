@@ -164,7 +164,7 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   for (const auto& name : checkpoint.names()) info_.n_params += shape_numel(checkpoint.info(name).shape);
 }
 
-uint64_t Llama::decode_bytes(int64_t context) const {
+uint64_t Llama::decode_bytes(int64_t context, KvCacheMode kv_mode) const {
   uint64_t bytes = tok_embed_.size_bytes() / uint64_t(cfg_.vocab) + final_norm_.size_bytes() + lm_head_.size_bytes();
   for (const LlamaLayer& w : layers_) {
     bytes += w.qkv.size_bytes() + w.mlp.size_bytes();
@@ -172,9 +172,17 @@ uint64_t Llama::decode_bytes(int64_t context) const {
     for (const Tensor* t : {&w.attn_norm, &w.mlp_norm, &w.o_bias, &w.q_norm, &w.k_norm})
       if (t->defined()) bytes += t->size_bytes();
   }
-  const uint64_t kv_elem_bytes = info_.device == Device::cpu ? 4 : 2;  // f32 on CPU, bf16 on CUDA
-  bytes += uint64_t(context) * 2 * uint64_t(cfg_.n_layers) * uint64_t(cfg_.n_kv_heads) * uint64_t(cfg_.head_dim) *
-           kv_elem_bytes;
+  // One position of one layer's K or V, as the mode stores it.
+  const uint64_t row = uint64_t(cfg_.n_kv_heads) * uint64_t(cfg_.head_dim);
+  const uint64_t groups = uint64_t(cfg_.n_kv_heads) * uint64_t(cfg_.head_dim / kv_quant_group(cfg_.head_dim));
+  uint64_t row_bytes = 0;
+  switch (kv_mode) {
+    case KvCacheMode::native: row_bytes = row * (info_.device == Device::cpu ? 4 : 2); break;
+    case KvCacheMode::bf16: row_bytes = row * 2; break;
+    case KvCacheMode::affine8: row_bytes = row + groups * 4; break;      // codes, bf16 scale and bias
+    case KvCacheMode::affine4: row_bytes = row / 2 + groups * 4; break;
+  }
+  bytes += uint64_t(context) * 2 * uint64_t(cfg_.n_layers) * row_bytes;
   return bytes;
 }
 

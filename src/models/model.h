@@ -58,9 +58,10 @@ class Model {
   Tensor forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const;
 
   // The performance model: bytes one decoded token reads at `context` cached
-  // tokens (weights once, one embedding row, the K/V of every cached position),
+  // tokens (weights once, one embedding row, the K/V of every cached position in
+  // `kv_mode`'s storage),
   // and the matmul FLOPs of a prefill of T tokens after `context` cached ones.
-  virtual uint64_t decode_bytes(int64_t context) const = 0;
+  virtual uint64_t decode_bytes(int64_t context, KvCacheMode kv_mode = KvCacheMode::native) const = 0;
   virtual double prefill_flops(int64_t T, int64_t context) const = 0;
 };
 

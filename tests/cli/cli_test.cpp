@@ -90,5 +90,19 @@ TEST(Cli, EvalPplPrintsPerplexity) {
   EXPECT_NE(r.err.find("perplexity ["), std::string::npos);  // the progress bar
 }
 
+// llama-bench style lists: one row per KV cache mode, each labelled; a bad entry
+// is an error naming the flag.
+TEST(Cli, BenchMakesOneRowPerKvCacheMode) {
+  auto r = test::run_mere("bench --device cpu -p 8 -n 0 -r 1 --kv-cache-mode default,affine8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 2u) << r.out;
+  EXPECT_NE(j["rows"][0]["levers"].get<std::string>().find("kv_cache_mode=default"), std::string::npos);
+  EXPECT_NE(j["rows"][1]["levers"].get<std::string>().find("kv_cache_mode=affine8"), std::string::npos);
+  r = test::run_mere("bench --device cpu -p 8 -n 0 -r 1 --kv-cache-mode bf16,fp4");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--kv-cache-mode fp4: expected default, bf16, affine8 or affine4"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace mere

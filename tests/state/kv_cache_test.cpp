@@ -40,6 +40,20 @@ TEST(KvCache, QuantizedModesHoldTheStatedFractionOfBf16) {
   EXPECT_EQ(double(a4.size_bytes()) / double(bf16.size_bytes()), 0.28125);
 }
 
+// The performance model counts the bytes each mode stores: per position and
+// layer, K and V of n_kv_heads x head_dim values.
+TEST(KvCache, DecodeBytesFollowTheMode) {
+  auto model = load_model(test::fixtures_dir() / "qwen3", Device::cpu);
+  const auto& config = nlohmann::json::parse(test::read_file(test::fixtures_dir() / "qwen3" / "config.json"));
+  const uint64_t layers = config["num_hidden_layers"], heads = config["num_key_value_heads"], d = config["head_dim"];
+  const uint64_t groups = heads * (d / uint64_t(kv_quant_group(int64_t(d))));
+  auto kv_bytes = [&](KvCacheMode m) { return model->decode_bytes(100, m) - model->decode_bytes(0, m); };
+  EXPECT_EQ(kv_bytes(KvCacheMode::native), 100 * 2 * layers * heads * d * 4);  // f32 on the CPU
+  EXPECT_EQ(kv_bytes(KvCacheMode::bf16), 100 * 2 * layers * heads * d * 2);
+  EXPECT_EQ(kv_bytes(KvCacheMode::affine8), 100 * 2 * layers * (heads * d + groups * 4));
+  EXPECT_EQ(kv_bytes(KvCacheMode::affine4), 100 * 2 * layers * (heads * d / 2 + groups * 4));
+}
+
 TEST(KvCache, EveryValueComesBackWithinHalfAStepOfItsGroup) {
   for (int bits : {8, 4})
     for (int64_t d : {128, 64, 32}) {
