@@ -96,6 +96,7 @@ void run_bench(const BenchFlags& f) {
                           {"gpu_gb_after_load", loaded_gb},
                           {"gpu_gb_resident", resident_gb},
                           {"gpu_gb_cached", cached_gb},
+                          {"weights", info.weights},
                           {"rows", nlohmann::json::array()}};
     for (const BenchRow& r : rows)
       out["rows"].push_back({{"test", r.test}, {"levers", r.levers}, {"tok_s", r.tok_s}, {"mean_tok_s", r.mean_tok_s},
@@ -107,11 +108,12 @@ void run_bench(const BenchFlags& f) {
   if (device == Device::cuda)
     std::printf("GPU memory: %.2f GB after loading, %.2f GB held after the rows (%.2f GB of it cached for reuse)\n",
                 loaded_gb, resident_gb, cached_gb);
-  std::printf("| model | size | params | backend | test | levers | t/s | ttft ms | roofline t/s | fraction |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| model | size | params | backend | weights | test | levers | t/s | ttft ms | roofline t/s | fraction |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BenchRow& r : rows)
-    std::printf("| %s | %.2f GB | %.2f B | %s | %s | %s | %.1f ± %.1f | %s | %s | %s |\n", name.c_str(),
-                info.weight_bytes / 1e9, info.n_params / 1e9, backend, r.test.c_str(), r.levers.c_str(),
+    std::printf("| %s | %.2f GB | %.2f B | %s | %s | %s | %s | %.1f ± %.1f | %s | %s | %s |\n", name.c_str(),
+                info.weight_bytes / 1e9, info.n_params / 1e9, backend, info.weights.c_str(), r.test.c_str(),
+                r.levers.c_str(),
                 r.mean_tok_s, r.sd_tok_s,
                 r.prefill ? fmt::format("{:.1f}", r.ttft_ms).c_str() : "",
                 r.roofline_tok_s > 0 ? fmt::format("{:.0f}", r.roofline_tok_s).c_str() : "-",

@@ -161,6 +161,7 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   info_.vocab = k.vocab;
   info_.max_positions = k.max_positions;
   info_.weight_bytes = checkpoint.size_bytes();
+  info_.weights = layers_.empty() ? tok_embed_.describe() : layers_.front().o.describe();
   for (const auto& name : checkpoint.names()) info_.n_params += shape_numel(checkpoint.info(name).shape);
 }
 

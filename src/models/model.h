@@ -37,6 +37,7 @@ struct ModelInfo {
   int64_t max_positions = 0;
   int64_t n_params = 0;
   uint64_t weight_bytes = 0;
+  std::string weights;  // the layers' weight format: "bf16", "affine int4 g64", "fp8 e4m3 128x128"
 };
 
 class Model {

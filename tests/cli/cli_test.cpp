@@ -97,6 +97,7 @@ TEST(Cli, BenchMakesOneRowPerKvCacheMode) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["rows"].size(), 2u) << r.out;
+  EXPECT_EQ(j["weights"], "bf16");
   EXPECT_NE(j["rows"][0]["levers"].get<std::string>().find("kv_cache_mode=default"), std::string::npos);
   EXPECT_NE(j["rows"][1]["levers"].get<std::string>().find("kv_cache_mode=affine8"), std::string::npos);
   r = test::run_mere("bench --device cpu -p 8 -n 0 -r 1 --kv-cache-mode bf16,fp4");
