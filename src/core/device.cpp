@@ -271,7 +271,11 @@ void zero_bytes(void* p, Device device, size_t bytes) {
   }
 }
 
-void device_synchronize() { MERE_CUDA(cudaDeviceSynchronize()); }
+void device_synchronize() {
+  // A CUDA build on a machine without a GPU runs everything on the CPU: nothing to wait for.
+  static const bool has_gpu = cuda_available();
+  if (has_gpu) MERE_CUDA(cudaDeviceSynchronize());
+}
 
 }  // namespace mere
 
