@@ -12,18 +12,16 @@
 #include "ops/cuda/affine_launchers.h"
 #include "ops/cuda/launchers.h"
 #include "ops/ops.h"
+#include "gpu_test_util.h"
 #include "test_util.h"
 
 namespace mere {
 namespace {
 
-Tensor random(Shape shape, DType dt, uint64_t seed, float scale = 1.0f, float offset = 0.0f) {
-  Tensor t = Tensor::empty(std::move(shape), dt);
-  ops::fill_random(t, seed, scale, offset);
-  return t;
-}
+using test::gpu;
+using test::random;
+using test::relative_error;
 
-Tensor gpu(const Tensor& t) { return t.to_device(Device::cuda); }
 
 uint32_t random_word(uint64_t seed, uint64_t i) {  // SplitMix64
   uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
@@ -41,18 +39,6 @@ AffineWeight random_affine(int64_t out, int64_t in, int bits, int group, DType d
   Tensor scales = random({out, in / group}, dt, seed + 1, 0.5f * s0, s0);
   Tensor biases = random({out, in / group}, dt, seed + 2, s0, -s0 * float(1 << (bits - 1)));
   return AffineWeight{packed, scales, biases, bits, group};
-}
-
-// max |got - want| / max |want|, printed with the case.
-float relative_error(const Tensor& got_device, const Tensor& want, const std::string& label, bool print = true) {
-  Tensor got = got_device.to_device(Device::cpu);
-  EXPECT_EQ(got.shape(), want.shape()) << label;
-  float max_ref = 1e-30f;
-  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
-  test::MaxDiff d = test::max_abs_diff(got, want);
-  float rel = d.diff / max_ref;
-  if (print) std::printf("[ gpu      ] %-56s rel err %.2e\n", label.c_str(), rel);
-  return rel;
 }
 
 mere::cuda::AffineArgs args_of(const Weight& w) {

@@ -7,30 +7,16 @@
 
 #include "core/device.h"
 #include "ops/ops.h"
+#include "gpu_test_util.h"
 #include "test_util.h"
 
 namespace mere {
 namespace {
 
-Tensor random(Shape shape, DType dt, uint64_t seed, float scale = 1.0f, float offset = 0.0f) {
-  Tensor t = Tensor::empty(std::move(shape), dt);
-  ops::fill_random(t, seed, scale, offset);
-  return t;
-}
+using test::gpu;
+using test::random;
+using test::relative_error;
 
-Tensor gpu(const Tensor& t) { return t.to_device(Device::cuda); }
-
-// max |got - want| / max |want|, printed with the case.
-float relative_error(const Tensor& got_device, const Tensor& want, const std::string& label) {
-  Tensor got = got_device.to_device(Device::cpu);
-  EXPECT_EQ(got.shape(), want.shape()) << label;
-  float max_ref = 1e-30f;
-  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
-  test::MaxDiff d = test::max_abs_diff(got, want);
-  float rel = d.diff / max_ref;
-  std::printf("[ gpu      ] %-48s rel err %.2e\n", label.c_str(), rel);
-  return rel;
-}
 
 class CudaOps : public ::testing::Test {
  protected:

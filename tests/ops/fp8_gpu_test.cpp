@@ -26,48 +26,25 @@
 #include "ops/cuda/launchers.h"
 #include "ops/ops.h"
 #include "ops/weight.h"
+#include "gpu_test_util.h"
+#include "quant/fp8_test_util.h"
 #include "test_util.h"
 
 namespace mere {
 namespace {
+
+using test::random_fp8;
+
+using test::gpu;
+using test::random;
+using test::relative_error;
 
 constexpr float kMatvecTolerance = 1e-5f;
 constexpr float kGemmTolerance = 5e-2f;          // E4M3 activations against the exact reference
 constexpr float kGemmRoundedTolerance = 2e-3f;  // against the reference on the same rounded activations
 constexpr double kCopyBandwidth = 4.2e12;       // H200 device-to-device copy, bytes/s
 
-Tensor gpu(const Tensor& t) { return t.to_device(Device::cuda); }
 cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
-
-float relative_error(const Tensor& got_device, const Tensor& want, const std::string& label) {
-  Tensor got = got_device.to_device(Device::cpu);
-  EXPECT_EQ(got.shape(), want.shape()) << label;
-  float max_ref = 1e-30f;
-  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
-  for (int64_t i = 0; i < got.numel(); ++i)
-    if (!std::isfinite(got.at(i))) {
-      ADD_FAILURE() << label << ": element " << i << " is " << got.at(i);
-      return std::numeric_limits<float>::infinity();
-    }
-  const float rel = test::max_abs_diff(got, want).diff / max_ref;
-  std::printf("[ gpu      ] %-56s rel err %.2e\n", label.c_str(), rel);
-  return rel;
-}
-
-// Random E4M3 bytes (never the NaN patterns 0x7f / 0xff) and scales in [1e-2, 1].
-Fp8Weight random_fp8(int64_t out, int64_t in, int block, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Tensor values = Tensor::empty({out, in}, DType::f8_e4m3);
-  for (int64_t i = 0; i < values.numel(); ++i) {
-    uint8_t b;
-    do b = uint8_t(rng()); while ((b & 0x7f) == 0x7f);
-    values.data<uint8_t>()[i] = b;
-  }
-  Tensor scales = Tensor::empty({(out + block - 1) / block, (in + block - 1) / block}, DType::f32);
-  std::uniform_real_distribution<float> log_scale(std::log(1e-2f), 0.0f);
-  for (int64_t i = 0; i < scales.numel(); ++i) scales.data<float>()[i] = std::exp(log_scale(rng));
-  return {values, scales, block};
-}
 
 // Activations whose magnitude changes by up to 1000x between tokens and between
 // blocks of 128 columns, so a mixed-up activation scale shows.

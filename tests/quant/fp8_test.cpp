@@ -20,10 +20,13 @@
 #include "models/model.h"
 #include "ops/ops.h"
 #include "ops/weight.h"
+#include "quant/fp8_test_util.h"
 #include "test_util.h"
 
 namespace mere {
 namespace {
+
+using test::random_fp8;
 
 // max |got - want| / max |want|.
 float relative_error(const Tensor& got, const Tensor& want) {
@@ -31,21 +34,6 @@ float relative_error(const Tensor& got, const Tensor& want) {
   float max_ref = 1e-30f;
   for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
   return test::max_abs_diff(got, want).diff / max_ref;
-}
-
-// Random E4M3 bytes (never the NaN patterns 0x7f / 0xff) and scales in [1e-2, 1].
-Fp8Weight random_fp8(int64_t out, int64_t in, int block, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Tensor values = Tensor::empty({out, in}, DType::f8_e4m3);
-  for (int64_t i = 0; i < values.numel(); ++i) {
-    uint8_t b;
-    do b = uint8_t(rng()); while ((b & 0x7f) == 0x7f);
-    values.data<uint8_t>()[i] = b;
-  }
-  Tensor scales = Tensor::empty({(out + block - 1) / block, (in + block - 1) / block}, DType::f32);
-  std::uniform_real_distribution<float> log_scale(std::log(1e-2f), 0.0f);
-  for (int64_t i = 0; i < scales.numel(); ++i) scales.data<float>()[i] = std::exp(log_scale(rng));
-  return {values, scales, block};
 }
 
 Tensor random_f32(Shape shape, uint64_t seed, float scale = 1.0f) {
