@@ -173,17 +173,8 @@ uint64_t Llama::decode_bytes(int64_t context, KvCacheMode kv_mode) const {
     for (const Tensor* t : {&w.attn_norm, &w.mlp_norm, &w.o_bias, &w.q_norm, &w.k_norm})
       if (t->defined()) bytes += t->size_bytes();
   }
-  // One position of one layer's K or V, as the mode stores it.
-  const uint64_t row = uint64_t(cfg_.n_kv_heads) * uint64_t(cfg_.head_dim);
-  const uint64_t groups = uint64_t(cfg_.n_kv_heads) * uint64_t(cfg_.head_dim / kv_quant_group(cfg_.head_dim));
-  uint64_t row_bytes = 0;
-  switch (kv_mode) {
-    case KvCacheMode::native: row_bytes = row * (info_.device == Device::cpu ? 4 : 2); break;
-    case KvCacheMode::bf16: row_bytes = row * 2; break;
-    case KvCacheMode::affine8: row_bytes = row + groups * 4; break;      // codes, bf16 scale and bias
-    case KvCacheMode::affine4: row_bytes = row / 2 + groups * 4; break;
-  }
-  bytes += uint64_t(context) * 2 * uint64_t(cfg_.n_layers) * row_bytes;
+  const uint64_t kv_row = kv_row_bytes(cfg_.n_kv_heads, cfg_.head_dim, kv_mode, info_.device);
+  bytes += uint64_t(context) * 2 * uint64_t(cfg_.n_layers) * kv_row;  // K and V of every cached position
   return bytes;
 }
 
@@ -205,7 +196,6 @@ std::unique_ptr<SeqState> Llama::make_state(int64_t capacity, KvCacheMode kv_mod
 Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool all_logits) const {
   const LlamaConfig& k = cfg_;
   const int64_t T = ids.numel();
-  const float scale = 1.0f / std::sqrt(float(k.head_dim));
 
   if (info_.device == Device::cuda)
     ops::set_launch_settings({.programmatic = info_.options.programmatic_launch,
@@ -222,20 +212,16 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool al
     q = q.reshape({T, k.n_heads, k.head_dim});
     kk = kk.reshape({T, k.n_kv_heads, k.head_dim});
     v = v.reshape({T, k.n_kv_heads, k.head_dim});
-    // Qwen3's per-head q/k RMSNorm (w.q_norm defined), RoPE, and the cache write.
-    KvCache& cache = state.kv(l);
-    rotate_and_cache(q, kk, v, w.q_norm, w.k_norm, k.norm_eps, k.rope, pos, cache, info_.options.fuse_rope_store);
-    Tensor a = cache.attention_reads_storage()  // else the CPU reads an f32 copy of the visible rows
-                   ? ops::attention(q, cache.keys(), cache.values(), pos, scale)  // [T, n_heads, head_dim]
-                   : ops::attention(q, cache.keys_for_attention(state.length() + T),
-                                    cache.values_for_attention(state.length() + T), state.length(), scale);
+    // Qwen3's per-head q/k RMSNorm (w.q_norm defined), RoPE, the cache write, attention.
+    Tensor a = attend_cached(q, kk, v, w.q_norm, w.k_norm, k.norm_eps, k.rope, pos, state, l,
+                             info_.options.fuse_rope_store);  // [T, n_heads * head_dim]
     if (fold_norms) {
-      ops::linear_add(h, a.reshape({T, -1}), w.o, w.o_bias);
+      ops::linear_add(h, a, w.o, w.o_bias);
       w.mlp.add_normed(h, w.mlp_norm, k.norm_eps);
       continue;
     }
     // The residual add and the next RMSNorm in one pass, twice per layer.
-    x = ops::add_rms_norm(h, ops::linear(a.reshape({T, -1}), w.o, w.o_bias), w.mlp_norm, k.norm_eps);
+    x = ops::add_rms_norm(h, ops::linear(a, w.o, w.o_bias), w.mlp_norm, k.norm_eps);
     const Tensor& next_norm = l + 1 < k.n_layers ? layers_[size_t(l) + 1].attn_norm : final_norm_;
     x = ops::add_rms_norm(h, w.mlp.apply(x), next_norm, k.norm_eps);
   }

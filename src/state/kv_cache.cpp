@@ -64,6 +64,18 @@ void quantize_group(const float* x, int n, int bits, uint8_t* codes, uint16_t& s
 
 }  // namespace
 
+uint64_t kv_row_bytes(int64_t n_kv_heads, int64_t head_dim, KvCacheMode mode, Device device) {
+  const uint64_t row = uint64_t(n_kv_heads) * uint64_t(head_dim);
+  const uint64_t groups = uint64_t(n_kv_heads) * uint64_t(head_dim / kv_quant_group(head_dim));
+  switch (mode) {
+    case KvCacheMode::native: return row * (device == Device::cpu ? 4 : 2);
+    case KvCacheMode::bf16: return row * 2;
+    case KvCacheMode::affine8: return row + groups * 4;  // codes, bf16 scale and bias
+    case KvCacheMode::affine4: return row / 2 + groups * 4;
+  }
+  return 0;
+}
+
 QuantizedRows quantize_kv_rows(const Tensor& x, int bits) {
   MERE_CHECK(x.device() == Device::cpu && x.dtype() == DType::f32 && x.rank() == 3,
              "quantize_kv_rows: expected f32 [T, kv_heads, head_dim] on the CPU, got {} {}", dtype_name(x.dtype()),

@@ -28,6 +28,9 @@ inline constexpr int kKvQuantGroup = 64;  // elements per scale/bias group along
 // The group for a head: 64, or the whole head when it is shorter.
 inline int64_t kv_quant_group(int64_t head_dim) { return head_dim < kKvQuantGroup ? head_dim : kKvQuantGroup; }
 
+// Bytes of one position of one layer's K (or V) as `mode` stores it on `device`.
+uint64_t kv_row_bytes(int64_t n_kv_heads, int64_t head_dim, KvCacheMode mode, Device device);
+
 // Rows quantized as above: codes [rows, kv_heads, head_dim * bits / 8] u8,
 // scales and biases [rows, kv_heads, head_dim / group] bf16.
 struct QuantizedRows {
