@@ -28,17 +28,20 @@ Levers Levers::from_env() {
   l.programmatic_launch = env_flag("MERERUN_PROGRAMMATIC_LAUNCH", l.programmatic_launch);
   l.matvec_split_k = env_flag("MERERUN_MATVEC_SPLIT_K", l.matvec_split_k);
   l.fp8_activation_gemm = env_flag("MERERUN_FP8_ACTIVATION_GEMM", l.fp8_activation_gemm);
+  l.fused_moe_gate_up = env_flag("MERERUN_PSI_FUSED_MOE", l.fused_moe_gate_up);
   return l;
 }
 
 std::string Levers::describe(Device device) const {
-  if (device == Device::cpu) return "levers: none engage on the cpu (all of them are CUDA levers)";
+  if (device == Device::cpu)
+    return std::string("levers: fused_moe_gate_up=") + (fused_moe_gate_up ? "on" : "off") +
+           " (the others are CUDA levers)";
   auto on = [](bool b) { return b ? "on" : "off"; };
   return std::string("levers: cuda_graphs=") + on(cuda_graphs) + " pipelined_decode=" + on(pipelined_decode) +
          " fused_projections=" + on(fused_projections) +
          " fused_rope_store=" + on(fused_rope_store) + " fused_norm_matvec=" + on(fused_norm_matvec) +
          " programmatic_launch=" + on(programmatic_launch) + " matvec_split_k=" + on(matvec_split_k) +
-         " fp8_activation_gemm=" + on(fp8_activation_gemm);
+         " fp8_activation_gemm=" + on(fp8_activation_gemm) + " fused_moe_gate_up=" + on(fused_moe_gate_up);
 }
 
 LoadOptions Levers::load_options(Device device) const {
@@ -48,7 +51,8 @@ LoadOptions Levers::load_options(Device device) const {
                      .fuse_norm_matvec = fused_norm_matvec && cuda,
                      .programmatic_launch = programmatic_launch && cuda,
                      .matvec_split_k = matvec_split_k && cuda,
-                     .fp8_activation_gemm = fp8_activation_gemm && cuda};
+                     .fp8_activation_gemm = fp8_activation_gemm && cuda,
+                     .fuse_moe_gate_up = fused_moe_gate_up};
 }
 
 }  // namespace mere

@@ -40,16 +40,20 @@ struct Levers {
   // dequantized to bf16 for the GEMM. Off by default: it costs accuracy (the
   // qwen3-fp8 fixture's prefill logits move 16% against transformers, 0.4% off).
   bool fp8_activation_gemm = false;
+  // MoE experts' gate and up projections stacked into one matrix per expert at
+  // load (replacing the two, not adding a third), so one grouped matmul serves
+  // both. Off until its gate (parity, speed) is measured.
+  bool fused_moe_gate_up = false;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
   // MERERUN_FUSED_NORM_MATVEC, MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
-  // MERERUN_FP8_ACTIVATION_GEMM (0|1)
+  // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_PSI_FUSED_MOE (0|1)
   // override the defaults.
   static Levers from_env();
   static Levers all_off() {
     return Levers{.cuda_graphs = false, .pipelined_decode = false, .fused_projections = false, .fused_rope_store = false,
                   .fused_norm_matvec = false, .programmatic_launch = false, .matvec_split_k = false,
-                  .fp8_activation_gemm = false};
+                  .fp8_activation_gemm = false, .fused_moe_gate_up = false};
   }
   // The levers in effect on `device`, for the line a run prints.
   std::string describe(Device device) const;

@@ -48,8 +48,12 @@ LlamaConfig LlamaConfig::parse(const ConfigJson& c) {
   return k;
 }
 
+AttentionShape LlamaConfig::attention_shape() const {
+  return AttentionShape{.d_model = d_model, .n_heads = n_heads, .n_kv_heads = n_kv_heads, .head_dim = head_dim,
+                        .qkv_bias = attention_bias, .o_bias = o_bias, .qk_norm = qk_norm};
+}
+
 std::vector<std::pair<std::string, Shape>> LlamaConfig::tensor_shapes() const {
-  const int64_t q_dim = int64_t(n_heads) * head_dim, kv_dim = int64_t(n_kv_heads) * head_dim;
   std::vector<std::pair<std::string, Shape>> out = {{"model.embed_tokens.weight", {vocab, d_model}},
                                                     {"model.norm.weight", {d_model}}};
   if (!tie_embeddings) out.push_back({"lm_head.weight", {vocab, d_model}});
@@ -57,20 +61,7 @@ std::vector<std::pair<std::string, Shape>> LlamaConfig::tensor_shapes() const {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     out.push_back({p + "input_layernorm.weight", {d_model}});
     out.push_back({p + "post_attention_layernorm.weight", {d_model}});
-    out.push_back({p + "self_attn.q_proj.weight", {q_dim, d_model}});
-    out.push_back({p + "self_attn.k_proj.weight", {kv_dim, d_model}});
-    out.push_back({p + "self_attn.v_proj.weight", {kv_dim, d_model}});
-    out.push_back({p + "self_attn.o_proj.weight", {d_model, q_dim}});
-    if (attention_bias) {
-      out.push_back({p + "self_attn.q_proj.bias", {q_dim}});
-      out.push_back({p + "self_attn.k_proj.bias", {kv_dim}});
-      out.push_back({p + "self_attn.v_proj.bias", {kv_dim}});
-    }
-    if (o_bias) out.push_back({p + "self_attn.o_proj.bias", {d_model}});
-    if (qk_norm) {
-      out.push_back({p + "self_attn.q_norm.weight", {head_dim}});
-      out.push_back({p + "self_attn.k_norm.weight", {head_dim}});
-    }
+    for (auto& t : attention_tensor_shapes(p + "self_attn.", attention_shape())) out.push_back(std::move(t));
     out.push_back({p + "mlp.gate_proj.weight", {d_ff, d_model}});
     out.push_back({p + "mlp.up_proj.weight", {d_ff, d_model}});
     out.push_back({p + "mlp.down_proj.weight", {d_model, d_ff}});
@@ -87,8 +78,6 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
     : cfg_(LlamaConfig::parse(config)) {
   if (device == Device::cpu) checkpoint_ = checkpoint;
   const LlamaConfig& k = cfg_;
-  const int64_t q_dim = int64_t(k.n_heads) * k.head_dim, kv_dim = int64_t(k.n_kv_heads) * k.head_dim;
-  // Matrices and norms keep their checkpoint dtype; biases become f32 (added to f32 activations).
   // Biases become f32 (added to f32 activations); the rest keeps its checkpoint dtype.
   auto get_host = [&](const std::string& name, Shape shape, const char* why) {
     Tensor t = checkpoint.get(name, shape, why);
@@ -116,21 +105,8 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
     LlamaLayer w;
     w.attn_norm = get(p + "input_layernorm.weight", {k.d_model}, "hidden_size");
     w.mlp_norm = get(p + "post_attention_layernorm.weight", {k.d_model}, "hidden_size");
-    w.qkv.q = get_weight(p + "self_attn.q_proj", {q_dim, k.d_model}, "num_attention_heads * head_dim, hidden_size");
-    w.qkv.k = get_weight(p + "self_attn.k_proj", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
-    w.qkv.v = get_weight(p + "self_attn.v_proj", {kv_dim, k.d_model}, "num_key_value_heads * head_dim, hidden_size");
-    w.o = get_weight(p + "self_attn.o_proj", {k.d_model, q_dim}, "hidden_size, num_attention_heads * head_dim")
-              .to_device(device);
-    if (k.attention_bias) {
-      w.qkv.q_bias = get_host(p + "self_attn.q_proj.bias", {q_dim}, "num_attention_heads * head_dim");
-      w.qkv.k_bias = get_host(p + "self_attn.k_proj.bias", {kv_dim}, "num_key_value_heads * head_dim");
-      w.qkv.v_bias = get_host(p + "self_attn.v_proj.bias", {kv_dim}, "num_key_value_heads * head_dim");
-    }
-    if (k.o_bias) w.o_bias = get(p + "self_attn.o_proj.bias", {k.d_model}, "hidden_size");
-    if (k.qk_norm) {
-      w.q_norm = get(p + "self_attn.q_norm.weight", {k.head_dim}, "head_dim");
-      w.k_norm = get(p + "self_attn.k_norm.weight", {k.head_dim}, "head_dim");
-    }
+    w.attn = load_attention(checkpoint, p + "self_attn.", k.attention_shape(), quant, device,
+                            options.fuse_projections);
     w.mlp.gate = get_weight(p + "mlp.gate_proj", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
     w.mlp.up = get_weight(p + "mlp.up_proj", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
     w.mlp.down = get_weight(p + "mlp.down_proj", {k.d_model, k.d_ff}, "hidden_size, intermediate_size");
@@ -139,13 +115,7 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
       w.mlp.up_bias = get_host(p + "mlp.up_proj.bias", {k.d_ff}, "intermediate_size");
       w.mlp.down_bias = get_host(p + "mlp.down_proj.bias", {k.d_model}, "hidden_size");
     }
-    // Old Llama checkpoints store the RoPE table; we recompute it from the config.
-    if (checkpoint.has(p + "self_attn.rotary_emb.inv_freq")) checkpoint.get(p + "self_attn.rotary_emb.inv_freq");
-    if (options.fuse_projections) {
-      w.qkv.fuse();
-      w.mlp.fuse();
-    }
-    w.qkv.to_device(device);
+    if (options.fuse_projections) w.mlp.fuse();
     w.mlp.to_device(device);
     layers_.push_back(std::move(w));
   }
@@ -161,17 +131,14 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   info_.vocab = k.vocab;
   info_.max_positions = k.max_positions;
   info_.weight_bytes = checkpoint.size_bytes();
-  info_.weights = layers_.empty() ? tok_embed_.describe() : layers_.front().o.describe();
+  info_.weights = layers_.empty() ? tok_embed_.describe() : layers_.front().attn.o.describe();
   for (const auto& name : checkpoint.names()) info_.n_params += shape_numel(checkpoint.info(name).shape);
 }
 
 uint64_t Llama::decode_bytes(int64_t context, KvCacheMode kv_mode) const {
   uint64_t bytes = tok_embed_.size_bytes() / uint64_t(cfg_.vocab) + final_norm_.size_bytes() + lm_head_.size_bytes();
   for (const LlamaLayer& w : layers_) {
-    bytes += w.qkv.size_bytes() + w.mlp.size_bytes();
-    bytes += w.o.size_bytes();
-    for (const Tensor* t : {&w.attn_norm, &w.mlp_norm, &w.o_bias, &w.q_norm, &w.k_norm})
-      if (t->defined()) bytes += t->size_bytes();
+    bytes += w.attn.size_bytes() + w.mlp.size_bytes() + w.attn_norm.size_bytes() + w.mlp_norm.size_bytes();
   }
   const uint64_t kv_row = kv_row_bytes(cfg_.n_kv_heads, cfg_.head_dim, kv_mode, info_.device);
   bytes += uint64_t(context) * 2 * uint64_t(cfg_.n_layers) * kv_row;  // K and V of every cached position
@@ -208,20 +175,20 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool al
   if (!fold_norms) x = ops::rms_norm(h, layers_[0].attn_norm, k.norm_eps);
   for (int l = 0; l < k.n_layers; ++l) {
     const LlamaLayer& w = layers_[size_t(l)];
-    auto [q, kk, v] = fold_norms ? w.qkv.apply_normed(h, w.attn_norm, k.norm_eps) : w.qkv.apply(x);
+    auto [q, kk, v] = fold_norms ? w.attn.qkv.apply_normed(h, w.attn_norm, k.norm_eps) : w.attn.qkv.apply(x);
     q = q.reshape({T, k.n_heads, k.head_dim});
     kk = kk.reshape({T, k.n_kv_heads, k.head_dim});
     v = v.reshape({T, k.n_kv_heads, k.head_dim});
     // Qwen3's per-head q/k RMSNorm (w.q_norm defined), RoPE, the cache write, attention.
-    Tensor a = attend_cached(q, kk, v, w.q_norm, w.k_norm, k.norm_eps, k.rope, pos, state, l,
+    Tensor a = attend_cached(q, kk, v, w.attn.q_norm, w.attn.k_norm, k.norm_eps, k.rope, pos, state, l,
                              info_.options.fuse_rope_store);  // [T, n_heads * head_dim]
     if (fold_norms) {
-      ops::linear_add(h, a, w.o, w.o_bias);
+      ops::linear_add(h, a, w.attn.o, w.attn.o_bias);
       w.mlp.add_normed(h, w.mlp_norm, k.norm_eps);
       continue;
     }
     // The residual add and the next RMSNorm in one pass, twice per layer.
-    x = ops::add_rms_norm(h, ops::linear(a, w.o, w.o_bias), w.mlp_norm, k.norm_eps);
+    x = ops::add_rms_norm(h, ops::linear(a, w.attn.o, w.attn.o_bias), w.mlp_norm, k.norm_eps);
     const Tensor& next_norm = l + 1 < k.n_layers ? layers_[size_t(l) + 1].attn_norm : final_norm_;
     x = ops::add_rms_norm(h, w.mlp.apply(x), next_norm, k.norm_eps);
   }

@@ -6,6 +6,7 @@
 #include "io/checkpoint.h"
 #include "io/config.h"
 #include "models/blocks/attention_inputs.h"
+#include "models/blocks/attention_weights.h"
 #include "models/blocks/projections.h"
 #include "models/model.h"
 #include "ops/ops.h"
@@ -26,16 +27,14 @@ struct LlamaConfig {
   ops::RopeTable rope;
 
   static LlamaConfig parse(const ConfigJson& c);
+  AttentionShape attention_shape() const;
   // Every checkpoint tensor this config needs, by name, with its shape.
   std::vector<std::pair<std::string, Shape>> tensor_shapes() const;
 };
 
 struct LlamaLayer {
   Tensor attn_norm, mlp_norm;
-  QkvProjection qkv;
-  Weight o;                         // [d_model, n_heads * head_dim]
-  Tensor o_bias;
-  Tensor q_norm, k_norm;            // [head_dim], Qwen3 only
+  AttentionWeights attn;
   GatedMlp mlp;
 };
 

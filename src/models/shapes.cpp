@@ -7,6 +7,7 @@
 #include "io/checkpoint.h"
 #include "io/config.h"
 #include "models/llama.h"
+#include "models/qwen3_moe.h"
 #include "ops/ops.h"
 
 namespace mere {
@@ -32,8 +33,13 @@ nlohmann::json published(const std::string& name) {
                 {"head_dim", 128}, {"vocab_size", 151936}, {"max_position_embeddings", 40960},
                 {"rms_norm_eps", 1e-6}, {"rope_theta", 1000000.0}, {"tie_word_embeddings", true},
                 {"hidden_act", "silu"}};
-  if (name == "qwen3-30b-a3b")
-    fail("--shape qwen3-30b-a3b: refused: the qwen3_moe family is not implemented yet (sparse MoE, issue 8)");
+  if (name == "qwen3-30b-a3b")  // Qwen/Qwen3-30B-A3B
+    return json{{"model_type", "qwen3_moe"}, {"hidden_size", 2048}, {"intermediate_size", 6144},
+                {"moe_intermediate_size", 768}, {"num_hidden_layers", 48}, {"num_attention_heads", 32},
+                {"num_key_value_heads", 4}, {"head_dim", 128}, {"num_experts", 128}, {"num_experts_per_tok", 8},
+                {"norm_topk_prob", true}, {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()},
+                {"vocab_size", 151936}, {"max_position_embeddings", 40960}, {"rms_norm_eps", 1e-6},
+                {"rope_theta", 1000000.0}, {"tie_word_embeddings", false}, {"hidden_act", "silu"}};
   fail("unknown --shape '{}' (known: {})", name, fmt::join(known_shapes(), ", "));
 }
 
@@ -45,22 +51,26 @@ Tensor filled(Shape shape, DType dtype, Device device, uint64_t seed, float scal
 
 constexpr uint64_t kScalesSeed = uint64_t(1) << 40;  // scale streams apart from the next tensor's seed
 
-// The tensors of one matrix `module` [out, in] in the form `quant` stores it,
-// its values spread like a trained model's (uniform in +-a, a = sqrt(3 / in),
-// so activations stay O(1)).
+// The tensors of one matrix `module` [out, in] (or a stack of them [n, out, in],
+// MoE experts) in the form `quant` stores it, its values spread like a trained
+// model's (uniform in +-a, a = sqrt(3 / in), so activations stay O(1)).
 void add_matrix(std::map<std::string, Tensor>& tensors, const std::string& module, const Shape& shape,
                 const RandomQuant& quant, Device device, uint64_t seed) {
-  const int64_t out = shape[0], in = shape[1];
+  const int64_t out = shape.end()[-2], in = shape.end()[-1];
+  auto with_stack = [&](Shape s) {
+    if (shape.size() == 3) s.insert(s.begin(), shape[0]);
+    return s;
+  };
   const float a = std::sqrt(3.0f / float(in));
   const bool outside_layers = !module.starts_with("model.layers.");
   if (quant.kind == RandomQuant::Kind::affine) {
     MERE_CHECK(in % quant.group_size == 0, "--group-size {} does not divide {}'s {} columns", quant.group_size,
                module, in);
     // w = scale * q + bias, q in [0, 2^bits): scale 2a / (2^bits - 1) and bias -a (each +-10%).
-    Tensor packed = Tensor::empty({out, in * quant.bits / 32}, DType::u32, device);
+    Tensor packed = Tensor::empty(with_stack({out, in * quant.bits / 32}), DType::u32, device);
     ops::fill_random_bytes(packed, seed, 0xff);
     const float scale = 2 * a / float((1 << quant.bits) - 1);
-    const Shape groups{out, in / quant.group_size};
+    const Shape groups = with_stack({out, in / quant.group_size});
     tensors.emplace(module + ".weight", packed);
     tensors.emplace(module + ".scales", filled(groups, DType::bf16, device, seed + kScalesSeed, 0.1f * scale, scale));
     tensors.emplace(module + ".biases", filled(groups, DType::bf16, device, seed + 2 * kScalesSeed, 0.1f * a, -a));
@@ -68,11 +78,12 @@ void add_matrix(std::map<std::string, Tensor>& tensors, const std::string& modul
     // Values of magnitude below 2 (the top exponent bit cleared, which also
     // avoids the NaN pattern 0x7f / 0xff); block scales near a.
     constexpr int64_t kBlock = 128;
-    Tensor values = Tensor::empty({out, in}, DType::f8_e4m3, device);
+    Tensor values = Tensor::empty(shape, DType::f8_e4m3, device);
     ops::fill_random_bytes(values, seed, 0xbf);
     tensors.emplace(module + ".weight", values);
-    tensors.emplace(module + ".weight_scale_inv", filled({(out + kBlock - 1) / kBlock, (in + kBlock - 1) / kBlock},
-                                                         DType::f32, device, seed + kScalesSeed, 0.1f * a, a));
+    tensors.emplace(module + ".weight_scale_inv",
+                    filled(with_stack({(out + kBlock - 1) / kBlock, (in + kBlock - 1) / kBlock}), DType::f32, device,
+                           seed + kScalesSeed, 0.1f * a, a));
   } else {
     tensors.emplace(module + ".weight", filled(shape, DType::bf16, device, seed, a, 0.0f));
   }
@@ -109,18 +120,24 @@ std::unique_ptr<Model> random_model(const std::string& name, Device device, cons
   if (quant.kind == RandomQuant::Kind::fp8)
     json["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
   ConfigJson config = ConfigJson::from_json(json, name + "/config.json");
-  LlamaConfig cfg = LlamaConfig::parse(config);
+  const bool moe = json["model_type"] == "qwen3_moe";
   std::map<std::string, Tensor> tensors;
   uint64_t i = 0;
-  for (const auto& [tensor_name, shape] : cfg.tensor_shapes()) {
+  for (const auto& [tensor_name, shape] :
+       moe ? Qwen3MoeConfig::parse(config).tensor_shapes() : LlamaConfig::parse(config).tensor_shapes()) {
     const uint64_t tensor_seed = seed * 1000003 + i++;
-    if (shape.size() == 2 && tensor_name.ends_with(".weight")) {
+    if (shape.size() >= 2 && tensor_name.ends_with(".weight")) {
       add_matrix(tensors, tensor_name.substr(0, tensor_name.size() - 7), shape, quant, device, tensor_seed);
       continue;
     }
     tensors.emplace(tensor_name, filled(shape, DType::bf16, device, tensor_seed, 0.1f, 1.0f));  // norms near 1
   }
-  auto model = std::make_unique<Llama>(config, Checkpoint::from_tensors(name, std::move(tensors)), device, options);
+  std::unique_ptr<Model> model;
+  {
+    const Checkpoint checkpoint = Checkpoint::from_tensors(name, std::move(tensors));
+    if (moe) model = std::make_unique<Qwen3Moe>(config, checkpoint, device, options);
+    else model = std::make_unique<Llama>(config, checkpoint, device, options);
+  }
   // The in-memory checkpoint held the unfused originals; they are garbage now.
   if (device == Device::cuda) release_cached_device_memory();
   return model;

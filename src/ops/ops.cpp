@@ -237,19 +237,19 @@ std::vector<Tensor> split_columns(const Tensor& x, const std::vector<int64_t>& w
   return out;
 }
 
-Tensor concat_rows(const std::vector<Tensor>& parts) {
+Tensor concat_rows(const std::vector<Tensor>& parts, std::optional<Device> device) {
   MERE_CHECK(!parts.empty(), "concat_rows: nothing to concatenate");
   const Tensor& first = parts.front();
   Shape shape = first.shape();
   shape[0] = 0;
   for (const Tensor& p : parts) {
-    MERE_CHECK(p.dtype() == first.dtype() && p.device() == first.device() && p.rank() == first.rank() &&
+    MERE_CHECK(p.dtype() == first.dtype() && (device || p.device() == first.device()) && p.rank() == first.rank() &&
                    p.numel() / std::max<int64_t>(p.dim(0), 1) == first.numel() / std::max<int64_t>(first.dim(0), 1),
                "concat_rows: {} {} does not stack with {} {}", dtype_name(p.dtype()), shape_str(p.shape()),
                dtype_name(first.dtype()), shape_str(first.shape()));
     shape[0] += p.dim(0);
   }
-  Tensor out = Tensor::empty(shape, first.dtype(), first.device());
+  Tensor out = Tensor::empty(shape, first.dtype(), device.value_or(first.device()));
   size_t offset = 0;
   for (const Tensor& p : parts) {
     copy_bytes(static_cast<char*>(out.raw()) + offset, out.device(), p.raw(), p.device(), p.size_bytes());

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -68,8 +69,9 @@ void set_launch_settings(const LaunchSettings& settings);
 // (contiguous already), copies otherwise.
 std::vector<Tensor> split_columns(const Tensor& x, const std::vector<int64_t>& widths);
 
-// Rows of several tensors of one dtype and device stacked: [sum(rows), ...].
-Tensor concat_rows(const std::vector<Tensor>& parts);
+// Rows of several tensors of one dtype stacked: [sum(rows), ...], on `device`
+// (default: the parts', which then must share one).
+Tensor concat_rows(const std::vector<Tensor>& parts, std::optional<Device> device = {});
 
 // h += x, elementwise, in place; both f32 of the same shape.
 void add_inplace(Tensor& h, const Tensor& x);
@@ -120,5 +122,48 @@ void fill_random_bytes(Tensor& t, uint64_t seed, uint8_t mask);
 
 // dst = src converted to dst's float dtype; same element count, same device.
 void convert_into(const Tensor& src, Tensor& dst);
+
+// Mixture of experts (ops/moe_ops.cpp).
+// How a router's logits choose each token's experts.
+struct MoeRouting {
+  enum class Score { softmax, sigmoid };
+  Score score = Score::softmax;      // over all experts (softmax) or each on its own (sigmoid)
+  int top_k = 1;                     // experts per token
+  bool renormalize = false;          // the k chosen weights divided by their sum (norm_topk_prob)
+  float scale = 1.0f;                // every weight times this, last (routed_scaling_factor)
+  // Expert groups (DeepSeek-V3): only experts of the top_groups groups with the
+  // best group score (the sum of their two best scores) compete.
+  int n_groups = 1, top_groups = 1;
+};
+// Each token's experts, best first (ties to the lower expert index), and their weights.
+struct MoeChoice {
+  Tensor ids;      // i32 [T, k]
+  Tensor weights;  // f32 [T, k]
+};
+// logits f32 [T, n_experts]; `correction` (f32 [n_experts] or undefined) is
+// added to the scores for choosing only, never to the weights (DeepSeek-V3's
+// e_score_correction_bias).
+MoeChoice moe_route(const Tensor& logits, const MoeRouting& routing, const Tensor& correction = Tensor());
+
+// One MoE layer's experts, stacked so expert e owns rows [e * n, (e + 1) * n)
+// of each matrix with n rows per expert.
+struct ExpertWeights {
+  Weight gate, up;  // [n_experts * d_ff, d_model] each; undefined when fused
+  Weight gate_up;   // fused: [n_experts * 2 * d_ff, d_model], expert e's gate rows, then its up rows
+  Weight down;      // [n_experts * d_model, d_ff]
+  int64_t n_experts = 0, d_ff = 0, d_model = 0;
+  bool fused() const { return gate_up.defined(); }
+  uint64_t size_bytes() const;
+  // Expert e's matrices as plain weights [d_ff, d_model] / [d_model, d_ff].
+  Weight gate_of(int64_t e) const;
+  Weight up_of(int64_t e) const;
+  Weight down_of(int64_t e) const;
+};
+// out[t] = sum_j weights[t, j] * down_e(silu(gate_e x[t]) * up_e x[t]), e = ids[t, j].
+// x f32 [T, d_model] -> [T, d_model] f32. Tokens routed to one expert read its weights once.
+Tensor moe_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice);
+// out[t] += y[t] * sigmoid(gate[t]) (a shared expert's gate; gate f32 [T, 1]),
+// or out += y when gate is undefined. out, y f32 [T, d].
+void add_gated(Tensor& out, const Tensor& y, const Tensor& gate);
 
 }  // namespace mere::ops

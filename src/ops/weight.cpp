@@ -151,7 +151,30 @@ Tensor Weight::dequantize(DType dtype) const {
   return out.to_device(device());
 }
 
-Weight Weight::concat_rows(const std::vector<Weight>& parts) {
+Weight Weight::slice_rows(int64_t begin, int64_t end) const {
+  MERE_CHECK(0 <= begin && begin <= end && end <= rows_, "Weight::slice_rows: rows [{}, {}) of {}", begin, end, rows_);
+  switch (kind()) {
+    case Kind::dense: return Weight(dense().slice_rows(begin, end));
+    case Kind::affine: {
+      AffineWeight a = affine();
+      a.packed = a.packed.slice_rows(begin, end);
+      a.scales = a.scales.slice_rows(begin, end);
+      a.biases = a.biases.slice_rows(begin, end);
+      return Weight(std::move(a), cols_);
+    }
+    case Kind::fp8: {
+      const Fp8Weight& f = fp8();
+      MERE_CHECK(begin % f.block == 0, "Weight::slice_rows: fp8 rows from {} do not start a {}-row scale block", begin,
+                 f.block);
+      return Weight(Fp8Weight{f.values.slice_rows(begin, end),
+                              f.scale_inv.slice_rows(begin / f.block, (end + f.block - 1) / f.block), f.block});
+    }
+    case Kind::none: break;
+  }
+  fail("Weight::slice_rows: the weight is not set");
+}
+
+Weight Weight::concat_rows(const std::vector<Weight>& parts, std::optional<Device> device) {
   MERE_CHECK(!parts.empty(), "Weight::concat_rows: nothing to stack");
   const Kind k = parts[0].kind();
   for (const Weight& p : parts)
@@ -162,7 +185,7 @@ Weight Weight::concat_rows(const std::vector<Weight>& parts) {
       if (p.dense().dtype() != parts[0].dense().dtype()) return Weight();
       dense.push_back(p.dense());
     }
-    return Weight(ops::concat_rows(dense));
+    return Weight(ops::concat_rows(dense, device));
   }
   if (k == Kind::affine) {
     const AffineWeight& first = parts[0].affine();
@@ -176,7 +199,8 @@ Weight Weight::concat_rows(const std::vector<Weight>& parts) {
       scales.push_back(a.scales);
       biases.push_back(a.biases);
     }
-    AffineWeight fused{ops::concat_rows(packed), ops::concat_rows(scales), ops::concat_rows(biases), first.bits,
+    AffineWeight fused{ops::concat_rows(packed, device), ops::concat_rows(scales, device),
+                       ops::concat_rows(biases, device), first.bits,
                        first.group_size};
     return Weight(std::move(fused), parts[0].cols());
   }
@@ -190,7 +214,7 @@ Weight Weight::concat_rows(const std::vector<Weight>& parts) {
     values.push_back(f.values);
     scales.push_back(f.scale_inv);
   }
-  return Weight(Fp8Weight{ops::concat_rows(values), ops::concat_rows(scales), first.block});
+  return Weight(Fp8Weight{ops::concat_rows(values, device), ops::concat_rows(scales, device), first.block});
 }
 
 }  // namespace mere

@@ -4,6 +4,7 @@
 // ops::linear and the others dispatch on the kind; nothing converts silently.
 #pragma once
 
+#include <optional>
 #include <variant>
 
 #include "core/tensor.h"
@@ -55,9 +56,13 @@ class Weight {
   // The weight as a dense [out, in] tensor of `dtype` on its device: the
   // reference every quantized kernel is checked against.
   Tensor dequantize(DType dtype = DType::f32) const;
-  // Rows of several weights of one kind and layout stacked (fused projections);
+  // Rows [begin, end) sharing storage (one expert of a stacked MoE matrix). FP8
+  // weights slice at whole scale blocks only (begin a multiple of the block).
+  Weight slice_rows(int64_t begin, int64_t end) const;
+  // Rows of several weights of one kind and layout stacked (fused projections,
+  // an MoE layer's experts) into new storage on `device` (default: the parts');
   // undefined when they cannot be (different kinds, bits or group sizes).
-  static Weight concat_rows(const std::vector<Weight>& parts);
+  static Weight concat_rows(const std::vector<Weight>& parts, std::optional<Device> device = {});
 
  private:
   std::variant<std::monostate, Tensor, AffineWeight, Fp8Weight> storage_;

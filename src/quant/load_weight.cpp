@@ -5,7 +5,15 @@ namespace mere {
 Weight load_weight(const Checkpoint& checkpoint, const std::string& module, const Shape& shape, const std::string& why,
                    const QuantizationConfig& quant) {
   const std::string name = module + ".weight";
-  const int64_t out = shape.at(0), in = shape.at(1);
+  MERE_CHECK(shape.size() == 2 || shape.size() == 3, "load_weight: {} has a rank-{} shape", name, shape.size());
+  // A stack of matrices [n, out, in] (MoE experts) is read as one [n * out, in].
+  const bool stacked = shape.size() == 3;
+  const int64_t n = stacked ? shape[0] : 1, out = shape.end()[-2], in = shape.end()[-1];
+  auto with_stack = [&](Shape s) {
+    if (stacked) s.insert(s.begin(), n);
+    return s;
+  };
+  auto flat = [&](const Tensor& t) { return stacked ? t.reshape({n * t.dim(1), t.dim(2)}) : t; };
   const std::string file = checkpoint.path().string();
   const bool has_scales = checkpoint.has(module + ".scales"), has_fp8_scales = checkpoint.has(module + ".weight_scale_inv");
   if (quant.fp8_block > 0 && has_fp8_scales) {
@@ -14,24 +22,25 @@ Weight load_weight(const Checkpoint& checkpoint, const std::string& module, cons
     MERE_CHECK(values.dtype() == DType::f8_e4m3 && values.shape() == shape,
                "{}: {} is {} {}, expected fp8 e4m3 (F8_E4M3) {} ({})", file, name, dtype_name(values.dtype()),
                shape_str(values.shape()), shape_str(shape), why);
-    Tensor scale_inv = checkpoint.get(module + ".weight_scale_inv", {(out + b - 1) / b, (in + b - 1) / b},
+    MERE_CHECK(!stacked || out % b == 0, "{}: {} stacks matrices of {} rows, not a multiple of the {}-row block",
+               file, name, out, b);
+    Tensor scale_inv = checkpoint.get(module + ".weight_scale_inv", with_stack({(out + b - 1) / b, (in + b - 1) / b}),
                                       "fp8 block scales of " + name);
     if (scale_inv.dtype() != DType::f32) scale_inv = scale_inv.to(DType::f32);
-    return Weight(Fp8Weight{values, scale_inv, b});
+    return Weight(Fp8Weight{flat(values), flat(scale_inv), b});
   }
   std::optional<AffineSpec> spec = quant.affine_for(module);
   if (spec && has_scales) {
     MERE_CHECK(in % spec->group_size == 0, "{}: {} has {} columns, not a multiple of the group size {}", file, name,
                in, spec->group_size);
-    const Shape groups{out, in / spec->group_size};
+    const Shape groups = with_stack({out, in / spec->group_size});
     Tensor packed = checkpoint.get(name);
-    MERE_CHECK(packed.dtype() == DType::u32 && packed.shape() == Shape({out, in * spec->bits / 32}),
-               "{}: {} is {} {}, expected u32 [{}, {}] for {}-bit weights of {} ({})",
-               checkpoint.info(name).file.string(), name,
-               dtype_name(packed.dtype()), shape_str(packed.shape()), out, in * spec->bits / 32, spec->bits,
-               shape_str(shape), why);
-    AffineWeight a{packed, checkpoint.get(module + ".scales", groups, "group scales of " + name),
-                   checkpoint.get(module + ".biases", groups, "group biases of " + name), spec->bits,
+    MERE_CHECK(packed.dtype() == DType::u32 && packed.shape() == with_stack({out, in * spec->bits / 32}),
+               "{}: {} is {} {}, expected u32 {} for {}-bit weights of {} ({})", checkpoint.info(name).file.string(),
+               name, dtype_name(packed.dtype()), shape_str(packed.shape()),
+               shape_str(with_stack({out, in * spec->bits / 32})), spec->bits, shape_str(shape), why);
+    AffineWeight a{flat(packed), flat(checkpoint.get(module + ".scales", groups, "group scales of " + name)),
+                   flat(checkpoint.get(module + ".biases", groups, "group biases of " + name)), spec->bits,
                    spec->group_size};
     return Weight(std::move(a), in);
   }
@@ -45,7 +54,7 @@ Weight load_weight(const Checkpoint& checkpoint, const std::string& module, cons
   else if (dense.dtype() == DType::f8_e4m3) hint = " (fp8 needs config.json's quantization_config, quant_method fp8)";
   MERE_CHECK(dense.dtype() == DType::f32 || dense.dtype() == DType::f16 || dense.dtype() == DType::bf16,
              "{}: {} is {}; a dense weight must be f32, f16 or bf16{}", file, name, dtype_name(dense.dtype()), hint);
-  return Weight(std::move(dense));
+  return Weight(flat(dense));
 }
 
 }  // namespace mere

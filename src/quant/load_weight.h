@@ -12,7 +12,9 @@
 namespace mere {
 
 // `module` is the tensor name without ".weight", e.g. "model.layers.0.mlp.gate_proj";
-// `shape` is the logical [out, in]; `why` names the config fields it comes from.
+// `shape` is the logical [out, in], or [n, out, in] for a stack of n matrices
+// stored as one tensor (MoE experts), read as [n * out, in]; `why` names the
+// config fields it comes from.
 Weight load_weight(const Checkpoint& checkpoint, const std::string& module, const Shape& shape, const std::string& why,
                    const QuantizationConfig& quant);
 

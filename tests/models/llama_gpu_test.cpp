@@ -208,7 +208,6 @@ TEST(ShapesGpu, RandomModelsLoadAndDecode) {
     max_abs = std::max(max_abs, std::fabs(logits.at(i)));
   }
   EXPECT_GT(max_abs, 0.0f);
-  EXPECT_THROW(random_model("qwen3-30b-a3b", Device::cuda), Error);
 }
 
 }  // namespace

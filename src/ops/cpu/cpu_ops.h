@@ -25,4 +25,9 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, 
 void load_f32(const Tensor& src, int64_t offset, int64_t n, float* dst);
 float dot(const float* a, const float* b, int64_t n);
 
+// Mixture of experts (ops.h), arguments checked and outputs allocated.
+void moe_route(const Tensor& logits, const MoeRouting& routing, const Tensor& correction, MoeChoice& choice);
+void moe_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice, Tensor& out);
+void add_gated(Tensor& out, const Tensor& y, const Tensor& gate);
+
 }  // namespace mere::ops::cpu

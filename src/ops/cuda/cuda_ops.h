@@ -38,4 +38,9 @@ void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                         float eps, const RopeTable& rope, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache);
 void fill_random(Tensor& t, uint64_t seed, float scale, float offset);
 
+// Mixture of experts (ops.h), arguments checked and outputs allocated.
+void moe_route(const Tensor& logits, const MoeRouting& routing, const Tensor& correction, MoeChoice& choice);
+void moe_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice, Tensor& out);
+void add_gated(Tensor& out, const Tensor& y, const Tensor& gate);
+
 }  // namespace mere::ops::cuda
