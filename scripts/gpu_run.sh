@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere
 # (the device machine of our workplace has no Debian packages): .devrun/ holds
 # bin.tar.xz (mere, mere_gpu_tests) and libs.tar.xz (libfmt, libpcre2, ICU). Logs go to $OUT.
-# Usage: scripts/gpu_run.sh [tests] [bench] [levers]; MERE_DEVRUN names the pack
+# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [moe] [quant]; MERE_DEVRUN names the pack
 # (default .devrun), GTEST_FILTER picks tests.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,6 +49,28 @@ for what in "${@:-tests bench}"; do
         -k regex:'matvec|attention|norm|silu|embed|store|add|copy|rope|sample|advance' \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size --csv --page raw \
         "$m" bench --device cuda --shape llama3-8b -p 0 -n 4 -r 1 > "$out/ncu_llama3-8b.csv" 2> "$out/ncu.err" ;;
+    moe)  # the Qwen3-30B-A3B shape: bf16, int8 and int4 experts, and the fused gate/up lever
+      m="$bin/mere"
+      for q in bf16 int8 int4; do
+        "$m" bench --device cuda --shape qwen3-30b-a3b --quant $q -p 512,4096 -n 128 -r 3 2>&1 | tee -a "$out/moe.log"
+      done
+      [ -n "${MERE_MOE_FUSED_AB:-}" ] && for q in bf16 int8; do
+        MERERUN_PSI_FUSED_MOE=1 "$m" bench --device cuda --shape qwen3-30b-a3b --quant $q -p 512,4096 -n 128 -r 3 2>&1 |
+          tee -a "$out/moe.log"
+      done ;;
+    profile_moe)  # per-kernel time and DRAM bytes of qwen3-30b-a3b int8 decode steps (eager)
+      m="$bin/mere"
+      MERERUN_CUDA_GRAPHS=0 ncu --clock-control none --kernel-name-base function --launch-skip 1500 --launch-count 600 \
+        -k regex:'matvec|attention|norm|silu|embed|store|add|copy|rope|sample|advance|moe' \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size --csv --page raw \
+        "$m" bench --device cuda --shape qwen3-30b-a3b --quant int8 -p 0 -n 8 -r 1 > "$out/ncu_moe.csv" 2> "$out/ncu_moe.err"
+      python3 "$root/scripts/ncu_summary.py" "$out/ncu_moe.csv" 2>&1 | head -40 ;;
+    detail_moe)  # ncu's speed-of-light, occupancy and stall sections for one of each MoE decode kernel
+      m="$bin/mere"
+      MERERUN_CUDA_GRAPHS=0 ncu --clock-control none -k regex:'moe_(gate_up|down)_decode' --launch-skip 200 --launch-count 2 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+        "$m" bench --device cuda --shape qwen3-30b-a3b --quant int8 -p 0 -n 8 -r 1 > "$out/ncu_moe_detail.txt" 2>&1
+      grep -E "moe_|Duration|Throughput|Registers|Occupancy|Warp Cycles|Stall|Block Limit|Waves|Shared Memory Config|Dynamic Shared|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" "$out/ncu_moe_detail.txt" | head -90 ;;
     quant)  # the weight formats side by side on the Llama-3-8B shape
       m="$bin/mere"
       "$m" bench --device cuda --shape llama3-8b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/quant.log"

@@ -66,7 +66,10 @@ Tensor direct(const Tensor& x, const ops::ExpertWeights& w, const ops::MoeChoice
 }
 
 ops::ExpertWeights random_experts(int64_t E, int64_t f, int64_t d, bool fused, uint64_t seed) {
-  ops::ExpertWeights w{.n_experts = E, .d_ff = f, .d_model = d};
+  ops::ExpertWeights w;
+  w.n_experts = E;
+  w.d_ff = f;
+  w.d_model = d;
   if (fused) {
     w.gate_up = random_tensor({E * 2 * f, d}, seed, 0.3f, DType::bf16);
   } else {

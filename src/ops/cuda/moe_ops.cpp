@@ -1,15 +1,105 @@
-// Mixture of experts on CUDA (kernels in moe.cu).
+// Mixture of experts on CUDA (kernels in moe.cu): the router's top-k, then the
+// experts as decode matvecs (up to kMaxMatvecTokens tokens) or as grouped
+// tensor-core GEMMs over the pairs sorted by expert (prefill).
 #include "ops/cuda/cuda_ops.h"
 
 #ifdef MERE_HAVE_CUDA
 
 #include "core/cuda_check.h"
+#include "ops/cuda/launchers.h"
+#include "ops/cuda/moe_launchers.h"
 
 namespace mere::ops::cuda {
+namespace {
 
-void moe_route(const Tensor&, const MoeRouting&, const Tensor&, MoeChoice&) { fail("moe_route: CUDA not yet"); }
-void moe_experts(const Tensor&, const ExpertWeights&, const MoeChoice&, Tensor&) { fail("moe_experts: CUDA not yet"); }
-void add_gated(Tensor&, const Tensor&, const Tensor&) { fail("add_gated: CUDA not yet"); }
+using namespace mere::cuda;
+
+cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
+
+// Rows [first_row + e * stride, + rows) of `w` as expert e's matrix.
+ExpertMatrix expert_matrix(const Weight& w, int64_t rows, int64_t first_row, int64_t stride, const char* what) {
+  ExpertMatrix m;
+  m.rows = rows;
+  m.cols = w.cols();
+  m.expert_stride = stride;
+  switch (w.kind()) {
+    case Weight::Kind::dense: {
+      const Tensor& t = w.dense();
+      m.w = static_cast<const char*>(t.raw()) + first_row * m.cols * int64_t(dtype_size(t.dtype()));
+      m.dtype = t.dtype();
+      break;
+    }
+    case Weight::Kind::affine: {
+      const AffineWeight& a = w.affine();
+      const int64_t groups = m.cols / a.group_size, scale_size = int64_t(dtype_size(a.scales.dtype()));
+      m.w = a.packed.data<uint32_t>() + first_row * (m.cols * a.bits / 32);
+      m.scales = static_cast<const char*>(a.scales.raw()) + first_row * groups * scale_size;
+      m.biases = static_cast<const char*>(a.biases.raw()) + first_row * groups * scale_size;
+      MERE_CHECK(a.scales.dtype() == a.biases.dtype(), "moe_experts (CUDA): {} scales and biases differ in dtype", what);
+      m.dtype = a.scales.dtype();
+      m.bits = a.bits;
+      m.group_size = a.group_size;
+      break;
+    }
+    default:
+      fail("moe_experts (CUDA): {} experts are {}; the GPU runs dense and MLX affine (int4, int8) experts", what,
+           w.describe());
+  }
+  MERE_CHECK(moe_matrix_supported(m), "moe_experts (CUDA): {} experts ({}, {} columns) are not supported: columns "
+             "must be a multiple of 32 and affine groups 32, 64 or 128", what, w.describe(), m.cols);
+  return m;
+}
+
+}  // namespace
+
+void moe_route(const Tensor& logits, const MoeRouting& r, const Tensor& correction, MoeChoice& choice) {
+  MoeRouteArgs a{.logits = logits.data<float>(), .correction = correction.defined() ? correction.data<float>() : nullptr,
+                 .ids = choice.ids.data<int32_t>(), .weights = choice.weights.data<float>(), .T = logits.dim(0),
+                 .E = int(logits.dim(1)), .k = r.top_k, .n_groups = r.n_groups, .top_groups = r.top_groups,
+                 .sigmoid = r.score == MoeRouting::Score::sigmoid, .renormalize = r.renormalize, .scale = r.scale};
+  MERE_CHECK(a.E <= kMaxRoutedExperts && a.k <= 32, "moe_route (CUDA): {} experts, top {} (at most {} and 32)", a.E,
+             a.k, kMaxRoutedExperts);
+  MERE_CUDA(launch_moe_route(a, stream()));
+}
+
+void moe_experts(const Tensor& x, const ExpertWeights& w, const MoeChoice& choice, Tensor& out) {
+  const int64_t E = w.n_experts, f = w.d_ff, d = w.d_model, T = x.dim(0), k = choice.ids.dim(1);
+  MoeExpertsArgs a;
+  if (w.fused()) {
+    a.gate = expert_matrix(w.gate_up, f, 0, 2 * f, "gate");
+    a.up = expert_matrix(w.gate_up, f, f, 2 * f, "up");
+  } else {
+    a.gate = expert_matrix(w.gate, f, 0, f, "gate");
+    a.up = expert_matrix(w.up, f, 0, f, "up");
+  }
+  a.down = expert_matrix(w.down, d, 0, d, "down");
+  MERE_CHECK(d % 32 == 0 && f % 32 == 0, "moe_experts (CUDA): d_model {} and d_ff {} must be multiples of 32", d, f);
+  a.x = x.data<float>();
+  a.ids = choice.ids.data<int32_t>();
+  a.weights = choice.weights.data<float>();
+  a.out = out.data<float>();
+  a.T = T;
+  a.k = k;
+  a.n_experts = E;
+  a.d_model = d;
+  a.d_ff = f;
+  // f32 experts (test checkpoints) keep f32 arithmetic at every T: the GEMM's bf16
+  // operands would move a near-tie in a later layer's routing.
+  const bool f32_experts = a.gate.bits == 0 && a.gate.dtype == DType::f32;
+  if (T <= kMaxMatvecTokens || f32_experts) {
+    MERE_CHECK(T * k <= 65535, "moe_experts (CUDA): {} tokens x {} experts in one f32 call (at most 65535)", T, k);
+    Tensor act = Tensor::empty({T * k, f}, DType::f32, Device::cuda);
+    MERE_CUDA(launch_moe_experts_decode(a, act.data<float>(), stream()));
+    return;
+  }
+  Tensor scratch = Tensor::empty({int64_t(moe_prefill_scratch_bytes(T, k, E, d, f))}, DType::u8, Device::cuda);
+  MERE_CUDA(launch_moe_experts_prefill(a, scratch.raw(), stream()));
+}
+
+void add_gated(Tensor& out, const Tensor& y, const Tensor& gate) {
+  MERE_CUDA(launch_add_gated(out.data<float>(), y.data<float>(), gate.defined() ? gate.data<float>() : nullptr,
+                             out.dim(0), out.dim(1), stream()));
+}
 
 }  // namespace mere::ops::cuda
 

@@ -1,0 +1,65 @@
+// Launchers of the mixture-of-experts kernels (moe.cu): raw pointers, sizes and
+// a stream. Each returns the launch's cudaError_t.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace mere::cuda {
+
+// A stack of per-expert matrices [rows, cols]: expert e's row r is storage row
+// e * expert_stride + r (stride 2 * d_ff for the gate or up half of a fused
+// gate/up stack, whose pointers then start at row 0 or d_ff).
+struct ExpertMatrix {
+  const void* w = nullptr;        // dense values (f32, f16, bf16) or affine packed u32
+  const void* scales = nullptr;   // affine only: [rows, cols / group_size]
+  const void* biases = nullptr;
+  DType dtype = DType::bf16;      // dense: of w; affine: of scales and biases
+  int bits = 0;                   // 0: dense; 4 or 8: MLX affine
+  int group_size = 0;
+  int64_t rows = 0, cols = 0, expert_stride = 0;
+};
+// Whether the kernels take this matrix (cols a multiple of 32, affine groups of 32, 64 or 128).
+bool moe_matrix_supported(const ExpertMatrix& m);
+
+struct MoeRouteArgs {
+  const float* logits = nullptr;      // [T, E]
+  const float* correction = nullptr;  // [E] or null
+  int32_t* ids = nullptr;             // [T, k]
+  float* weights = nullptr;           // [T, k]
+  int64_t T = 0;
+  int E = 0, k = 0, n_groups = 1, top_groups = 1;
+  bool sigmoid = false, renormalize = false;
+  float scale = 1.0f;
+};
+// One warp per token; E at most kMaxRoutedExperts.
+constexpr int kMaxRoutedExperts = 1024;
+cudaError_t launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
+
+struct MoeExpertsArgs {
+  ExpertMatrix gate, up, down;   // down: rows d_model, cols d_ff
+  const float* x = nullptr;      // [T, d_model]
+  const int32_t* ids = nullptr;  // [T, k]
+  const float* weights = nullptr;
+  float* out = nullptr;          // [T, d_model]
+  int64_t T = 0, k = 0, n_experts = 0, d_model = 0, d_ff = 0;
+};
+// Matvecs over the chosen experts' rows only, two kernels, f32 arithmetic: decode
+// (T <= kMaxMatvecTokens), and every T for f32 experts (test checkpoints, which
+// the bf16 GEMM would round). T * k <= 65535. `act` is scratch [T * k, d_ff] f32.
+cudaError_t launch_moe_experts_decode(const MoeExpertsArgs& a, float* act, cudaStream_t stream);
+
+// Prefill: the (token, slot) pairs sorted by expert on the device, then two
+// grouped tensor-core GEMMs (bf16 inputs, f32 accumulation) in which each
+// expert's weights are read once per tile of 64 of its rows, and a combine in
+// slot order. Scratch sizes from moe_prefill_scratch_bytes.
+size_t moe_prefill_scratch_bytes(int64_t T, int64_t k, int64_t n_experts, int64_t d_model, int64_t d_ff);
+cudaError_t launch_moe_experts_prefill(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream);
+
+// out[t, :] += y[t, :] * sigmoid(gate[t]) (gate null: out += y).
+cudaError_t launch_add_gated(float* out, const float* y, const float* gate, int64_t T, int64_t d, cudaStream_t stream);
+
+}  // namespace mere::cuda

@@ -1,0 +1,119 @@
+// The CUDA mixture-of-experts ops against the CPU reference on random inputs:
+// routing (ids exact, weights to f32 rounding), the experts' decode matvecs
+// (f32 arithmetic) and prefill grouped GEMMs (bf16 operands), for dense and
+// MLX affine experts, fused and separate gate/up, and skewed routing.
+#include <gtest/gtest.h>
+
+#include "core/device.h"
+#include "gpu_test_util.h"
+#include "ops/ops.h"
+
+namespace mere {
+namespace {
+
+using test::gpu;
+using test::random;
+using test::relative_error;
+
+class MoeOpsGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  }
+};
+
+void expect_same_choice(const ops::MoeChoice& got, const ops::MoeChoice& want, const char* label) {
+  const Tensor ids = got.ids.to_device(Device::cpu);
+  for (int64_t i = 0; i < want.ids.numel(); ++i)
+    ASSERT_EQ(ids.data<int32_t>()[i], want.ids.data<int32_t>()[i]) << label << " at " << i;
+  EXPECT_LE(relative_error(got.weights, want.weights, label), 1e-5f);
+}
+
+TEST_F(MoeOpsGpu, RouteMatchesCpu) {
+  const Tensor logits = random({37, 128}, DType::f32, 1, 3.0f);
+  const ops::MoeRouting qwen{.top_k = 8, .renormalize = true};
+  expect_same_choice(ops::moe_route(gpu(logits), qwen), ops::moe_route(logits, qwen), "route softmax top-8 renorm");
+  const ops::MoeRouting deepseek{.score = ops::MoeRouting::Score::sigmoid, .top_k = 8, .renormalize = true,
+                                 .scale = 2.5f, .n_groups = 8, .top_groups = 4};
+  const Tensor correction = random({128}, DType::f32, 2, 0.5f);
+  expect_same_choice(ops::moe_route(gpu(logits), deepseek, gpu(correction)), ops::moe_route(logits, deepseek, correction),
+                     "route sigmoid groups 8/4 + correction");
+}
+
+Weight random_affine(int64_t rows, int64_t cols, int bits, int group, uint64_t seed) {
+  Tensor packed = Tensor::empty({rows, cols * bits / 32}, DType::u32);
+  ops::fill_random_bytes(packed, seed, 0xff);
+  AffineWeight a{packed, random({rows, cols / group}, DType::bf16, seed + 1, 0.01f, 0.02f),
+                 random({rows, cols / group}, DType::bf16, seed + 2, 0.05f, -0.1f), bits, group};
+  return Weight(std::move(a), cols);
+}
+
+// E experts [f, d] / [d, f] in `format` ("bf16", "int4", "int8"), gate and up fused or not.
+ops::ExpertWeights random_experts(int64_t E, int64_t f, int64_t d, const std::string& format, bool fused) {
+  auto matrix = [&](int64_t rows, int64_t cols, uint64_t seed) {
+    if (format == "bf16") return Weight(random({rows, cols}, DType::bf16, seed, 0.05f));
+    return random_affine(rows, cols, format == "int4" ? 4 : 8, format == "int4" ? 64 : 32, seed);
+  };
+  ops::ExpertWeights w;
+  w.n_experts = E;
+  w.d_ff = f;
+  w.d_model = d;
+  if (fused) w.gate_up = matrix(E * 2 * f, d, 10);
+  else {
+    w.gate = matrix(E * f, d, 10);
+    w.up = matrix(E * f, d, 20);
+  }
+  w.down = matrix(E * d, f, 30);
+  return w;
+}
+
+ops::ExpertWeights on_gpu(const ops::ExpertWeights& w) {
+  ops::ExpertWeights g = w;
+  for (Weight* m : {&g.gate, &g.up, &g.gate_up, &g.down})
+    if (m->defined()) *m = m->to_device(Device::cuda);
+  return g;
+}
+
+ops::MoeChoice on_gpu(const ops::MoeChoice& c) { return {gpu(c.ids), gpu(c.weights)}; }
+
+TEST_F(MoeOpsGpu, ExpertsMatchCpuForDecodeAndPrefill) {
+  const int64_t E = 16, f = 128, d = 256, k = 4;
+  for (const std::string format : {"bf16", "int4", "int8"})
+    for (bool fused : {false, true}) {
+      const ops::ExpertWeights w = random_experts(E, f, d, format, fused), wg = on_gpu(w);
+      for (int64_t T : {1, 3, 8, 9, 150}) {
+        const Tensor x = random({T, d}, DType::f32, 40 + uint64_t(T));
+        const ops::MoeChoice c = ops::moe_route(random({T, E}, DType::f32, 50, 2.0f), {.top_k = int(k), .renormalize = true});
+        const std::string label = format + (fused ? " fused" : "") + " T=" + std::to_string(T);
+        // Decode runs f32 arithmetic; prefill rounds x, the activations and dense weights to bf16.
+        EXPECT_LE(relative_error(ops::moe_experts(gpu(x), wg, on_gpu(c)), ops::moe_experts(x, w, c), label),
+                  T <= 8 ? 1e-4f : 2e-2f);
+      }
+    }
+}
+
+TEST_F(MoeOpsGpu, SkewedRoutingAllTokensToOneExpertLeavesOthersEmpty) {
+  const int64_t E = 8, f = 64, d = 64, T = 200;  // 200 rows: four row tiles of one expert, seven empty experts
+  const ops::ExpertWeights w = random_experts(E, f, d, "bf16", false);
+  ops::MoeChoice c{Tensor::empty({T, 2}, DType::i32), Tensor::empty({T, 2}, DType::f32)};
+  for (int64_t t = 0; t < T; ++t) {
+    c.ids.data<int32_t>()[2 * t] = 5;
+    c.ids.data<int32_t>()[2 * t + 1] = t % 3 == 0 ? 7 : 5 - 1;  // a second slot so pairs interleave
+    c.weights.data<float>()[2 * t] = 0.75f;
+    c.weights.data<float>()[2 * t + 1] = 0.25f;
+  }
+  const Tensor x = random({T, d}, DType::f32, 60);
+  EXPECT_LE(relative_error(ops::moe_experts(gpu(x), on_gpu(w), on_gpu(c)), ops::moe_experts(x, w, c),
+                           "skewed: 200 tokens to expert 5"), 2e-2f);
+}
+
+TEST_F(MoeOpsGpu, AddGatedMatchesCpu) {
+  Tensor out = random({5, 64}, DType::f32, 70), y = random({5, 64}, DType::f32, 71), g = random({5, 1}, DType::f32, 72, 3.0f);
+  Tensor out_gpu = gpu(out);
+  ops::add_gated(out_gpu, gpu(y), gpu(g));
+  ops::add_gated(out, y, g);
+  EXPECT_LE(relative_error(out_gpu, out, "add_gated"), 1e-6f);
+}
+
+}  // namespace
+}  // namespace mere
