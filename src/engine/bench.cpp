@@ -50,12 +50,21 @@ std::unique_ptr<SeqState> state_at_depth(const Model& model, int64_t depth, int6
   return state;
 }
 
+double resident_bytes(const Model& model, const SeqState& state) {
+  if (model.info().device == Device::cuda) {
+    device_synchronize();
+    return double(device_bytes_reserved() - device_bytes_cached());
+  }
+  return double(model.info().weight_bytes + state.kv_bytes());
+}
+
 // The levers a model was loaded and runs with, for a row's label.
 std::string layout_levers(const LoadOptions& o) {
   auto on = [](bool b) { return b ? "on" : "off"; };
   return std::string("fused_projections=") + on(o.fuse_projections) + " fused_rope_store=" + on(o.fuse_rope_store) +
          " fused_norm_matvec=" + on(o.fuse_norm_matvec) + " programmatic_launch=" + on(o.programmatic_launch) +
-         " matvec_split_k=" + on(o.matvec_split_k) + " fp8_activation_gemm=" + on(o.fp8_activation_gemm);
+         " matvec_split_k=" + on(o.matvec_split_k) + " fp8_activation_gemm=" + on(o.fp8_activation_gemm) +
+         (o.fuse_moe_gate_up ? " fused_moe_gate_up=on" : "");
 }
 
 }  // namespace
@@ -119,6 +128,7 @@ BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int re
     Tensor host = logits.to_device(Device::cpu);
     greedy.sample(host.data<float>(), model.info().vocab, {});
     if (r < 0) continue;
+    row.resident_bytes = resident_bytes(model, *state);
     row.tok_s.push_back(double(tokens) / prefill_s);
     ttft.push_back(seconds_since(t0) * 1e3);
   }
@@ -152,6 +162,7 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
     auto state = state_at_depth(model, depth, tokens + 3, kv_mode);
     GenerateStats stats = generate_from(model, *state, {1}, options, [](int32_t) { return true; });
     if (r >= 0) row.tok_s.push_back(stats.decode_tok_s());
+    row.resident_bytes = resident_bytes(model, *state);
   }
   finish(row);
   return row;

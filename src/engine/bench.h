@@ -31,6 +31,10 @@ struct BenchRow {
   double roofline_tok_s = 0; // what the ceiling allows
   double fraction = 0;       // mean over roofline
   double bytes_per_token = 0, flops = 0;
+  // Memory the row held at its end, its sequence state alive: on the GPU the
+  // allocator's bytes in use (weights, K/V cache, live activations); on the CPU
+  // the weights plus the K/V cache.
+  double resident_bytes = 0;
 };
 
 // One prefill of `tokens` after `depth` cached tokens, `reps` times after a warm-up.

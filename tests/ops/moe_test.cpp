@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "models/blocks/moe.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -110,6 +111,40 @@ TEST(AddGated, SigmoidOfTheGateScalesEachRow) {
   EXPECT_EQ(out.to_floats(), (std::vector<float>{1.5f, 2.0f, 5.0f, 6.0f}));
   ops::add_gated(out, y, Tensor());
   EXPECT_EQ(out.to_floats(), (std::vector<float>{2.5f, 4.0f, 8.0f, 10.0f}));
+}
+
+}  // namespace
+}  // namespace mere
+
+namespace mere {
+namespace {
+
+// The shared block: routed experts plus a shared expert, gated by sigmoid(x . g)
+// or not, equals its composition from the ops.
+TEST(MoeBlock, SharedExpertWithAndWithoutGateAddsToTheRoutedOutput) {
+  const int64_t T = 3, E = 4, f = 16, d = 32;
+  MoeBlock block;
+  block.router = Weight(random_tensor({E, d}, 80, 0.5f));
+  block.routing = {.score = ops::MoeRouting::Score::sigmoid, .top_k = 2, .renormalize = true, .scale = 1.5f};
+  block.experts = random_experts(E, f, d, true, 81);
+  block.shared.gate = Weight(random_tensor({f, d}, 82, 0.3f));
+  block.shared.up = Weight(random_tensor({f, d}, 83, 0.3f));
+  block.shared.down = Weight(random_tensor({d, f}, 84, 0.3f));
+  const Tensor x = random_tensor({T, d}, 85, 1.0f);
+  const ops::MoeChoice c = ops::moe_route(ops::linear(x, block.router), block.routing);
+  const Tensor routed = direct(x, block.experts, c), shared = block.shared.apply(x);
+  Tensor want = routed.clone();
+  ops::add_inplace(want, shared);
+  EXPECT_LE(test::max_abs_diff(block.apply(x), want).diff, 1e-5f);
+  block.shared_gate = Weight(random_tensor({1, d}, 86, 0.5f));
+  const Tensor g = ops::linear(x, block.shared_gate);
+  want = routed.clone();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < d; ++i)
+      want.data<float>()[t * d + i] += shared.at(t * d + i) / (1.0f + std::exp(-g.at(t)));
+  EXPECT_LE(test::max_abs_diff(block.apply(x), want).diff, 1e-5f);
+  EXPECT_EQ(block.decode_bytes(), block.router.size_bytes() + 2 * block.experts.size_bytes() / 4 +
+                                      block.shared.size_bytes() + block.shared_gate.size_bytes());
 }
 
 }  // namespace
