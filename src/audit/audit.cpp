@@ -256,7 +256,16 @@ class Auditor {
       return a;
     };
     for (const LeverSpec& s : specs_) arms_.push_back(arm_of({s}));
-    if (o_.combine && specs_.size() > 1) arms_.push_back(arm_of(specs_));
+    // The combination: the last lever given of each kind (one KV mode, one weight format,
+    // each engine lever once), in the order given.
+    std::vector<LeverSpec> combined;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      auto same_kind = [&](const LeverSpec& x) {
+        return x.kind == specs_[i].kind && x.engine_lever == specs_[i].engine_lever;
+      };
+      if (std::none_of(specs_.begin() + long(i) + 1, specs_.end(), same_kind)) combined.push_back(specs_[i]);
+    }
+    if (o_.combine && combined.size() > 1) arms_.push_back(arm_of(combined));
     for (Arm& a : arms_) setup(a);
     for (Arm* a : all()) {
       ArmResult& r = a->result;

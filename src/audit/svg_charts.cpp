@@ -34,7 +34,7 @@ std::string open_svg(int width, int height, const std::string& title) {
                      width, height, escape(title));
 }
 
-constexpr int kLabelWidth = 190, kBarArea = 300, kRow = 22, kTop = 26;
+constexpr int kLabelWidth = 250, kBarArea = 300, kRow = 22, kTop = 26;
 
 }  // namespace
 
