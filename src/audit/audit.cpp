@@ -467,6 +467,7 @@ class Auditor {
     f.prefill_lever_max = a.result.prefill.max;
     f.prefill_lever = a.result.prefill.median;
     f.prefill_lever_min = a.result.prefill.min;
+    f.speed_runs = o_.runs;
     f.resident_baseline = double(b.weight_bytes + b.cache_capacity_bytes);
     f.resident_lever = double(a.result.weight_bytes + a.result.cache_capacity_bytes);
     c.verdict = decide(f);
@@ -490,6 +491,14 @@ class Auditor {
     if (nondeterministic_) report_.notes.push_back("not deterministic: " + *nondeterministic_);
     report_.notes.push_back(
         "EOS does not stop generation in the audit: every prompt yields exactly -n tokens on every arm");
+    report_.notes.push_back(
+        "sampled agreement is fragile by construction: the sampler inverts the CDF in token-id order, so a small "
+        "change in the probability of any earlier token moves the boundary a draw falls on; expect early sampled "
+        "divergence even at rounding-level KL (--lever kv=default, the baseline itself, is the A/A control)");
+    if (o_.runs < kMinSpeedRuns)
+      report_.notes.push_back(fmt::format("speed is reported but not judged in the verdicts: {} timed run(s), the "
+                                          "policy needs {}",
+                                          o_.runs, kMinSpeedRuns));
     report_.notes.push_back(
         "workspace is not counted per arm: the " + std::string(o_.device == Device::cpu ? "CPU" : "CUDA") +
         " backend allocates activations without a per-run counter; the process's peak resident set is reported "

@@ -47,13 +47,16 @@ ordered_json parity_json(const std::vector<TokenParity>& v, const std::vector<Au
     a.push_back({{"prompt", prompts[i].name},
                  {"matched", v[i].matched},
                  {"total", v[i].total},
-                 {"first_divergence", v[i].first_divergence < 0 ? ordered_json(nullptr) : ordered_json(v[i].first_divergence)},
+                 {"first_divergence",
+                  v[i].first_divergence < 0 ? ordered_json(nullptr) : ordered_json(v[i].first_divergence)},
                  {"positionwise", v[i].positionwise}});
   return a;
 }
 
 std::string pct(double x) { return fmt::format("{:.1f}%", 100 * x); }
-std::string rel_pct(double lever, double base) { return base > 0 ? fmt::format("{:+.1f}%", 100 * (lever / base - 1)) : "n/a"; }
+std::string rel_pct(double lever, double base) {
+  return base > 0 ? fmt::format("{:+.1f}%", 100 * (lever / base - 1)) : "n/a";
+}
 std::string mb(uint64_t b) { return fmt::format("{:.2f} MB", double(b) / 1e6); }
 std::string spread_str(const Spread& s, const char* fmt_one) {
   return fmt::format(fmt::runtime(fmt_one), s.median) + " (" + fmt::format(fmt::runtime(fmt_one), s.min) + "–" +

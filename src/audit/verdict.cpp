@@ -52,14 +52,18 @@ Verdict decide(const LeverFigures& f, const std::optional<std::string>& not_enga
   }
 
   const double decode = rel(f.decode_lever, f.decode_baseline), prefill = rel(f.prefill_lever, f.prefill_baseline);
+  // Too few runs to tell a speed difference from noise: speed is reported, not judged.
+  const bool judge_speed = f.speed_runs >= kMinSpeedRuns;
   // Faster: the median clears the margin and even the lever's slowest run beats the
   // baseline's median. Slower, the mirror: even its fastest run is below that median.
-  const bool decode_faster = f.decode_baseline > 0 && decode >= kSpeedMargin && f.decode_lever_min > f.decode_baseline;
+  const bool decode_faster =
+      judge_speed && f.decode_baseline > 0 && decode >= kSpeedMargin && f.decode_lever_min > f.decode_baseline;
   const bool prefill_faster =
-      f.prefill_baseline > 0 && prefill >= kSpeedMargin && f.prefill_lever_min > f.prefill_baseline;
-  const bool decode_slower = f.decode_baseline > 0 && decode <= -kSpeedMargin && f.decode_lever_max < f.decode_baseline;
+      judge_speed && f.prefill_baseline > 0 && prefill >= kSpeedMargin && f.prefill_lever_min > f.prefill_baseline;
+  const bool decode_slower =
+      judge_speed && f.decode_baseline > 0 && decode <= -kSpeedMargin && f.decode_lever_max < f.decode_baseline;
   const bool prefill_slower =
-      f.prefill_baseline > 0 && prefill <= -kSpeedMargin && f.prefill_lever_max < f.prefill_baseline;
+      judge_speed && f.prefill_baseline > 0 && prefill <= -kSpeedMargin && f.prefill_lever_max < f.prefill_baseline;
   v.faster = decode_faster || prefill_faster;
   v.slower = decode_slower || prefill_slower;
   const double memory = rel(f.resident_lever, f.resident_baseline);
@@ -78,8 +82,10 @@ Verdict decide(const LeverFigures& f, const std::optional<std::string>& not_enga
   if (gains.empty()) {
     v.verdict = "refuse";
     v.reason = fmt::format("no measured gain: decode {:+.1f}%, prefill {:+.1f}%, resident memory {:+.1f}% (margins "
-                           "{:g}% / {:g}%){}",
+                           "{:g}% / {:g}%){}{}",
                            100 * decode, 100 * prefill, 100 * memory, 100 * kSpeedMargin, 100 * kMemoryMargin,
+                           judge_speed ? "" : fmt::format("; speed not judged over {} run(s) (needs {})",
+                                                          f.speed_runs, kMinSpeedRuns),
                            v.quality == "parity" ? "" : "; and it costs quality (" + quality_figures + ")");
     return v;
   }

@@ -20,6 +20,8 @@ inline constexpr double kBoundMatchRate = 0.25;   // greedy tokens before diverg
 // Gains: a difference smaller than this is noise, not a gain or a loss.
 inline constexpr double kSpeedMargin = 0.03;      // 3% on the median
 inline constexpr double kMemoryMargin = 0.03;     // 3% of resident bytes (weights + cache at capacity)
+// Speed is judged (as a gain or a cost) only over at least this many timed runs per arm.
+inline constexpr int kMinSpeedRuns = 3;
 
 struct LeverFigures {
   double greedy_match_rate = 1;
@@ -29,6 +31,7 @@ struct LeverFigures {
   double decode_baseline = 0, decode_lever = 0, decode_lever_min = 0, decode_lever_max = 0;
   double prefill_baseline = 0, prefill_lever = 0, prefill_lever_min = 0, prefill_lever_max = 0;
   double resident_baseline = 0, resident_lever = 0;  // bytes
+  int speed_runs = kMinSpeedRuns;                     // timed runs per arm
 };
 
 struct Verdict {

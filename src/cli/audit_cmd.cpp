@@ -59,7 +59,8 @@ void add_audit_command(CLI::App& app) {
                   "A lever to gate, NAME=VALUE: kv=bf16|affine8|affine4, weights=int8|int4[:g32|:g64|:g128], or an "
                   "engine lever (CUDA) such as fused_projections=on; repeatable")
       ->required();
-  cmd->add_flag("--combine", f->combine, "Also gate the levers together (the last given of each kind: one KV mode, one weight format, each "
+  cmd->add_flag("--combine", f->combine,
+                "Also gate the levers together (the last given of each kind: one KV mode, one weight format, each "
                 "engine lever)");
   cmd->add_option("--prompts", f->prompts,
                   "JSON Lines: one object per line with \"prompt\" (text) or \"messages\" (chat), optional \"name\" "

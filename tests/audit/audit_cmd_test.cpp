@@ -123,6 +123,7 @@ TEST_F(AuditCmd, FiguresAreMeasuredAndTheVerdictFollowsThePolicy) {
     f.prefill_lever = a["speed"]["prefill_tok_s"]["median"];
     f.prefill_lever_min = a["speed"]["prefill_tok_s"]["min"];
     f.prefill_lever_max = a["speed"]["prefill_tok_s"]["max"];
+    f.speed_runs = r["settings"]["runs"];
     f.resident_baseline = double(base["memory"]["weights_bytes"].get<uint64_t>() +
                                  base["memory"]["cache_at_capacity_bytes"].get<uint64_t>());
     f.resident_lever = double(a["memory"]["weights_bytes"].get<uint64_t>() +

@@ -48,6 +48,21 @@ TEST(Verdict, AFasterMedianWithinTheSpreadIsNoise) {
   EXPECT_EQ(v.verdict, "refuse");
 }
 
+TEST(Verdict, SpeedIsNotJudgedOverTooFewRuns) {
+  LeverFigures f = same();
+  f.decode_lever = f.decode_lever_min = f.decode_lever_max = 190;  // one run: min = max = median
+  f.speed_runs = 1;
+  Verdict v = decide(f);
+  EXPECT_EQ(v.verdict, "refuse");
+  EXPECT_FALSE(v.faster);
+  EXPECT_NE(v.reason.find("speed not judged over 1 run(s) (needs 3)"), std::string::npos) << v.reason;
+  f.resident_lever = 0.5e9;  // memory is judged whatever the runs
+  f.decode_lever = f.decode_lever_min = f.decode_lever_max = 50;
+  v = decide(f);
+  EXPECT_EQ(v.verdict, "promote") << v.reason;
+  EXPECT_FALSE(v.slower);
+}
+
 TEST(Verdict, SmallerButSlowerIsExplicit) {
   LeverFigures f = same();
   f.resident_lever = 0.5e9;
