@@ -247,6 +247,7 @@ class Auditor {
                  "{}: {} prompt tokens + {} to generate exceed the model's context of {}", report_.prompts[i].source,
                  n, o_.max_new_tokens, m.info().max_positions);
       report_.prompt_tokens.push_back(n);
+      if (n > longest) longest_ = i;
       longest = std::max(longest, n);
     }
     capacity_ = longest + o_.max_new_tokens + 1;
@@ -302,6 +303,16 @@ class Auditor {
       state->reserve(capacity_);
       r.cache_measured_tokens = capacity_;
       r.cache_measured_bytes = state->kv_bytes();
+      state.reset();
+      if (o_.device == Device::cpu) {
+        SamplingParams greedy;
+        greedy.temperature = 0;
+        const uint64_t before = host_tensor_bytes_live();
+        reset_host_tensor_bytes_peak();
+        generate_once(*a, prompt_ids_[longest_], o_.max_new_tokens, greedy, nullptr);
+        const uint64_t peak = host_tensor_bytes_peak() - before;
+        r.workspace_bytes = peak > r.cache_measured_bytes ? peak - r.cache_measured_bytes : 0;
+      }
     }
   }
 
@@ -499,10 +510,14 @@ class Auditor {
       report_.notes.push_back(fmt::format("speed is reported but not judged in the verdicts: {} timed run(s), the "
                                           "policy needs {}",
                                           o_.runs, kMinSpeedRuns));
-    report_.notes.push_back(
-        "workspace is not counted per arm: the " + std::string(o_.device == Device::cpu ? "CPU" : "CUDA") +
-        " backend allocates activations without a per-run counter; the process's peak resident set is reported "
-        "instead, for all arms together");
+    if (o_.device == Device::cpu)
+      report_.notes.push_back(
+          "workspace: the most CPU tensor bytes alive at once during a greedy generation of the longest prompt, "
+          "beyond those alive before it and its cache; memory-mapped weights are not allocations and do not count");
+    else
+      report_.notes.push_back(
+          "workspace is not measured on CUDA: the caching device allocator keeps no per-run peak; the process's "
+          "peak host resident set is reported instead");
     return std::move(report_);
   }
 
@@ -517,6 +532,7 @@ class Auditor {
   Arm baseline_;
   std::vector<Arm> arms_;
   int64_t capacity_ = 0;
+  size_t longest_ = 0;  // the longest prompt
   std::vector<std::vector<double>> kl_;
   std::map<std::string, std::vector<double>> kl_by_label_;
   std::optional<std::string> nondeterministic_;

@@ -53,6 +53,10 @@ struct ArmResult {
   int64_t cache_capacity_tokens = 0;
   uint64_t cache_measured_bytes = 0;  // a SeqState reserved at the audit's largest prompt + budget
   int64_t cache_measured_tokens = 0;
+  // CPU: the most tensor bytes alive at once during a greedy generation of the longest
+  // prompt, beyond what was alive before it and its cache (activations, logits, the f32
+  // copy attention reads from a bf16 or quantized cache). Not measured on CUDA.
+  std::optional<uint64_t> workspace_bytes;
   // Speed over the timed runs (each run: every prompt once).
   std::vector<double> prefill_tok_s, decode_tok_s, ttft_ms;
   Spread prefill, decode, ttft;
@@ -85,7 +89,7 @@ struct AuditReport {
   ArmResult baseline;
   std::vector<ArmResult> arms;  // one per lever (and the combination), same order as comparisons
   std::vector<LeverComparison> comparisons;
-  uint64_t peak_rss_bytes = 0;  // the whole process (workspace is not counted per arm: see report)
+  uint64_t peak_rss_bytes = 0;  // the whole process, all arms together
   std::vector<std::string> notes;
 };
 

@@ -31,7 +31,7 @@ ordered_json arm_json(const ArmResult& a) {
                  {"cache_capacity_tokens", a.cache_capacity_tokens},
                  {"cache_measured_bytes", a.cache_measured_bytes},
                  {"cache_measured_tokens", a.cache_measured_tokens},
-                 {"workspace_bytes", nullptr}};
+                 {"workspace_bytes", a.workspace_bytes ? ordered_json(*a.workspace_bytes) : ordered_json(nullptr)}};
   j["speed"] = {{"prefill_tok_s", spread_json(a.prefill, a.prefill_tok_s)},
                 {"decode_tok_s", spread_json(a.decode, a.decode_tok_s)},
                 {"ttft_ms", spread_json(a.ttft, a.ttft_ms)}};
@@ -58,6 +58,7 @@ std::string rel_pct(double lever, double base) {
   return base > 0 ? fmt::format("{:+.1f}%", 100 * (lever / base - 1)) : "n/a";
 }
 std::string mb(uint64_t b) { return fmt::format("{:.2f} MB", double(b) / 1e6); }
+std::string mb(const std::optional<uint64_t>& b) { return b ? mb(*b) : "not measured"; }
 std::string spread_str(const Spread& s, const char* fmt_one) {
   return fmt::format(fmt::runtime(fmt_one), s.median) + " (" + fmt::format(fmt::runtime(fmt_one), s.min) + "–" +
          fmt::format(fmt::runtime(fmt_one), s.max) + ")";
@@ -194,13 +195,13 @@ std::string report_markdown(const AuditReport& r) {
     s += fmt::format("| `{}` | {} | {} | {} |\n", a->label, spread_str(a->prefill, "{:.1f}"),
                      spread_str(a->decode, "{:.1f}"), spread_str(a->ttft, "{:.2f}"));
 
-  s += "\n## Memory\n\n| arm | weights | cache at capacity | cache measured | weights format | KV mode |\n"
-       "|---|---|---|---|---|---|\n";
+  s += "\n## Memory\n\n| arm | weights | cache at capacity | cache measured | workspace | weights format | KV mode |\n"
+       "|---|---|---|---|---|---|---|\n";
   for (const ArmResult* a : engaged_arms(r))
-    s += fmt::format("| `{}` | {} | {} ({} tokens) | {} ({} tokens) | {} | {} |\n", a->label, mb(a->weight_bytes),
+    s += fmt::format("| `{}` | {} | {} ({} tokens) | {} ({} tokens) | {} | {} | {} |\n", a->label, mb(a->weight_bytes),
                      mb(a->cache_capacity_bytes), a->cache_capacity_tokens, mb(a->cache_measured_bytes),
-                     a->cache_measured_tokens, a->weights, a->kv_mode);
-  s += fmt::format("\nWorkspace: not counted per arm (see notes); process peak RSS {}.\n", mb(r.peak_rss_bytes));
+                     a->cache_measured_tokens, mb(a->workspace_bytes), a->weights, a->kv_mode);
+  s += fmt::format("\nWorkspace: see the notes for how it is measured; process peak RSS {}.\n", mb(r.peak_rss_bytes));
 
   s += "\n## Greedy parity per prompt (tokens before the first divergence / total)\n\n| prompt | kind | tokens |";
   for (size_t i = 0; i < r.comparisons.size(); ++i)
@@ -264,7 +265,8 @@ std::string report_html(const AuditReport& r) {
     prefill.push_back({a->prefill.median, a->prefill.min, a->prefill.max});
     decode.push_back({a->decode.median, a->decode.min, a->decode.max});
     ttft.push_back({a->ttft.median, a->ttft.min, a->ttft.max});
-    memory.push_back({double(a->weight_bytes) / 1e6, double(a->cache_capacity_bytes) / 1e6});
+    memory.push_back({double(a->weight_bytes) / 1e6, double(a->cache_capacity_bytes) / 1e6,
+                      double(a->workspace_bytes.value_or(0)) / 1e6});
   }
   h += fmt::format("<h2>Speed ({}, median with min–max over {} run(s))</h2>\n<div class=\"charts\">\n", r.speed_label,
                    o.runs);
@@ -272,18 +274,19 @@ std::string report_html(const AuditReport& r) {
   h += svg_bar_chart("prefill tok/s (" + r.speed_label + ")", labels, prefill);
   h += svg_bar_chart("time to first token, ms (" + r.speed_label + ")", labels, ttft);
   h += "</div>\n<h2>Memory</h2>\n<div class=\"charts\">\n";
-  h += svg_stacked_bar_chart("resident MB: weights + cache at the model's full context", labels,
-                             {"weights", "cache at capacity"}, memory);
+  h += svg_stacked_bar_chart("resident MB: weights + cache at the model's full context + workspace", labels,
+                             {"weights", "cache at capacity", "workspace"}, memory);
   h += "</div>\n";
-  h += "<table><tr><th>arm</th><th>weights</th><th>cache at capacity</th><th>cache measured</th><th>weights "
-       "format</th><th>KV mode</th><th>prefill tok/s</th><th>decode tok/s</th><th>TTFT ms</th></tr>\n";
+  h += "<table><tr><th>arm</th><th>weights</th><th>cache at capacity</th><th>cache measured</th><th>workspace</th>"
+       "<th>weights format</th><th>KV mode</th><th>prefill tok/s</th><th>decode tok/s</th><th>TTFT ms</th></tr>\n";
   for (const ArmResult* a : arms)
     h += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td>{} ({} tokens)</td><td>{} ({} tokens)</td><td>{}</td>"
-                     "<td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+                     "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
                      html_escape(a->label), mb(a->weight_bytes), mb(a->cache_capacity_bytes), a->cache_capacity_tokens,
-                     mb(a->cache_measured_bytes), a->cache_measured_tokens, html_escape(a->weights), a->kv_mode,
+                     mb(a->cache_measured_bytes), a->cache_measured_tokens, mb(a->workspace_bytes),
+                     html_escape(a->weights), a->kv_mode,
                      spread_str(a->prefill, "{:.1f}"), spread_str(a->decode, "{:.1f}"), spread_str(a->ttft, "{:.2f}"));
-  h += fmt::format("</table>\n<p>Workspace is not counted per arm (see notes); process peak RSS {}.</p>\n",
+  h += fmt::format("</table>\n<p>Workspace: see the notes for how it is measured; process peak RSS {}.</p>\n",
                    mb(r.peak_rss_bytes));
 
   h += fmt::format("<h2>Quality</h2>\n<table><tr><th>lever</th><th>greedy match</th><th>sampled match (T={}, seed "
