@@ -2,7 +2,6 @@
 // run, a 200-token corpus slice) so it takes seconds; and its errors for bad input.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "audit/verdict.h"
 #include "test_util.h"
@@ -25,40 +24,40 @@ const json& lever(const json& report, const std::string& name) {
   throw std::runtime_error("no lever " + name + " in the report");
 }
 
-class AuditCmd : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    // ctest runs each test in its own process, perhaps at once: one directory per process.
-    dir_ = new fs::path(fs::temp_directory_path() / ("mere_test_AuditCmd_" + std::to_string(getpid())));
-    fs::remove_all(*dir_);
-    fs::create_directories(*dir_);
-    test::write_file(*dir_ / "prompts.jsonl",
+// The audit runs once per process, from inside the first test that needs it, so run_mere's
+// output files are named after that test (ctest runs each test in its own process, maybe
+// at once: nothing here is shared between processes).
+struct AuditRun {
+  fs::path dir;
+  test::CommandResult result;
+};
+
+const AuditRun& audit_run() {
+  static const AuditRun run = [] {
+    AuditRun r;
+    r.dir = test::temp_dir("audit");
+    test::write_file(r.dir / "prompts.jsonl",
                      "{\"name\": \"prose\", \"kind\": \"prose\", \"prompt\": \"And it came to pass in those days, "
                      "that\"}\n"
                      "{\"name\": \"code\", \"kind\": \"code\", \"prompt\": \"def mean(values):\\n    \"}\n"
                      "{\"name\": \"arithmetic\", \"kind\": \"reasoning\", \"messages\": [{\"role\": \"user\", "
                      "\"content\": \"I have 17 jars, sell 5, then buy 9. How many now? Step by step.\"}]}\n");
-    result_ = new test::CommandResult(test::run_mere(
-        "audit --device cpu -t 2 --prompts " + (*dir_ / "prompts.jsonl").string() +
+    r.result = test::run_mere(
+        "audit --device cpu -t 2 --prompts " + (r.dir / "prompts.jsonl").string() +
         " --lever kv=bf16 --lever kv=affine4 --lever weights=int8 --lever fused_projections=on -n 8 --runs 1 "
         "--corpus-tokens 200 --window 100 --seed 3 --out " +
-        (*dir_ / "out").string()));
-  }
-  static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
-    delete result_;
-    delete dir_;
-  }
-  static fs::path* dir_;
-  static test::CommandResult* result_;
-};
-fs::path* AuditCmd::dir_ = nullptr;
-test::CommandResult* AuditCmd::result_ = nullptr;
+        (r.dir / "out").string());
+    return r;
+  }();
+  return run;
+}
 
-TEST_F(AuditCmd, WritesTheThreeReportsWithCharts) {
-  ASSERT_EQ(result_->exit_code, 0) << result_->err;
-  EXPECT_NE(result_->err.find("audit greedy runs"), std::string::npos) << result_->err;  // progress
-  const fs::path out = *dir_ / "out";
+TEST(AuditCmd, WritesTheThreeReportsWithCharts) {
+  const fs::path& dir = audit_run().dir;
+  const test::CommandResult& result = audit_run().result;
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("audit greedy runs"), std::string::npos) << result.err;  // progress
+  const fs::path out = dir / "out";
   for (const char* f : {"report.json", "report.md", "report.html"}) EXPECT_TRUE(fs::exists(out / f)) << f;
   const json r = json::parse(test::read_file(out / "report.json"));
   EXPECT_EQ(r["speed_label"], "CPU");
@@ -76,9 +75,11 @@ TEST_F(AuditCmd, WritesTheThreeReportsWithCharts) {
   EXPECT_NE(html.find("Speed figures are CPU figures"), std::string::npos);
 }
 
-TEST_F(AuditCmd, FiguresAreMeasuredAndTheVerdictFollowsThePolicy) {
-  ASSERT_EQ(result_->exit_code, 0) << result_->err;
-  const json r = json::parse(test::read_file(*dir_ / "out" / "report.json"));
+TEST(AuditCmd, FiguresAreMeasuredAndTheVerdictFollowsThePolicy) {
+  const fs::path& dir = audit_run().dir;
+  const test::CommandResult& result = audit_run().result;
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const json r = json::parse(test::read_file(dir / "out" / "report.json"));
   const json& base = r["baseline"];
   // kv=bf16 against the CPU's native f32 cache: high parity, but measured, not assumed.
   const json& bf16 = lever(r, "kv=bf16");
@@ -99,7 +100,7 @@ TEST_F(AuditCmd, FiguresAreMeasuredAndTheVerdictFollowsThePolicy) {
   EXPECT_EQ(int8["arm"]["weights"], "affine int8 g64");
   EXPECT_LT(int8["arm"]["memory"]["weights_bytes"].get<uint64_t>(),
             base["memory"]["weights_bytes"].get<uint64_t>() * 6 / 10);
-  EXPECT_TRUE(fs::exists(*dir_ / "out" / "scratch" / "weights-int8-g64" / "config.json"));
+  EXPECT_TRUE(fs::exists(dir / "out" / "scratch" / "weights-int8-g64" / "config.json"));
   // affine4 moves the distribution more than bf16 does.
   EXPECT_GT(lever(r, "kv=affine4")["teacher_forced"]["kl_mean"].get<double>(),
             bf16["teacher_forced"]["kl_mean"].get<double>());
