@@ -56,7 +56,8 @@ void add_audit_command(CLI::App& app) {
                "verdict (report.json, report.md, report.html)");
   cmd->add_option("-m,--model", f->model, kModelFlagHelp);
   cmd->add_option("--lever", f->levers,
-                  "A lever to gate, NAME=VALUE: kv=bf16|affine8|affine4, weights=int8|int4[:g32|:g64|:g128], or an "
+                  "A lever to gate, NAME=VALUE: kv=bf16|affine8|affine4 (kv=default: the baseline itself, an A/A control), "
+                  "weights=int8|int4[:g32|:g64|:g128], or an "
                   "engine lever (CUDA) such as fused_projections=on; repeatable")
       ->required();
   cmd->add_flag("--combine", f->combine,
