@@ -13,5 +13,7 @@ void add_model_commands(CLI::App& app);    // mere model add | list | show | rem
 void add_eval_commands(CLI::App& app);     // mere eval logits | ppl
 void add_bench_command(CLI::App& app);     // mere bench
 void add_quantize_command(CLI::App& app);  // mere quantize
+void add_bytes_command(CLI::App& app);     // mere bytes
+void add_audit_command(CLI::App& app);     // mere audit
 
 }  // namespace mere

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   mere::add_bench_command(app);
   mere::add_model_commands(app);
   mere::add_quantize_command(app);
+  mere::add_bytes_command(app);
+  mere::add_audit_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

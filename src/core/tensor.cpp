@@ -1,9 +1,26 @@
 #include "core/tensor.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
 namespace mere {
+namespace {
+
+std::atomic<uint64_t> g_host_live{0}, g_host_peak{0};
+
+void count_host_alloc(uint64_t bytes) {
+  const uint64_t live = g_host_live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  uint64_t peak = g_host_peak.load(std::memory_order_relaxed);
+  while (live > peak && !g_host_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
+uint64_t host_tensor_bytes_live() { return g_host_live.load(std::memory_order_relaxed); }
+uint64_t host_tensor_bytes_peak() { return g_host_peak.load(std::memory_order_relaxed); }
+void reset_host_tensor_bytes_peak() { g_host_peak.store(g_host_live.load(std::memory_order_relaxed)); }
 
 std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
@@ -30,7 +47,11 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   void* p = std::aligned_alloc(64, bytes);
   MERE_CHECK(p != nullptr, "out of memory allocating {} bytes", bytes);
   t.data_ = p;
-  t.owner_ = std::shared_ptr<void>(p, std::free);
+  count_host_alloc(bytes);
+  t.owner_ = std::shared_ptr<void>(p, [bytes](void* q) {
+    g_host_live.fetch_sub(bytes, std::memory_order_relaxed);
+    std::free(q);
+  });
   return t;
 }
 

@@ -67,4 +67,11 @@ class Tensor {
   Device device_ = Device::cpu;
 };
 
+// CPU tensor storage allocated by Tensor::empty and alive now, and the most alive at
+// once since the last reset: how mere audit measures a run's workspace on the CPU.
+// (Memory-mapped checkpoint weights are borrowed, not allocated, so they do not count.)
+uint64_t host_tensor_bytes_live();
+uint64_t host_tensor_bytes_peak();
+void reset_host_tensor_bytes_peak();  // the peak becomes the live figure
+
 }  // namespace mere

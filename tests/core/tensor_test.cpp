@@ -37,4 +37,23 @@ TEST(Tensor, ConvertsBetweenFloatTypes) {
   }
 }
 
+TEST(Tensor, HostAllocationsAreCountedLiveAndAtPeak) {
+  reset_host_tensor_bytes_peak();
+  const uint64_t live0 = host_tensor_bytes_live();
+  {
+    Tensor a = Tensor::empty({1000}, DType::f32);  // 4000 bytes, rounded up to 4032 (64-byte lines)
+    EXPECT_EQ(host_tensor_bytes_live(), live0 + 4032);
+    {
+      Tensor b = Tensor::empty({10}, DType::bf16);  // 20 -> 64
+      EXPECT_EQ(host_tensor_bytes_live(), live0 + 4096);
+    }
+    Tensor view = a.slice_rows(0, 10);  // shares storage: no allocation
+    EXPECT_EQ(host_tensor_bytes_live(), live0 + 4032);
+  }
+  EXPECT_EQ(host_tensor_bytes_live(), live0);
+  EXPECT_EQ(host_tensor_bytes_peak(), live0 + 4096);
+  reset_host_tensor_bytes_peak();
+  EXPECT_EQ(host_tensor_bytes_peak(), live0);
+}
+
 }  // namespace mere
