@@ -141,6 +141,7 @@ def make_case(name, spec, root, seed):
                 p.mul_(4.0)
     model = model.to(spec["dtype"]).eval()
     print(name, "parameters:", {k: tuple(v.shape) for k, v in model.state_dict().items() if "layers.0.mlp" in k})
+    config.dtype = spec["dtype"]  # as save_pretrained records it
     config.save_pretrained(path)
     state = relayout({k: v.detach() for k, v in model.state_dict().items()}, spec["layout"])
     if config.tie_word_embeddings:

@@ -117,7 +117,9 @@ void count_gqa(const ConfigJson& c, const WeightBytes& w, const ByteModelOptions
   const bool qk_norm = type == "qwen3" || type == "qwen3_moe";
 
   // Qwen3-MoE: a layer is sparse when it has experts, falls on the sparse step and is not listed dense.
-  const int64_t n_experts = type == "qwen3_moe" ? c.get<int64_t>("num_experts", 0) : 0;
+  // Published configs say num_experts; transformers 5 writes its alias num_local_experts.
+  const int64_t n_experts =
+      type != "qwen3_moe" ? 0 : c.has("num_experts") ? c.get<int64_t>("num_experts", 0) : c.get<int64_t>("num_local_experts", 0);
   const int64_t k_experts = n_experts > 0 ? c.require<int64_t>("num_experts_per_tok") : 0;
   const int64_t moe_ff = n_experts > 0 ? c.require<int64_t>("moe_intermediate_size") : 0;
   const int64_t step = c.get<int64_t>("decoder_sparse_step", 1);
