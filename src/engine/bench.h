@@ -31,6 +31,7 @@ struct BenchRow {
   double roofline_tok_s = 0; // what the ceiling allows
   double fraction = 0;       // mean over roofline
   double bytes_per_token = 0, flops = 0;
+  uint64_t kv_bytes = 0;     // resident K/V of the row's sequence at its end (every reserved row)
 };
 
 // One prefill of `tokens` after `depth` cached tokens, `reps` times after a warm-up.
