@@ -128,9 +128,20 @@ void SeqState::write_kv(int layer, const Tensor& pos, const Tensor& k, const Ten
 
 Tensor SeqState::attend(int layer, const Tensor& q, const Tensor& pos, float scale) const {
   if (!pool_) return layers_[size_t(layer)].attend(q, pos, length_, scale);
-  // Paged (CPU): the visible rows gathered block by block into f32.
   const int64_t bs = pool_->block_size(), n = length_ + q.dim(0);
   const KvCache& storage = pool_->layer(layer);
+  // Fast path: blocks that follow each other in storage (a sequence alone on its
+  // pool gets them in order) are read in place when attention reads the storage
+  // dtype (f32 on the CPU).
+  const size_t used = size_t((n + bs - 1) / bs);
+  bool in_order = storage.attention_reads_storage();
+  for (size_t i = 1; i < used && in_order; ++i) in_order = table_[i] == table_[0] + int32_t(i);
+  if (in_order) {
+    const int64_t first = int64_t(table_[0]) * bs;
+    return ops::attention(q, storage.keys().slice_rows(first, first + n), storage.values().slice_rows(first, first + n),
+                          length_, scale);
+  }
+  // Otherwise the visible rows are gathered block by block into f32.
   Tensor k = Tensor::empty({n, layout_.n_kv_heads, layout_.head_dim}, DType::f32);
   Tensor v = Tensor::empty({n, layout_.n_kv_heads, layout_.head_dim}, DType::f32);
   const size_t row_bytes = size_t(layout_.n_kv_heads * layout_.head_dim) * sizeof(float);
