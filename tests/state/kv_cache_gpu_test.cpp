@@ -10,9 +10,11 @@
 #include <cmath>
 
 #include "core/device.h"
+#include "engine/bench.h"
 #include "engine/generate.h"
 #include "engine/levers.h"
 #include "models/model.h"
+#include "models/shapes.h"
 #include "state/kv_cache.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -85,7 +87,9 @@ TEST_P(KvCacheGpu, QuantizedModesOnTheGpuFollowTheCpu) {
                 GetParam().c_str(), std::string(kv_cache_mode_name(mode)).c_str(), rel, same,
                 first == tc.size() ? "none" : std::to_string(first).c_str());
     EXPECT_LE(rel, mode == KvCacheMode::affine8 ? 5e-2f : 0.3f);
-    if (mode == KvCacheMode::affine8) EXPECT_GE(first, 8u) << GetParam();
+    if (mode == KvCacheMode::affine8) {
+      EXPECT_GE(first, 8u) << GetParam();
+    }
   }
 }
 
@@ -123,6 +127,43 @@ TEST_P(KvCacheGpu, QuantizedFusedRopeStoreMatchesTheComposition) {
     EXPECT_LE(rel, mode == KvCacheMode::affine8 ? 2e-2f : 0.2f);
     EXPECT_GE(first, 8u);
   }
+}
+
+// A model-sized shape (Qwen3-0.6B: 16 heads over 8 kv heads of 128) at a long
+// context: a decode step over ~1,500 cached positions (several splits) with each
+// quantized mode against bf16, then mere bench's decode rows for every mode
+// (graphs, pipelining), with the resident KV bytes in the stated ratio.
+TEST(KvCacheModesGpu, LongContextDecodeAndBenchRowsForEveryMode) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  const Levers levers = Levers::from_env();
+  auto model = random_model("qwen3-0.6b", Device::cuda, levers.load_options(Device::cuda));
+  std::vector<int32_t> ids(1500);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 7919 + 13) % 150000);
+  auto logits = [&](KvCacheMode mode) {
+    auto state = model->make_state(1600, mode);
+    model->forward(ids, *state, false);                                  // prefill (bf16 copy for quantized)
+    return model->forward({42}, *state, false).to_device(Device::cpu);  // decode reads the codes
+  };
+  const Tensor want = logits(KvCacheMode::bf16);
+  float max_ref = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
+  for (KvCacheMode mode : {KvCacheMode::affine8, KvCacheMode::affine4}) {
+    const float rel = test::max_abs_diff(logits(mode), want).diff / max_ref;
+    std::printf("[ gpu      ] qwen3-0.6b shape, 1500 cached: kv %s decode logits vs bf16 rel %.2e\n",
+                std::string(kv_cache_mode_name(mode)).c_str(), rel);
+    EXPECT_LE(rel, mode == KvCacheMode::affine8 ? 5e-2f : 0.3f);
+  }
+  Ceilings ceilings;
+  std::vector<BenchRow> rows;
+  for (KvCacheMode mode : {KvCacheMode::bf16, KvCacheMode::affine8, KvCacheMode::affine4}) {
+    rows.push_back(bench_decode(*model, 32, 1024, 1, ceilings, levers, mode));
+    std::printf("[ gpu      ] qwen3-0.6b shape tg32 @ d1024 kv %s: %.1f tok/s, KV %.1f MiB\n",
+                std::string(kv_cache_mode_name(mode)).c_str(), rows.back().mean_tok_s,
+                double(rows.back().kv_bytes) / (1 << 20));
+    EXPECT_GT(rows.back().mean_tok_s, 0.0);
+  }
+  EXPECT_EQ(double(rows[1].kv_bytes) / double(rows[0].kv_bytes), 0.53125);
+  EXPECT_EQ(double(rows[2].kv_bytes) / double(rows[0].kv_bytes), 0.28125);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, KvCacheGpu, ::testing::Values("llama", "qwen2", "qwen3", "demo"));
