@@ -168,9 +168,14 @@ GenerateStats generate(const Model& model, const std::vector<int32_t>& prompt, c
   std::unique_ptr<SeqState> state = cache.start(prompt, capacity);
   const int64_t reused = state->length();
   const std::vector<int32_t> rest(prompt.begin() + long(reused), prompt.end());
-  GenerateStats stats = run_generation(model, *state, rest, prompt, options, on_token);
+  std::vector<int32_t> tokens = prompt;  // what the state's positions hold: the prompt, then what was forwarded
+  GenerateStats stats = run_generation(model, *state, rest, prompt, options, [&](int32_t id) {
+    tokens.push_back(id);
+    return on_token(id);
+  });
   stats.reused_prefix_tokens = reused;
-  cache.publish(*state, prompt);
+  tokens.resize(std::min(tokens.size(), size_t(state->length())));  // the last token sampled was not forwarded
+  cache.publish(*state, tokens);
   return stats;
 }
 

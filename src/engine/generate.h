@@ -24,7 +24,8 @@ struct GenerateOptions {
   Levers levers = Levers::from_env();
   KvCacheMode kv_cache_mode = KvCacheMode::native;  // how generate() stores K/V
   // When set, generate() starts from the longest prefix of the prompt this cache
-  // holds and afterwards publishes the prompt's blocks to it. Its pool must have
+  // holds and afterwards publishes the blocks of the prompt and the generated
+  // tokens to it. Its pool must have
   // the model's K/V layout in kv_cache_mode (paged states: the CPU for now).
   PrefixCache* prefix_cache = nullptr;
 };

@@ -28,17 +28,19 @@ Levers Levers::from_env() {
   l.programmatic_launch = env_flag("MERERUN_PROGRAMMATIC_LAUNCH", l.programmatic_launch);
   l.matvec_split_k = env_flag("MERERUN_MATVEC_SPLIT_K", l.matvec_split_k);
   l.fp8_activation_gemm = env_flag("MERERUN_FP8_ACTIVATION_GEMM", l.fp8_activation_gemm);
+  l.prefix_cache = env_flag("MERERUN_PREFIX_CACHE", l.prefix_cache);
   return l;
 }
 
 std::string Levers::describe(Device device) const {
-  if (device == Device::cpu) return "levers: none engage on the cpu (all of them are CUDA levers)";
   auto on = [](bool b) { return b ? "on" : "off"; };
+  if (device == Device::cpu)
+    return std::string("levers: prefix_cache=") + on(prefix_cache) + " (the others are CUDA levers)";
   return std::string("levers: cuda_graphs=") + on(cuda_graphs) + " pipelined_decode=" + on(pipelined_decode) +
          " fused_projections=" + on(fused_projections) +
          " fused_rope_store=" + on(fused_rope_store) + " fused_norm_matvec=" + on(fused_norm_matvec) +
          " programmatic_launch=" + on(programmatic_launch) + " matvec_split_k=" + on(matvec_split_k) +
-         " fp8_activation_gemm=" + on(fp8_activation_gemm);
+         " fp8_activation_gemm=" + on(fp8_activation_gemm) + " prefix_cache=off (paged state is CPU-only)";
 }
 
 LoadOptions Levers::load_options(Device device) const {

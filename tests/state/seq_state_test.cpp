@@ -262,5 +262,29 @@ TEST(PrefixCache, GenerateReusesASharedPrefix) {
   EXPECT_EQ(s3.reused_prefix_tokens, int64_t(p1.size() - 1) / 16 * 16);
 }
 
+// Reused blocks hold exactly the K/V a fresh prefill computes (the CPU computes
+// each row on its own), so the logits after a prefix hit are bit-identical.
+TEST(PrefixCache, LogitsAfterAHitAreBitIdentical) {
+  for (KvCacheMode mode : {KvCacheMode::native, KvCacheMode::affine8}) {
+    Fixture f = fixture("qwen3");
+    std::vector<int32_t> p1 = f.prompt, p2 = f.prompt;
+    while (p1.size() < 40) p1.push_back(int32_t(p1.size() * 3 + 1)), p2.push_back(int32_t(p2.size() * 3 + 1));
+    p2.resize(35);
+    p2.push_back(77);
+    PrefixCache cache(std::make_shared<BlockPool>(f.model->kv_layout(mode), 32));
+    {
+      auto s1 = cache.start(p1, 100);
+      f.model->forward(p1, *s1, false);
+      cache.publish(*s1, p1);
+    }
+    auto s2 = cache.start(p2, 100);
+    ASSERT_EQ(s2->length(), 32);
+    Tensor got = f.model->forward(std::vector<int32_t>(p2.begin() + 32, p2.end()), *s2, true);
+    auto fresh = f.model->make_state(100, mode);
+    Tensor all = f.model->forward(p2, *fresh, true);
+    EXPECT_EQ(test::max_abs_diff(got, all.slice_rows(32, int64_t(p2.size()))).diff, 0.0f) << kv_cache_mode_name(mode);
+  }
+}
+
 }  // namespace
 }  // namespace mere
