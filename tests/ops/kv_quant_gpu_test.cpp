@@ -6,11 +6,15 @@
 // reads a key no token sees turns its output into NaN.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
+
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "core/device.h"
 #include "gpu_test_util.h"
+#include "ops/cuda/launchers.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -190,6 +194,77 @@ TEST_F(KvQuantGpu, AttentionReadsTheCodesLikeTheCpuReadsDequantizedRows) {
       EXPECT_LE(relative_error(ops::attention(gpu(q), kd, vd, c.pos0, scale), want, label + " host pos"),
                 c.T >= 16 ? 2e-2f : 1e-4f);
     }
+}
+
+float time_ms(const std::function<cudaError_t()>& launch, int reps = 20) {
+  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
+  EXPECT_EQ(launch(), cudaSuccess);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start, stream);
+  for (int i = 0; i < reps; ++i) EXPECT_EQ(launch(), cudaSuccess);
+  cudaEventRecord(stop, stream);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / float(reps);
+}
+
+// One layer's decode attention of the Llama-3-8B shape (32 query heads over 8 kv
+// heads of 128) at 1k, 8k and 32k cached positions, as a decode graph launches it
+// (splits fixed by the cache, at most 64), for each KV mode: time and the K/V
+// bytes read per second. Printed, not asserted (performance lives in benchmarks);
+// the target is affine8 no slower than bf16 at 1k and faster from 8k.
+TEST_F(KvQuantGpu, DecodeAttentionSpeedByMode) {
+  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
+  const int heads = 32, kv_heads = 8, d = 128;
+  const float scale = 1.0f / std::sqrt(float(d));
+  for (int64_t S : {1024, 8192, 32768}) {
+    const int splits = std::min(cuda::attention_splits(S), 64);
+    Tensor q = Tensor::empty({1, heads, d}, DType::f32, Device::cuda);
+    ops::fill_random(q, 1, 1.0f);
+    Tensor out = Tensor::empty({1, heads, d}, DType::f32, Device::cuda);
+    Tensor part_m = Tensor::empty({1, heads, splits}, DType::f32, Device::cuda);
+    Tensor part_l = Tensor::empty({1, heads, splits}, DType::f32, Device::cuda);
+    Tensor part_o = Tensor::empty({1, heads, splits, d}, DType::f32, Device::cuda);
+    const int32_t pos_host = int32_t(S - 1);
+    Tensor pos = Tensor::empty({1}, DType::i32);
+    pos.data<int32_t>()[0] = pos_host;
+    Tensor pos_dev = gpu(pos);
+    auto report = [&](const char* mode, float ms, double bytes) {
+      std::printf("[ gpu      ] decode attention 32/8x128 S=%-6lld kv %-8s %8.1f us  %7.0f GB/s of K/V\n",
+                  (long long)S, mode, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
+    };
+    Tensor k = Tensor::empty({S, kv_heads, d}, DType::bf16, Device::cuda), v = k.clone();
+    ops::fill_random(k, 2, 1.0f);
+    ops::fill_random(v, 3, 1.0f);
+    report("bf16", time_ms([&] {
+             return cuda::launch_attention(q.data<float>(), k.raw(), v.raw(), DType::bf16, part_m.data<float>(),
+                                           part_l.data<float>(), part_o.data<float>(), out.data<float>(), 1, heads,
+                                           kv_heads, d, pos_dev.data<int32_t>(), 0, splits, scale, stream);
+           }),
+           2.0 * double(S) * kv_heads * d * 2);
+    for (int bits : {8, 4}) {
+      ops::AffineRows kq = zeros_affine(S, kv_heads, d, bits, Device::cuda), vq = zeros_affine(S, kv_heads, d, bits, Device::cuda);
+      for (ops::AffineRows* r : {&kq, &vq}) {
+        ops::fill_random_bytes(r->codes, 4, 0xff);
+        ops::fill_random(r->scales, 5, 0.002f, 0.005f);
+        ops::fill_random(r->biases, 6, 0.5f);
+      }
+      const cuda::AffineKv kv{kq.codes.raw(), vq.codes.raw(), kq.scales.raw(), kq.biases.raw(),
+                              vq.scales.raw(), vq.biases.raw(), bits};
+      const double bytes = 2.0 * (kq.codes.size_bytes() + kq.scales.size_bytes() + kq.biases.size_bytes());
+      report(bits == 8 ? "affine8" : "affine4", time_ms([&] {
+               return cuda::launch_attention_affine(q.data<float>(), kv, part_m.data<float>(), part_l.data<float>(),
+                                                    part_o.data<float>(), out.data<float>(), 1, heads, kv_heads, d,
+                                                    pos_dev.data<int32_t>(), 0, splits, scale, stream);
+             }),
+             bytes);
+    }
+  }
 }
 
 }  // namespace
