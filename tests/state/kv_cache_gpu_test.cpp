@@ -166,6 +166,35 @@ TEST(KvCacheModesGpu, LongContextDecodeAndBenchRowsForEveryMode) {
   EXPECT_EQ(double(rows[2].kv_bytes) / double(rows[0].kv_bytes), 0.28125);
 }
 
+// CUDA states are contiguous: a fork copies the rows, truncate moves the length
+// back. Both continue exactly as a fresh state given the same tokens, in every mode.
+TEST_P(KvCacheGpu, ContiguousForkAndTruncateOnCuda) {
+  auto model = load_model(dir(), Device::cuda, Levers::from_env().load_options(Device::cuda));
+  const std::vector<int32_t> prompt = this->prompt();
+  auto close = [](const Tensor& a, const Tensor& b) {
+    const Tensor x = a.to_device(Device::cpu), y = b.to_device(Device::cpu);
+    float max_ref = 1e-30f;
+    for (int64_t i = 0; i < y.numel(); ++i) max_ref = std::max(max_ref, std::fabs(y.at(i)));
+    return test::max_abs_diff(x, y).diff / max_ref;
+  };
+  for (KvCacheMode mode : {KvCacheMode::bf16, KvCacheMode::affine8, KvCacheMode::affine4}) {
+    auto base = model->make_state(200, mode);
+    ASSERT_FALSE(base->is_paged());
+    model->forward(prompt, *base, false);
+    auto fork = base->fork();
+    const Tensor a = model->forward({5}, *fork, false), b = model->forward({9}, *base, false);
+    auto fresh = [&](int32_t next) {
+      auto s = model->make_state(200, mode);
+      model->forward(prompt, *s, false);
+      return model->forward({next}, *s, false);
+    };
+    EXPECT_LE(close(a, fresh(5)), 1e-5f) << kv_cache_mode_name(mode);
+    EXPECT_LE(close(b, fresh(9)), 1e-5f) << kv_cache_mode_name(mode);
+    base->truncate(int64_t(prompt.size()));  // roll back the 9, then take 5 instead
+    EXPECT_LE(close(model->forward({5}, *base, false), fresh(5)), 1e-5f) << kv_cache_mode_name(mode);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, KvCacheGpu, ::testing::Values("llama", "qwen2", "qwen3", "demo"));
 
 }  // namespace
