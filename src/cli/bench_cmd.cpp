@@ -102,22 +102,22 @@ void run_bench(const BenchFlags& f) {
       out["rows"].push_back({{"test", r.test}, {"levers", r.levers}, {"tok_s", r.tok_s}, {"mean_tok_s", r.mean_tok_s},
                              {"sd_tok_s", r.sd_tok_s}, {"ttft_ms", r.ttft_ms}, {"roofline_tok_s", r.roofline_tok_s},
                              {"fraction", r.fraction}, {"bytes_per_token", r.bytes_per_token}, {"flops", r.flops},
-                             {"resident_bytes", r.resident_bytes}});
+                             {"resident_bytes", r.resident_bytes}, {"kv_bytes", r.kv_bytes}});
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
   if (device == Device::cuda)
     std::printf("GPU memory: %.2f GB after loading, %.2f GB held after the rows (%.2f GB of it cached for reuse)\n",
                 loaded_gb, resident_gb, cached_gb);
-  std::printf("| model | size | params | backend | weights | test | levers | t/s | ttft ms | resident GB | roofline t/s "
-              "| fraction |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| model | size | params | backend | weights | test | levers | t/s | ttft ms | resident GB | KV MiB "
+              "| roofline t/s | fraction |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BenchRow& r : rows)
-    std::printf("| %s | %.2f GB | %.2f B | %s | %s | %s | %s | %.1f ± %.1f | %s | %.2f | %s | %s |\n", name.c_str(),
-                info.weight_bytes / 1e9, info.n_params / 1e9, backend, info.weights.c_str(), r.test.c_str(),
-                r.levers.c_str(),
-                r.mean_tok_s, r.sd_tok_s,
+    std::printf("| %s | %.2f GB | %.2f B | %s | %s | %s | %s | %.1f ± %.1f | %s | %.2f | %.1f | %s | %s |\n",
+                name.c_str(), info.weight_bytes / 1e9, info.n_params / 1e9, backend, info.weights.c_str(),
+                r.test.c_str(), r.levers.c_str(), r.mean_tok_s, r.sd_tok_s,
                 r.prefill ? fmt::format("{:.1f}", r.ttft_ms).c_str() : "", r.resident_bytes / 1e9,
+                double(r.kv_bytes) / (1 << 20),
                 r.roofline_tok_s > 0 ? fmt::format("{:.0f}", r.roofline_tok_s).c_str() : "-",
                 r.roofline_tok_s > 0
                     ? fmt::format("{:.3f}{}", r.fraction, r.prefill ? " of matmul peak" : " of bandwidth").c_str()

@@ -1,9 +1,9 @@
 // mere text chat: a multi-turn conversation in the terminal (turns read from stdin,
 // answers streamed to stdout), or one turn with --prompt for scripts.
 //
-// Each turn renders the whole conversation with the model's chat template and
-// prefills it from scratch: simple and always exact. (A prefix cache that keeps the
-// previous turns' KV comes with the sequence-state work.)
+// Each turn renders the whole conversation with the model's chat template; with
+// the prefix_cache lever (the CPU) the turn reuses the K/V of the conversation so
+// far and prefills only what is new, bit-identically to a prefill from scratch.
 #include <signal.h>
 #include <unistd.h>
 
@@ -112,6 +112,11 @@ class ChatSession {
     options_.max_new_tokens = f.max_new_tokens;
     options_.sampling = sampling_from(f.sampling, gen);
     options_.eos_ids = chat_stop_ids(tokenizer_, gen.eos_token_ids);
+    if (device == Device::cpu && options_.levers.prefix_cache) {
+      prefix_cache_ = std::make_unique<PrefixCache>(std::make_shared<BlockPool>(
+          model_->kv_layout(options_.kv_cache_mode), BlockPool::blocks_for_tokens(model_->info().max_positions)));
+      options_.prefix_cache = prefix_cache_.get();
+    }
     reset();
   }
 
@@ -183,9 +188,10 @@ class ChatSession {
     // A stopped answer stays in the history as far as it got.
     messages_.push_back({{"role", "assistant"}, {"content", strip_reasoning(reply)}});
     std::fprintf(stderr,
-                 "%sprefill: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s | time to first token: "
-                 "%.1f ms | stop: %s\n",
+                 "%sprefill: %lld tokens (%lld reused), %.1f tok/s | decode: %lld tokens, %.1f tok/s | time to first "
+                 "token: %.1f ms | stop: %s\n",
                  interrupted ? "[answer stopped by Ctrl-C] " : "", (long long)stats.prompt_tokens,
+                 (long long)stats.reused_prefix_tokens,
                  stats.prefill_tok_s(), (long long)stats.generated_tokens, stats.decode_tok_s(), stats.ttft_ms,
                  interrupted ? "interrupted" : stats.stop_reason.c_str());
   }
@@ -196,6 +202,7 @@ class ChatSession {
   ChatTemplate template_;
   nlohmann::ordered_json extra_ = nlohmann::ordered_json::object();
   std::unique_ptr<Model> model_;
+  std::unique_ptr<PrefixCache> prefix_cache_;  // outlives every turn's state
   GenerateOptions options_;
   nlohmann::ordered_json messages_;
 };

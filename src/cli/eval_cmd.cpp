@@ -18,18 +18,21 @@ namespace {
 struct LogitsFlags {
   std::string model, ids, out, device = "auto";
   int threads = 0;
+  RuntimeFlags runtime;
 };
 
 void run_logits(const LogitsFlags& f) {
   apply_threads(f.threads);
   std::vector<int32_t> ids = parse_ids(f.ids);
   MERE_CHECK(!ids.empty(), "--ids: no token ids given");
-  std::unique_ptr<Model> model = load_model(resolve_model_dir(f.model), resolve_device(f.device),
-                                              Levers::from_env().load_options(resolve_device(f.device)));
+  const ResolvedModel resolved = resolve_model(f.model);
+  const Device device = resolve_device(f.device);
+  const RuntimeSettings runtime = effective_runtime(resolved, f.runtime, device);
+  std::unique_ptr<Model> model = load_model(resolved.dir, device, Levers::from_env().load_options(device));
   for (int32_t id : ids)
     MERE_CHECK(id < model->info().vocab, "--ids: token id {} is outside the vocabulary of {}", id,
                model->info().vocab);
-  auto state = model->make_state(int64_t(ids.size()));
+  auto state = model->make_state(int64_t(ids.size()), runtime.kv_cache_mode);
   Tensor logits = model->forward(ids, *state, /*all_logits=*/true).to_device(Device::cpu);
   write_npy(f.out, logits);
   std::fprintf(stderr, "wrote %s: float32 [%zu, %lld]\n", f.out.c_str(), ids.size(),
@@ -89,6 +92,7 @@ void add_eval_commands(CLI::App& app) {
   logits->add_option("--out", lf->out, "Output .npy file; shape [n, vocab]")->required();
   add_threads_option(*logits, lf->threads);
   add_device_option(*logits, lf->device);
+  add_runtime_options(*logits, lf->runtime);
   logits->callback([lf] { run_logits(*lf); });
 
   auto pf = std::make_shared<PplFlags>();

@@ -125,6 +125,7 @@ BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int re
     Tensor logits = model.forward(ids, *state, false);
     device_synchronize();
     double prefill_s = seconds_since(t0);
+    row.kv_bytes = state->kv_bytes();
     Tensor host = logits.to_device(Device::cpu);
     greedy.sample(host.data<float>(), model.info().vocab, {});
     if (r < 0) continue;
@@ -161,6 +162,7 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
   for (int r = -1; r < reps; ++r) {
     auto state = state_at_depth(model, depth, tokens + 3, kv_mode);
     GenerateStats stats = generate_from(model, *state, {1}, options, [](int32_t) { return true; });
+    row.kv_bytes = state->kv_bytes();
     if (r >= 0) row.tok_s.push_back(stats.decode_tok_s());
     row.resident_bytes = resident_bytes(model, *state);
   }

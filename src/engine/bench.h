@@ -35,6 +35,7 @@ struct BenchRow {
   // allocator's bytes in use (weights, K/V cache, live activations); on the CPU
   // the weights plus the K/V cache.
   double resident_bytes = 0;
+  uint64_t kv_bytes = 0;     // resident K/V of the row's sequence at its end (every reserved row)
 };
 
 // One prefill of `tokens` after `depth` cached tokens, `reps` times after a warm-up.

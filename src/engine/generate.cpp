@@ -33,11 +33,13 @@ Tensor prefill(const Model& model, SeqState& state, const std::vector<int32_t>& 
   return logits;
 }
 
-// The reference loop (CPU): logits on the host, the host sampler.
+// The reference loop (CPU): logits on the host, the host sampler. `prompt` runs;
+// penalties see `seen` (the prompt with any reused prefix).
 void decode_on_host(const Model& model, SeqState& state, const std::vector<int32_t>& prompt,
-                    const GenerateOptions& options, const TokenSink& on_token, GenerateStats& stats) {
+                    const std::vector<int32_t>& seen, const GenerateOptions& options, const TokenSink& on_token,
+                    GenerateStats& stats) {
   Sampler sampler(options.sampling);
-  std::vector<int32_t> context = prompt;
+  std::vector<int32_t> context = seen;
   auto t0 = Clock::now();
   Tensor logits = prefill(model, state, prompt).to_device(Device::cpu);
   stats.prefill_ms = ms_since(t0);
@@ -71,9 +73,10 @@ void decode_on_host(const Model& model, SeqState& state, const std::vector<int32
 // pipelined_decode) step k + 1 queued before token k is read. Token k decides
 // whether step k + 1 was needed; if not (EOS or a stop), its position is rolled back.
 void decode_on_device(const Model& model, SeqState& state, const std::vector<int32_t>& prompt,
-                      const GenerateOptions& options, const TokenSink& on_token, GenerateStats& stats) {
+                      const std::vector<int32_t>& seen, const GenerateOptions& options, const TokenSink& on_token,
+                      GenerateStats& stats) {
   DeviceSampler sampler(options.sampling, model.info().vocab);
-  sampler.reset(prompt);
+  sampler.reset(seen);
   DecodeStep step(model, state, sampler, options.levers.cuda_graphs);
   const bool pipelined = options.levers.pipelined_decode;
   const int budget = options.max_new_tokens;
@@ -116,10 +119,9 @@ void decode_on_device(const Model& model, SeqState& state, const std::vector<int
   stats.eager_decode_steps = step.eager_steps();
 }
 
-}  // namespace
-
-GenerateStats generate_from(const Model& model, SeqState& state, const std::vector<int32_t>& prompt,
-                            const GenerateOptions& options, const TokenSink& on_token) {
+GenerateStats run_generation(const Model& model, SeqState& state, const std::vector<int32_t>& prompt,
+                             const std::vector<int32_t>& seen, const GenerateOptions& options,
+                             const TokenSink& on_token) {
   MERE_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
   MERE_CHECK(options.max_new_tokens >= 1, "generate: max_new_tokens must be at least 1, got {}",
              options.max_new_tokens);
@@ -129,11 +131,23 @@ GenerateStats generate_from(const Model& model, SeqState& state, const std::vect
   GenerateStats stats;
   stats.prompt_tokens = int64_t(prompt.size());
   if (model.info().device == Device::cuda)
-    decode_on_device(model, state, prompt, options, on_token, stats);
+    decode_on_device(model, state, prompt, seen, options, on_token, stats);
   else
-    decode_on_host(model, state, prompt, options, on_token, stats);
+    decode_on_host(model, state, prompt, seen, options, on_token, stats);
   if (stats.stop_reason.empty()) stats.stop_reason = "length";
   return stats;
+}
+
+bool same_layout(const KvLayout& a, const KvLayout& b) {
+  return a.n_layers == b.n_layers && a.n_kv_heads == b.n_kv_heads && a.head_dim == b.head_dim && a.mode == b.mode &&
+         a.device == b.device;
+}
+
+}  // namespace
+
+GenerateStats generate_from(const Model& model, SeqState& state, const std::vector<int32_t>& prompt,
+                            const GenerateOptions& options, const TokenSink& on_token) {
+  return run_generation(model, state, prompt, prompt, options, on_token);
 }
 
 GenerateStats generate(const Model& model, const std::vector<int32_t>& prompt, const GenerateOptions& options,
@@ -141,10 +155,28 @@ GenerateStats generate(const Model& model, const std::vector<int32_t>& prompt, c
   MERE_CHECK(int64_t(prompt.size()) < model.info().max_positions,
              "the prompt has {} tokens; the model's context holds {}", prompt.size(), model.info().max_positions);
   // Room for the prompt and the budget, within the model's context.
-  std::unique_ptr<SeqState> state = model.make_state(
-      std::min<int64_t>(model.info().max_positions, int64_t(prompt.size()) + options.max_new_tokens + 1),
-      options.kv_cache_mode);
-  return generate_from(model, *state, prompt, options, on_token);
+  const int64_t capacity =
+      std::min<int64_t>(model.info().max_positions, int64_t(prompt.size()) + options.max_new_tokens + 1);
+  if (!options.prefix_cache) {
+    std::unique_ptr<SeqState> state = model.make_state(capacity, options.kv_cache_mode);
+    return generate_from(model, *state, prompt, options, on_token);
+  }
+  PrefixCache& cache = *options.prefix_cache;
+  MERE_CHECK(same_layout(cache.pool()->layout(), model.kv_layout(options.kv_cache_mode)),
+             "generate: the prefix cache's pool does not hold this model's K/V in kv cache mode {}",
+             kv_cache_mode_name(options.kv_cache_mode));
+  std::unique_ptr<SeqState> state = cache.start(prompt, capacity);
+  const int64_t reused = state->length();
+  const std::vector<int32_t> rest(prompt.begin() + long(reused), prompt.end());
+  std::vector<int32_t> tokens = prompt;  // what the state's positions hold: the prompt, then what was forwarded
+  GenerateStats stats = run_generation(model, *state, rest, prompt, options, [&](int32_t id) {
+    tokens.push_back(id);
+    return on_token(id);
+  });
+  stats.reused_prefix_tokens = reused;
+  tokens.resize(std::min(tokens.size(), size_t(state->length())));  // the last token sampled was not forwarded
+  cache.publish(*state, tokens);
+  return stats;
 }
 
 }  // namespace mere

@@ -13,6 +13,7 @@
 #include "engine/levers.h"
 #include "models/model.h"
 #include "sampling/sampler.h"
+#include "state/prefix_cache.h"
 
 namespace mere {
 
@@ -22,10 +23,16 @@ struct GenerateOptions {
   std::vector<int32_t> eos_ids;
   Levers levers = Levers::from_env();
   KvCacheMode kv_cache_mode = KvCacheMode::native;  // how generate() stores K/V
+  // When set, generate() starts from the longest prefix of the prompt this cache
+  // holds and afterwards publishes the blocks of the prompt and the generated
+  // tokens to it. Its pool must have
+  // the model's K/V layout in kv_cache_mode (paged states: the CPU for now).
+  PrefixCache* prefix_cache = nullptr;
 };
 
 struct GenerateStats {
-  int64_t prompt_tokens = 0, generated_tokens = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;  // prompt_tokens: those the prefill ran
+  int64_t reused_prefix_tokens = 0;                  // prompt positions taken from the prefix cache
   double prefill_ms = 0, ttft_ms = 0;
   double decode_ms = 0;  // from the second token's arrival to the last's (the first step may capture a graph)
   std::string stop_reason;  // "eos", "length", "stop", "context"

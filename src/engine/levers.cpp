@@ -29,19 +29,21 @@ Levers Levers::from_env() {
   l.matvec_split_k = env_flag("MERERUN_MATVEC_SPLIT_K", l.matvec_split_k);
   l.fp8_activation_gemm = env_flag("MERERUN_FP8_ACTIVATION_GEMM", l.fp8_activation_gemm);
   l.fused_moe_gate_up = env_flag("MERERUN_PSI_FUSED_MOE", l.fused_moe_gate_up);
+  l.prefix_cache = env_flag("MERERUN_PREFIX_CACHE", l.prefix_cache);
   return l;
 }
 
 std::string Levers::describe(Device device) const {
-  if (device == Device::cpu)
-    return std::string("levers: fused_moe_gate_up=") + (fused_moe_gate_up ? "on" : "off") +
-           " (the others are CUDA levers)";
   auto on = [](bool b) { return b ? "on" : "off"; };
+  if (device == Device::cpu)
+    return std::string("levers: prefix_cache=") + on(prefix_cache) + " fused_moe_gate_up=" + on(fused_moe_gate_up) +
+           " (the others are CUDA levers)";
   return std::string("levers: cuda_graphs=") + on(cuda_graphs) + " pipelined_decode=" + on(pipelined_decode) +
          " fused_projections=" + on(fused_projections) +
          " fused_rope_store=" + on(fused_rope_store) + " fused_norm_matvec=" + on(fused_norm_matvec) +
          " programmatic_launch=" + on(programmatic_launch) + " matvec_split_k=" + on(matvec_split_k) +
-         " fp8_activation_gemm=" + on(fp8_activation_gemm) + " fused_moe_gate_up=" + on(fused_moe_gate_up);
+         " fp8_activation_gemm=" + on(fp8_activation_gemm) + " fused_moe_gate_up=" + on(fused_moe_gate_up) +
+         " prefix_cache=off (paged state is CPU-only)";
 }
 
 LoadOptions Levers::load_options(Device device) const {

@@ -155,9 +155,12 @@ double Llama::prefill_flops(int64_t T, int64_t context) const {
   return T * (per_token_matmul + attention) + 2.0 * cfg_.d_model * double(cfg_.vocab);  // lm_head on the last token
 }
 
+KvLayout Llama::kv_layout(KvCacheMode kv_mode) const {
+  return {cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, kv_mode, info_.device};
+}
+
 std::unique_ptr<SeqState> Llama::make_state(int64_t capacity, KvCacheMode kv_mode) const {
-  if (capacity <= 0) capacity = cfg_.max_positions;
-  return std::make_unique<SeqState>(cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, capacity, info_.device, kv_mode);
+  return SeqState::for_layout(kv_layout(kv_mode), capacity > 0 ? capacity : cfg_.max_positions);
 }
 
 Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool all_logits) const {

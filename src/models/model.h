@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "state/kv_cache.h"
+#include "state/seq_state.h"
 
 namespace mere {
 
@@ -47,9 +47,13 @@ class Model {
   virtual ~Model() = default;
   virtual const ModelInfo& info() const = 0;
   // A fresh sequence state holding up to `capacity` tokens (0: max_positions),
-  // its K/V stored as `kv_mode` says (refused where the device cannot read it).
+  // its K/V stored as `kv_mode` says (refused where the device cannot read it):
+  // paged on a pool of its own on the CPU, contiguous on CUDA.
   virtual std::unique_ptr<SeqState> make_state(int64_t capacity = 0,
                                                KvCacheMode kv_mode = KvCacheMode::native) const = 0;
+  // How one position of this model's K/V is stored in `kv_mode` on its device
+  // (for a BlockPool shared by several sequences).
+  virtual KvLayout kv_layout(KvCacheMode kv_mode = KvCacheMode::native) const = 0;
   // The step every backend runs: T tokens whose ids are `ids` (i32 [T]) at
   // positions *pos .. *pos + T - 1 (pos: i32 [1]), both on the model's device,
   // with the state's rows already reserved. Does not advance the state; a CUDA

@@ -141,10 +141,13 @@ double Qwen3Moe::prefill_flops(int64_t T, int64_t context) const {
   return T * (per_token + attention) + 2.0 * k.d_model * double(k.vocab);  // lm_head on the last token
 }
 
-std::unique_ptr<SeqState> Qwen3Moe::make_state(int64_t capacity, KvCacheMode kv_mode) const {
+KvLayout Qwen3Moe::kv_layout(KvCacheMode kv_mode) const {
   const LlamaConfig& k = cfg_.dense;
-  if (capacity <= 0) capacity = k.max_positions;
-  return std::make_unique<SeqState>(k.n_layers, k.n_kv_heads, k.head_dim, capacity, info_.device, kv_mode);
+  return {k.n_layers, k.n_kv_heads, k.head_dim, kv_mode, info_.device};
+}
+
+std::unique_ptr<SeqState> Qwen3Moe::make_state(int64_t capacity, KvCacheMode kv_mode) const {
+  return SeqState::for_layout(kv_layout(kv_mode), capacity > 0 ? capacity : cfg_.dense.max_positions);
 }
 
 Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool all_logits) const {

@@ -371,6 +371,148 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0
   return out;
 }
 
+namespace {
+
+AffineRows empty_affine(int64_t rows, int64_t heads, int64_t head_dim, int bits, Device device) {
+  const int64_t groups = head_dim / kv_quant_group(head_dim);
+  return {Tensor::empty({rows, heads, head_dim * bits / 8}, DType::u8, device),
+          Tensor::empty({rows, heads, groups}, DType::bf16, device),
+          Tensor::empty({rows, heads, groups}, DType::bf16, device), bits};
+}
+
+void check_affine(const char* op, const AffineRows& q) {
+  MERE_CHECK(q.codes.defined() && (q.bits == 8 || q.bits == 4) && q.codes.rank() == 3 && q.codes.dtype() == DType::u8 &&
+                 q.scales.dtype() == DType::bf16 && q.biases.shape() == q.scales.shape() &&
+                 q.scales.rank() == 3 && q.scales.dim(0) == q.codes.dim(0) && q.scales.dim(1) == q.codes.dim(1) &&
+                 q.head_dim() % q.scales.dim(2) == 0 &&
+                 q.head_dim() / q.scales.dim(2) == kv_quant_group(q.head_dim()),
+             "{}: malformed affine rows (codes {} scales {} bits {})", op, shape_str(q.codes.shape()),
+             shape_str(q.scales.shape()), q.bits);
+  MERE_CHECK(q.scales.device() == q.codes.device() && q.biases.device() == q.codes.device(),
+             "{}: affine rows on different devices", op);
+}
+
+void check_affine_attention(const Tensor& q, const AffineRows& k, const AffineRows& v) {
+  check_affine("attention", k);
+  check_affine("attention", v);
+  MERE_CHECK(q.rank() == 3 && q.dtype() == DType::f32 && k.codes.shape() == v.codes.shape() && k.bits == v.bits &&
+                 q.dim(2) == k.head_dim() && k.heads() > 0 && q.dim(1) % k.heads() == 0,
+             "attention: q {} does not fit a quantized cache of {} heads x {}", shape_str(q.shape()), k.heads(),
+             k.head_dim());
+  MERE_CHECK(q.device() == k.device() && q.device() == v.device(), "attention: operands on different devices");
+}
+
+}  // namespace
+
+AffineRows quantize_kv_rows(const Tensor& x, int bits) {
+  MERE_CHECK(x.device() == Device::cpu && x.dtype() == DType::f32 && x.rank() == 3,
+             "quantize_kv_rows: expected f32 [T, kv_heads, head_dim] on the CPU, got {} {}", dtype_name(x.dtype()),
+             shape_str(x.shape()));
+  MERE_CHECK(bits == 8 || bits == 4, "quantize_kv_rows: {} bits (8 or 4)", bits);
+  const int64_t d = x.dim(2), group = kv_quant_group(d);
+  MERE_CHECK(d % group == 0 && group % 2 == 0, "kv cache: head_dim {} does not split into quantization groups of {}",
+             d, group);
+  AffineRows q = empty_affine(x.dim(0), x.dim(1), d, bits, Device::cpu);
+  cpu::quantize_kv_rows(x, q);
+  return q;
+}
+
+Tensor dequantize_kv_rows(const AffineRows& q, int64_t n, int64_t head_dim) {
+  check_affine("dequantize_kv_rows", q);
+  MERE_CHECK(q.device() == Device::cpu && q.head_dim() == head_dim && n >= 0 && n <= q.rows(),
+             "dequantize_kv_rows: {} rows of head_dim {} from {} of head_dim {} (on the CPU only)", n, head_dim,
+             q.rows(), q.head_dim());
+  Tensor out = Tensor::empty({n, q.heads(), head_dim}, DType::f32);
+  cpu::dequantize_kv_rows(q, n, out);
+  return out;
+}
+
+void store_rows(const Tensor& x, AffineRows& dst, const Tensor& start_pos) {
+  check_affine("store_rows", dst);
+  MERE_CHECK(x.rank() == 3 && x.dtype() == DType::f32 && x.dim(1) == dst.heads() && x.dim(2) == dst.head_dim(),
+             "store_rows: rows {} do not fit a quantized cache of {} heads x {}", shape_str(x.shape()), dst.heads(),
+             dst.head_dim());
+  check_same_device("store_rows", x, dst.codes);
+  check_same_device("store_rows", x, start_pos);
+  if (x.device() == Device::cpu) {
+    const int64_t p0 = host_scalar(start_pos, "store_rows");
+    MERE_CHECK(p0 >= 0 && p0 + x.dim(0) <= dst.rows(), "store_rows: rows {}..{} past {}", p0, p0 + x.dim(0),
+               dst.rows());
+    cpu::store_rows(x, dst, p0);
+    return;
+  }
+  cuda::store_rows(x, dst, start_pos);
+}
+
+void dequantize_rows_into(const AffineRows& src, int64_t n, Tensor& dst) {
+  check_affine("dequantize_rows_into", src);
+  MERE_CHECK(n >= 0 && n <= src.rows() && dst.rank() == 3 && dst.dim(0) >= n && dst.dim(1) == src.heads() &&
+                 dst.dim(2) == src.head_dim() && dst.device() == src.device() &&
+                 dst.dtype() == (src.device() == Device::cpu ? DType::f32 : DType::bf16),
+             "dequantize_rows_into: {} rows into {} {}", n, dtype_name(dst.dtype()), shape_str(dst.shape()));
+  switch (src.device()) {
+    case Device::cpu: cpu::dequantize_kv_rows(src, n, dst); break;
+    case Device::cuda: cuda::dequantize_rows(src, n, dst); break;
+  }
+}
+
+void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                        float eps, const RopeTable& table, const Tensor& start_pos, AffineRows& k_cache,
+                        AffineRows& v_cache) {
+  check_affine("qk_norm_rope_store", k_cache);
+  check_affine("qk_norm_rope_store", v_cache);
+  MERE_CHECK(q.rank() == 3 && k.rank() == 3 && v.shape() == k.shape() && q.dim(0) == k.dim(0) &&
+                 q.dim(2) == k.dim(2) && k_cache.codes.shape() == v_cache.codes.shape() &&
+                 k_cache.bits == v_cache.bits && k_cache.heads() == k.dim(1) && k_cache.head_dim() == k.dim(2) &&
+                 q.dtype() == DType::f32 && k.dtype() == DType::f32 && v.dtype() == DType::f32,
+             "qk_norm_rope_store: q {} k {} v {} quantized cache {} do not fit", shape_str(q.shape()),
+             shape_str(k.shape()), shape_str(v.shape()), shape_str(k_cache.codes.shape()));
+  MERE_CHECK(q_norm.defined() == k_norm.defined(), "qk_norm_rope_store: q_norm and k_norm go together");
+  if (q.device() == Device::cpu) {  // the composition: the reference
+    Tensor kk = k.clone();
+    if (q_norm.defined()) {
+      Tensor qn = rms_norm(q, q_norm, eps);
+      copy_bytes(q.raw(), Device::cpu, qn.raw(), Device::cpu, q.size_bytes());
+      kk = rms_norm(k, k_norm, eps);
+    }
+    rope(q, start_pos, table);
+    rope(kk, start_pos, table);
+    store_rows(kk, k_cache, start_pos);
+    store_rows(v, v_cache, start_pos);
+    return;
+  }
+  MERE_CHECK(q.dim(2) <= 256 && int(table.inv_freq.size()) * 2 <= q.dim(2),
+             "qk_norm_rope_store (CUDA): head_dim {} exceeds 256 or rotary dim", q.dim(2));
+  cuda::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache);
+}
+
+Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale) {
+  check_same_device("attention", q, start_pos);
+  if (q.device() == Device::cpu) return attention(q, k, v, int64_t(host_scalar(start_pos, "attention")), scale);
+  check_affine_attention(q, k, v);
+  Tensor out = Tensor::empty(q.shape(), DType::f32, q.device());
+  cuda::attention(q, k, v, start_pos, scale, out);
+  return out;
+}
+
+Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale) {
+  check_affine_attention(q, k, v);
+  const int64_t n = pos0 + q.dim(0);
+  MERE_CHECK(pos0 >= 0 && k.rows() >= n, "attention: cache holds {} positions, need {}", k.rows(), n);
+  if (q.device() == Device::cuda && q.dim(0) < cuda::kQuantizedPrefillMinTokens) {
+    Tensor out = Tensor::empty(q.shape(), DType::f32, q.device());
+    cuda::attention(q, k, v, pos0, scale, out);
+    return out;
+  }
+  // The CPU, and a GPU prefill: the visible rows dequantized for the dense kernels.
+  const DType dt = q.device() == Device::cpu ? DType::f32 : DType::bf16;
+  Tensor kd = Tensor::empty({n, k.heads(), k.head_dim()}, dt, q.device());
+  Tensor vd = Tensor::empty({n, v.heads(), v.head_dim()}, dt, q.device());
+  dequantize_rows_into(k, n, kd);
+  dequantize_rows_into(v, n, vd);
+  return attention(q, kd, vd, pos0, scale);
+}
+
 void fill_random(Tensor& t, uint64_t seed, float scale, float offset) {
   MERE_CHECK(is_float(t.dtype()), "fill_random: {} is not a float dtype", dtype_name(t.dtype()));
   switch (t.device()) {

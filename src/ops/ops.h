@@ -112,6 +112,50 @@ void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 // dst rows [*start_pos, *start_pos + T) = src [T, ...] converted to dst's dtype.
 void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos);
 
+// K or V rows stored as groupwise affine codes (KV cache modes affine8 and
+// affine4): groups of kv_quant_group(head_dim) values along head_dim, each with a
+// bf16 scale and bias, value = scale * code + bias.
+//   codes  [rows, heads, head_dim * bits / 8] u8 (4 bits: two a byte, the first in the low nibble)
+//   scales, biases [rows, heads, head_dim / group] bf16
+struct AffineRows {
+  Tensor codes, scales, biases;
+  int bits = 0;
+  int64_t rows() const { return codes.defined() ? codes.dim(0) : 0; }
+  int64_t heads() const { return codes.dim(1); }
+  int64_t head_dim() const { return codes.dim(2) * 8 / bits; }
+  Device device() const { return codes.device(); }
+};
+inline constexpr int kKvQuantGroup = 64;  // elements per scale/bias group along head_dim
+// The group for a head: 64, or the whole head when it is shorter.
+inline int64_t kv_quant_group(int64_t head_dim) { return head_dim < kKvQuantGroup ? head_dim : kKvQuantGroup; }
+
+// x [T, heads, head_dim] (f32, CPU) quantized to `bits` (8 or 4): the bias is
+// the group minimum rounded down to bf16, the scale (max - bias) / levels
+// rounded up, so each value comes back within half a step (scale / 2).
+AffineRows quantize_kv_rows(const Tensor& x, int bits);
+// Rows [0, n) back to f32 [n, heads, head_dim] (CPU).
+Tensor dequantize_kv_rows(const AffineRows& q, int64_t n, int64_t head_dim);
+// dst rows [*start_pos, *start_pos + T) = x [T, heads, head_dim] (f32) quantized
+// as quantize_kv_rows does; on the GPU by a kernel (graph-replayable).
+void store_rows(const Tensor& x, AffineRows& dst, const Tensor& start_pos);
+// Rows [0, n) of src dequantized into dst [>= n, heads, head_dim] (f32 on the
+// CPU, bf16 on the GPU), on src's device.
+void dequantize_rows_into(const AffineRows& src, int64_t n, Tensor& dst);
+
+// qk_norm_rope_store (above) into a quantized cache: the k and v rows are
+// quantized as store_rows does (on the GPU inside the fused kernel).
+void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                        float eps, const RopeTable& rope, const Tensor& start_pos, AffineRows& k_cache,
+                        AffineRows& v_cache);
+
+// Causal attention (as above) over a quantized cache. With the position on the
+// device (graph replay) the GPU kernel reads the codes directly, dequantizing in
+// registers, for any T. With a host pos0 the GPU takes the same kernel for few
+// tokens, and for a prefill (T >= 16) dequantizes the visible rows to a bf16
+// copy for the tensor-core kernel. The CPU dequantizes the visible rows.
+Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale);
+Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale);
+
 // Fills t (f32/f16/bf16, CPU or GPU) with offset + scale * u, u uniform in [-1, 1),
 // from a counter-based hash of (seed, index): the same values on every device.
 void fill_random(Tensor& t, uint64_t seed, float scale, float offset = 0.0f);

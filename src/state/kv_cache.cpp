@@ -28,40 +28,6 @@ namespace {
 
 int mode_bits(KvCacheMode mode) { return mode == KvCacheMode::affine8 ? 8 : mode == KvCacheMode::affine4 ? 4 : 0; }
 
-// bf16 rounding toward -inf / +inf, so the rounded range still covers the group.
-float bf16_next(float r, bool up) {  // r is a bf16 value: its neighbour one step up or down
-  uint16_t bits = f32_to_bf16(r);
-  if (r == 0) bits = up ? 0x0001 : 0x8001;
-  else bits = uint16_t((r > 0) == up ? bits + 1 : bits - 1);
-  return bf16_to_f32(bits);
-}
-float bf16_down(float x) {
-  const float r = bf16_to_f32(f32_to_bf16(x));
-  return r <= x ? r : bf16_next(r, false);
-}
-float bf16_up(float x) {
-  const float r = bf16_to_f32(f32_to_bf16(x));
-  return r >= x ? r : bf16_next(r, true);
-}
-
-// One 64-wide group of rows' values [n] to codes; scale and bias as stored (bf16).
-void quantize_group(const float* x, int n, int bits, uint8_t* codes, uint16_t& scale_bits, uint16_t& bias_bits) {
-  const int levels = (1 << bits) - 1;
-  float lo = x[0], hi = x[0];
-  for (int i = 1; i < n; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
-  const float bias = bf16_down(lo);
-  float scale = bf16_up((hi - bias) / float(levels));
-  if (scale <= 0) scale = bf16_up(1e-8f);  // a constant group: any positive step
-  bias_bits = f32_to_bf16(bias);
-  scale_bits = f32_to_bf16(scale);
-  for (int i = 0; i < n; ++i) {
-    const int q = std::clamp(int(std::lround((x[i] - bias) / scale)), 0, levels);
-    if (bits == 8) codes[i] = uint8_t(q);
-    else if (i % 2 == 0) codes[i / 2] = uint8_t(q);
-    else codes[i / 2] |= uint8_t(q << 4);
-  }
-}
-
 }  // namespace
 
 uint64_t kv_row_bytes(int64_t n_kv_heads, int64_t head_dim, KvCacheMode mode, Device device) {
@@ -76,43 +42,6 @@ uint64_t kv_row_bytes(int64_t n_kv_heads, int64_t head_dim, KvCacheMode mode, De
   return 0;
 }
 
-QuantizedRows quantize_kv_rows(const Tensor& x, int bits) {
-  MERE_CHECK(x.device() == Device::cpu && x.dtype() == DType::f32 && x.rank() == 3,
-             "quantize_kv_rows: expected f32 [T, kv_heads, head_dim] on the CPU, got {} {}", dtype_name(x.dtype()),
-             shape_str(x.shape()));
-  const int64_t T = x.dim(0), heads = x.dim(1), d = x.dim(2);
-  const int64_t group = kv_quant_group(d);
-  MERE_CHECK(d % group == 0 && group % 2 == 0, "kv cache: head_dim {} does not split into quantization groups of {}",
-             d, group);
-  QuantizedRows q;
-  q.bits = bits;
-  q.codes = Tensor::empty({T, heads, d * bits / 8}, DType::u8);
-  q.scales = Tensor::empty({T, heads, d / group}, DType::bf16);
-  q.biases = Tensor::empty({T, heads, d / group}, DType::bf16);
-  const int64_t groups = T * heads * (d / group);
-  for (int64_t g = 0; g < groups; ++g)
-    quantize_group(x.data<float>() + g * group, int(group), bits, q.codes.data<uint8_t>() + g * group * bits / 8,
-                   q.scales.data<uint16_t>()[g], q.biases.data<uint16_t>()[g]);
-  return q;
-}
-
-Tensor dequantize_kv_rows(const QuantizedRows& q, int64_t n, int64_t head_dim) {
-  const int64_t heads = q.codes.dim(1);
-  Tensor out = Tensor::empty({n, heads, head_dim}, DType::f32);
-  float* dst = out.data<float>();
-  const uint8_t* codes = q.codes.data<uint8_t>();
-  const int64_t group = head_dim / q.scales.dim(2), groups = n * heads * q.scales.dim(2);
-  for (int64_t g = 0; g < groups; ++g) {
-    const float scale = bf16_to_f32(q.scales.data<uint16_t>()[g]), bias = bf16_to_f32(q.biases.data<uint16_t>()[g]);
-    const uint8_t* c = codes + g * group * q.bits / 8;
-    for (int64_t i = 0; i < group; ++i) {
-      const int code = q.bits == 8 ? c[i] : (c[i / 2] >> ((i % 2) * 4)) & 0xf;
-      dst[g * group + i] = scale * float(code) + bias;
-    }
-  }
-  return out;
-}
-
 KvCache::KvCache(int64_t n_kv_heads, int64_t head_dim, int64_t capacity, Device device, KvCacheMode mode)
     : n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
@@ -120,12 +49,13 @@ KvCache::KvCache(int64_t n_kv_heads, int64_t head_dim, int64_t capacity, Device 
       device_(device),
       mode_(mode),
       dtype_(mode == KvCacheMode::native && device == Device::cpu ? DType::f32 : DType::bf16) {
-  MERE_CHECK(!quantized() || device == Device::cpu,
-             "kv cache mode {}: refused on cuda: the CUDA attention kernels do not read quantized caches yet",
-             kv_cache_mode_name(mode));
   MERE_CHECK(!quantized() || (head_dim % kv_quant_group(head_dim) == 0 && head_dim % 2 == 0),
              "kv cache mode {}: head_dim {} does not split into quantization groups of {}", kv_cache_mode_name(mode),
              head_dim, kv_quant_group(head_dim));
+  // The CUDA kernel reads codes 8 at a time (one 8- or 4-byte load).
+  MERE_CHECK(!quantized() || device == Device::cpu || head_dim % 8 == 0,
+             "kv cache mode {}: refused on cuda for head_dim {}: the attention kernel needs a multiple of 8",
+             kv_cache_mode_name(mode), head_dim);
 }
 
 namespace {
@@ -177,17 +107,8 @@ void KvCache::write(const Tensor& start_pos, const Tensor& k, const Tensor& v) {
     ops::store_rows(v, v_, start_pos);
     return;
   }
-  const int64_t pos = start_pos.data<int32_t>()[0], T = k.dim(0);
-  MERE_CHECK(pos + T <= reserved_, "kv cache: rows {}..{} are not reserved ({} are)", pos, pos + T, reserved_);
-  auto store = [&](const Tensor& x, QuantizedRows& dst) {
-    QuantizedRows q = quantize_kv_rows(x, dst.bits);
-    for (auto [from, to] : {std::pair{&q.codes, &dst.codes}, {&q.scales, &dst.scales}, {&q.biases, &dst.biases}}) {
-      const size_t row_bytes = to->size_bytes() / size_t(to->dim(0));
-      std::memcpy(static_cast<char*>(to->raw()) + size_t(pos) * row_bytes, from->raw(), from->size_bytes());
-    }
-  };
-  store(k, qk_);
-  store(v, qv_);
+  ops::store_rows(k, qk_, start_pos);
+  ops::store_rows(v, qv_, start_pos);
 }
 
 const Tensor& KvCache::keys() const {
@@ -199,12 +120,29 @@ const Tensor& KvCache::values() const {
   return v_;
 }
 Tensor& KvCache::keys_for_write() {
-  MERE_CHECK(!quantized(), "kv cache: the {} cache is written through write()", kv_cache_mode_name(mode_));
+  MERE_CHECK(!quantized(), "kv cache: the {} cache has no dense keys", kv_cache_mode_name(mode_));
   return k_;
 }
 Tensor& KvCache::values_for_write() {
-  MERE_CHECK(!quantized(), "kv cache: the {} cache is written through write()", kv_cache_mode_name(mode_));
+  MERE_CHECK(!quantized(), "kv cache: the {} cache has no dense values", kv_cache_mode_name(mode_));
   return v_;
+}
+QuantizedRows& KvCache::quantized_keys_for_write() {
+  MERE_CHECK(quantized(), "kv cache: the {} cache has no quantized keys", kv_cache_mode_name(mode_));
+  return qk_;
+}
+QuantizedRows& KvCache::quantized_values_for_write() {
+  MERE_CHECK(quantized(), "kv cache: the {} cache has no quantized values", kv_cache_mode_name(mode_));
+  return qv_;
+}
+
+Tensor KvCache::attend(const Tensor& q, const Tensor& pos, int64_t length, float scale) const {
+  const int64_t T = q.dim(0);
+  if (quantized())
+    return T == 1 ? ops::attention(q, qk_, qv_, pos, scale) : ops::attention(q, qk_, qv_, length, scale);
+  if (attention_reads_storage()) return ops::attention(q, k_, v_, pos, scale);
+  // CPU bf16: an f32 copy of the visible rows.
+  return ops::attention(q, keys_for_attention(length + T), values_for_attention(length + T), length, scale);
 }
 
 bool KvCache::attention_reads_storage() const {
@@ -228,28 +166,48 @@ size_t KvCache::size_bytes() const {
   return n;
 }
 
-SeqState::SeqState(int n_layers, int64_t n_kv_heads, int64_t head_dim, int64_t capacity, Device device,
-                   KvCacheMode mode)
-    : capacity_(capacity), device_(device) {
-  layers_.reserve(size_t(n_layers));
-  for (int l = 0; l < n_layers; ++l) layers_.emplace_back(n_kv_heads, head_dim, capacity, device, mode);
+Tensor KvCache::rows_f32(bool values, int64_t begin, int64_t n) const {
+  MERE_CHECK(device_ == Device::cpu && begin >= 0 && begin + n <= reserved_,
+             "kv cache: rows {}..{} of {} cannot be read on the host", begin, begin + n, reserved_);
+  if (quantized()) {
+    const QuantizedRows& q = values ? qv_ : qk_;
+    const QuantizedRows rows{q.codes.slice_rows(begin, begin + n), q.scales.slice_rows(begin, begin + n),
+                             q.biases.slice_rows(begin, begin + n), q.bits};
+    return dequantize_kv_rows(rows, n, head_dim_);
+  }
+  return (values ? v_ : k_).slice_rows(begin, begin + n).to(DType::f32);
 }
 
-size_t SeqState::kv_bytes() const {
-  size_t n = 0;
-  for (const KvCache& kv : layers_) n += kv.size_bytes();
-  return n;
+namespace {
+
+// The storage tensors of a cache, each [reserved, ...] with whole rows.
+std::vector<Tensor*> storage(Tensor& k, Tensor& v, QuantizedRows& qk, QuantizedRows& qv, bool quantized) {
+  if (!quantized) return {&k, &v};
+  return {&qk.codes, &qk.scales, &qk.biases, &qv.codes, &qv.scales, &qv.biases};
 }
 
-void SeqState::advance(int64_t T) { length_ += T; }
+}  // namespace
 
-void SeqState::reserve(int64_t n) {
-  for (KvCache& kv : layers_) kv.reserve(n);
+void KvCache::copy_rows(int64_t dst, int64_t src, int64_t n) {
+  MERE_CHECK(dst >= 0 && src >= 0 && dst + n <= reserved_ && src + n <= reserved_ && (dst + n <= src || src + n <= dst),
+             "kv cache: cannot copy rows {}..{} to {}..{} of {}", src, src + n, dst, dst + n, reserved_);
+  for (Tensor* t : storage(k_, v_, qk_, qv_, quantized())) {
+    const size_t row_bytes = t->size_bytes() / size_t(t->dim(0));
+    char* base = static_cast<char*>(t->raw());
+    copy_bytes(base + size_t(dst) * row_bytes, device_, base + size_t(src) * row_bytes, device_, size_t(n) * row_bytes);
+  }
 }
 
-void SeqState::truncate(int64_t length) {
-  MERE_CHECK(length >= 0 && length <= length_, "truncate: cannot roll back from {} to {}", length_, length);
-  length_ = length;
+KvCache KvCache::clone() const {
+  KvCache c(n_kv_heads_, head_dim_, capacity_, device_, mode_);
+  if (reserved_ == 0) return c;
+  c.reserve(reserved_);
+  MERE_ASSERT(c.reserved_ == reserved_);
+  KvCache& self = const_cast<KvCache&>(*this);  // storage() hands out the tensors; nothing is written here
+  std::vector<Tensor*> from = storage(self.k_, self.v_, self.qk_, self.qv_, quantized());
+  std::vector<Tensor*> to = storage(c.k_, c.v_, c.qk_, c.qv_, quantized());
+  for (size_t i = 0; i < from.size(); ++i) copy_bytes(to[i]->raw(), device_, from[i]->raw(), device_, from[i]->size_bytes());
+  return c;
 }
 
 }  // namespace mere

@@ -7,16 +7,19 @@
 //            codes (53.125% of bf16 at head_dim 128)
 //   affine4  the same with 4-bit codes, two per byte (the first in the low nibble)
 // Attention reads f32 (CPU) and bf16 (CUDA) caches directly; on the CPU a bf16
-// or quantized cache is converted to f32 for it (the CUDA attention kernels do
-// not read quantized caches yet: refused there).
-// (Paged blocks replace the contiguous rows in the sequence-state work; the
-// interface stays.)
+// or quantized cache is converted to f32 for it. On CUDA the decode attention
+// kernel reads the quantized codes directly (dequantized in registers) and a
+// prefill (T >= 16) reads a bf16 copy of the visible rows made for that call.
+// A KvCache is also the storage of a BlockPool (state/block_pool.h): block b's
+// row r is row b * block_size + r. SeqState (state/seq_state.h) puts the two
+// together.
 #pragma once
 
 #include <optional>
 #include <string_view>
 
 #include "core/tensor.h"
+#include "ops/ops.h"
 
 namespace mere {
 
@@ -24,25 +27,18 @@ enum class KvCacheMode : uint8_t { native, bf16, affine8, affine4 };
 std::string_view kv_cache_mode_name(KvCacheMode mode);
 std::optional<KvCacheMode> parse_kv_cache_mode(std::string_view text);
 inline constexpr const char* kKvCacheModeNames = "default, bf16, affine8 or affine4";
-inline constexpr int kKvQuantGroup = 64;  // elements per scale/bias group along head_dim
-// The group for a head: 64, or the whole head when it is shorter.
-inline int64_t kv_quant_group(int64_t head_dim) { return head_dim < kKvQuantGroup ? head_dim : kKvQuantGroup; }
+using ops::kKvQuantGroup;   // elements per scale/bias group along head_dim
+using ops::kv_quant_group;  // 64, or the whole head when it is shorter
 
 // Bytes of one position of one layer's K (or V) as `mode` stores it on `device`.
 uint64_t kv_row_bytes(int64_t n_kv_heads, int64_t head_dim, KvCacheMode mode, Device device);
 
-// Rows quantized as above: codes [rows, kv_heads, head_dim * bits / 8] u8,
-// scales and biases [rows, kv_heads, head_dim / group] bf16.
-struct QuantizedRows {
-  Tensor codes, scales, biases;
-  int bits = 0;
-};
-
-// x [T, kv_heads, head_dim] (f32, CPU) quantized, with each value within half a
-// step of its group (scale / 2) after dequantization.
-QuantizedRows quantize_kv_rows(const Tensor& x, int bits);
-// Rows [0, n) back to f32 [n, kv_heads, head_dim] (CPU).
-Tensor dequantize_kv_rows(const QuantizedRows& q, int64_t n, int64_t head_dim);
+// Rows quantized as above (ops.h): codes [rows, kv_heads, head_dim * bits / 8] u8,
+// scales and biases [rows, kv_heads, head_dim / group] bf16; quantize_kv_rows
+// keeps each value within half a step of its group (scale / 2).
+using QuantizedRows = ops::AffineRows;
+using ops::dequantize_kv_rows;
+using ops::quantize_kv_rows;
 
 class KvCache {
  public:
@@ -66,9 +62,24 @@ class KvCache {
   // f32 copy of them, dequantized or converted from bf16.
   Tensor keys_for_attention(int64_t n) const;
   Tensor values_for_attention(int64_t n) const;
-  // For fused ops that write new rows themselves (dense modes; same contract as write()).
+  // For fused ops that write new rows themselves (same contract as write()):
+  // dense modes, and the quantized modes' codes.
   Tensor& keys_for_write();
   Tensor& values_for_write();
+  QuantizedRows& quantized_keys_for_write();
+  QuantizedRows& quantized_values_for_write();
+  // Causal attention of q [T, n_heads, head_dim] at positions *pos .. + T - 1
+  // over the cached rows (written already); `length` is *pos as the host knows
+  // it. One token (a decode step, which a CUDA graph may capture) reads only
+  // *pos; more tokens also use `length`. Returns [T, n_heads, head_dim].
+  Tensor attend(const Tensor& q, const Tensor& pos, int64_t length, float scale) const;
+  // Key (or value) rows [begin, begin + n) as f32 [n, n_kv_heads, head_dim]
+  // (CPU): copied, converted from bf16 or dequantized.
+  Tensor rows_f32(bool values, int64_t begin, int64_t n) const;
+  // Rows [src, src + n) copied to rows [dst, dst + n) (reserved; ranges apart).
+  void copy_rows(int64_t dst, int64_t src, int64_t n);
+  // A copy of the reserved rows, on the same device.
+  KvCache clone() const;
   KvCacheMode mode() const { return mode_; }
   bool quantized() const { return mode_ == KvCacheMode::affine8 || mode_ == KvCacheMode::affine4; }
   int64_t capacity() const { return capacity_; }
@@ -83,33 +94,6 @@ class KvCache {
   DType dtype_;    // dense modes
   Tensor k_, v_;   // dense: [reserved, n_kv_heads, head_dim]
   QuantizedRows qk_, qv_;
-};
-
-// Everything one sequence carries between forwards: its length and, per layer,
-// the state that layer kind needs.
-class SeqState {
- public:
-  SeqState(int n_layers, int64_t n_kv_heads, int64_t head_dim, int64_t capacity, Device device,
-           KvCacheMode mode = KvCacheMode::native);
-
-  int64_t length() const { return length_; }
-  int64_t capacity() const { return capacity_; }
-  KvCache& kv(int layer) { return layers_[size_t(layer)]; }
-  Device device() const { return device_; }
-  KvCacheMode kv_mode() const { return layers_.empty() ? KvCacheMode::native : layers_[0].mode(); }
-  // Resident KV bytes over every layer.
-  size_t kv_bytes() const;
-  // Makes room for n positions in every layer (a CUDA graph needs all of them up front).
-  void reserve(int64_t n);
-  // Called by the model once every layer has consumed T new tokens.
-  void advance(int64_t T);
-  // Rolls back to an earlier length (the cached positions past it are ignored).
-  void truncate(int64_t length);
-
- private:
-  std::vector<KvCache> layers_;
-  int64_t length_ = 0, capacity_;
-  Device device_;
 };
 
 }  // namespace mere

@@ -91,10 +91,11 @@ TEST(AuditCmd, FiguresAreMeasuredAndTheVerdictFollowsThePolicy) {
   EXPECT_EQ(bf16["arm"]["memory"]["cache_at_capacity_bytes"].get<uint64_t>() * 2,
             base["memory"]["cache_at_capacity_bytes"].get<uint64_t>());
   EXPECT_EQ(bf16["arm"]["memory"]["weights_bytes"], base["memory"]["weights_bytes"]);
-  // Workspace on the CPU: measured, and larger for affine4, whose attention reads an f32 copy of the cache.
+  // Workspace on the CPU: measured, and never below the baseline's for affine4 (paged attention
+  // dequantizes one block at a time, so it need not be larger).
   const uint64_t base_ws = base["memory"]["workspace_bytes"].get<uint64_t>();
   EXPECT_GT(base_ws, 0u);
-  EXPECT_GT(lever(r, "kv=affine4")["arm"]["memory"]["workspace_bytes"].get<uint64_t>(), base_ws);
+  EXPECT_GE(lever(r, "kv=affine4")["arm"]["memory"]["workspace_bytes"].get<uint64_t>(), base_ws);
   // int8 weights: a quantized copy, under --out/scratch.
   const json& int8 = lever(r, "weights=int8");
   EXPECT_EQ(int8["arm"]["weights"], "affine int8 g64");

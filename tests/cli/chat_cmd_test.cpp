@@ -94,6 +94,10 @@ TEST(ChatCmd, InteractiveHistoryAndReset) {
   EXPECT_NE(p[1].find("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"), std::string::npos);
   EXPECT_EQ(r.err.find("never read"), std::string::npos);
 
+  // The second turn reuses the first turn's K/V (prefix_cache, the CPU).
+  EXPECT_NE(r.err.find("reused"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("(0 reused)", r.err.find("(0 reused)") + 1), std::string::npos) << r.err;
+
   r = chat_with_input(flags, "Hi\n/reset\nHello\n");  // EOF ends the chat like /exit
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("(conversation cleared)"), std::string::npos);

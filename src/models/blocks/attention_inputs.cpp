@@ -5,10 +5,17 @@
 namespace mere {
 
 void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                      float eps, const ops::RopeTable& rope, const Tensor& pos, KvCache& cache, bool fused) {
-  if (fused) {
-    ops::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache.keys_for_write(),
-                            cache.values_for_write());
+                      float eps, const ops::RopeTable& rope, const Tensor& pos, SeqState& state, int layer,
+                      bool fused) {
+  KvCache* cache = fused ? state.contiguous_kv(layer) : nullptr;
+  if (cache && cache->quantized()) {
+    ops::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache->quantized_keys_for_write(),
+                            cache->quantized_values_for_write());
+    return;
+  }
+  if (cache) {
+    ops::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache->keys_for_write(),
+                            cache->values_for_write());
     return;
   }
   Tensor kk = k;
@@ -18,7 +25,7 @@ void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
   }
   ops::rope(q, pos, rope);
   ops::rope(kk, pos, rope);
-  cache.write(pos, kk, v);
+  state.write_kv(layer, pos, kk, v);
 }
 
 Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
@@ -26,12 +33,8 @@ Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q
                      bool fused_rope_store) {
   const int64_t T = q.shape()[0];
   const float scale = 1.0f / std::sqrt(float(q.shape()[2]));
-  KvCache& cache = state.kv(layer);
-  rotate_and_cache(q, k, v, q_norm, k_norm, eps, rope, pos, cache, fused_rope_store);
-  Tensor a = cache.attention_reads_storage()  // else the CPU reads an f32 copy of the visible rows
-                 ? ops::attention(q, cache.keys(), cache.values(), pos, scale)  // [T, n_heads, head_dim]
-                 : ops::attention(q, cache.keys_for_attention(state.length() + T),
-                                  cache.values_for_attention(state.length() + T), state.length(), scale);
+  rotate_and_cache(q, k, v, q_norm, k_norm, eps, rope, pos, state, layer, fused_rope_store);
+  Tensor a = state.attend(layer, q, pos, scale);  // [T, n_heads, head_dim]
   return a.reshape({T, -1});
 }
 

@@ -4,17 +4,21 @@
 #pragma once
 
 #include "ops/ops.h"
-#include "state/kv_cache.h"
+#include "state/seq_state.h"
 
 namespace mere {
 
 // q [T, n_heads, head_dim] becomes the normalised, rotated queries; k and v
-// [T, n_kv_heads, head_dim] end up (k normalised and rotated) in `cache` at *pos.
+// [T, n_kv_heads, head_dim] end up (k normalised and rotated) in the layer's
+// K/V at *pos. Fused: one kernel writing a contiguous cache (dense or
+// quantized); a paged state (the CPU, where the fused op is the composition)
+// takes the composition.
 void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                      float eps, const ops::RopeTable& rope, const Tensor& pos, KvCache& cache, bool fused);
+                      float eps, const ops::RopeTable& rope, const Tensor& pos, SeqState& state, int layer,
+                      bool fused);
 
 // One layer's causal attention over its cache: the new q, k, v [T, heads,
-// head_dim] go through rotate_and_cache into state.kv(layer), then each query
+// head_dim] go through rotate_and_cache into the layer's K/V, then each query
 // attends to every cached position up to its own. Returns [T, n_heads * head_dim].
 // Every family with standard (GQA) attention calls this; how the cache is laid
 // out stays behind it.

@@ -20,6 +20,12 @@ void fill_random(Tensor& t, uint64_t seed, float scale, float offset);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale,
                Tensor& out);
 
+// Groupwise affine K/V rows (ops.h AffineRows): x [T, heads, head_dim] into q's
+// rows [0, T) (allocated); q's rows [0, n) into out f32; x into dst's rows [pos, pos + T).
+void quantize_kv_rows(const Tensor& x, AffineRows& q);
+void dequantize_kv_rows(const AffineRows& q, int64_t n, Tensor& out);
+void store_rows(const Tensor& x, AffineRows& dst, int64_t pos);
+
 // Converts n elements of a float tensor's storage (f32/f16/bf16) starting at
 // element `offset` into dst as f32.
 void load_f32(const Tensor& src, int64_t offset, int64_t n, float* dst);

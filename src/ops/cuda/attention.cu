@@ -6,9 +6,13 @@
 // as the context grows, short contexts use few splits and long ones spread over
 // all of them. A split past the visible keys writes max -inf and sum 0 (its out
 // is left unwritten; the merge skips it).
+// The GQA kernel also reads groupwise affine caches (KV modes affine8/affine4):
+// it loads the codes and each group's bf16 scale and bias and dequantizes in
+// registers; no dequantized copy of the cache exists.
 #include <cstdint>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/kv_quant.cuh"
 #include "ops/cuda/launchers.h"
 
 namespace mere::cuda {
@@ -46,9 +50,48 @@ __device__ __forceinline__ float rescale(float m, float ref) { return m == -INFI
 // flight, and updates its online softmax once per step. At the end the sub-groups
 // of a warp merge by shuffles, the four warps through shared memory.
 
+// How a cache stores its rows: dense rows of KV elements (f32, bf16, f16), read
+// in 16-byte pieces, or Affine<bits> codes, read in pieces of 8 codes (8 or 4
+// bytes) so that a lane holds as many elements as with bf16, plus the bf16
+// scale and bias of the piece's group. A piece never straddles a group (groups
+// are multiples of 8 elements).
+template <int kBits>
+struct Affine {};
+
+template <typename KV>
+struct Storage {
+  using Unit = KV;      // what the row pointers point at
+  using Piece = uint4;  // one load
+  static constexpr int W = 16 / int(sizeof(KV));  // elements per piece
+  static constexpr bool quantized = false;
+  __device__ static int64_t units(int64_t elements) { return elements; }
+};
+template <>
+struct Storage<Affine<8>> {
+  using Unit = uint8_t;
+  using Piece = uint2;
+  static constexpr int W = 8;
+  static constexpr bool quantized = true;
+  __device__ static int64_t units(int64_t elements) { return elements; }
+};
+template <>
+struct Storage<Affine<4>> {
+  using Unit = uint8_t;
+  using Piece = uint32_t;
+  static constexpr int W = 8;
+  static constexpr bool quantized = true;
+  __device__ static int64_t units(int64_t elements) { return elements / 2; }
+};
+
+// Per-group scales and biases of the K and V codes (quantized storage only).
+struct AffineGroups {
+  const uint16_t *k_scales = nullptr, *k_biases = nullptr, *v_scales = nullptr, *v_biases = nullptr;
+  int group = 0;  // elements per group
+};
+
 template <typename KV, int HD>
 struct Lanes {
-  static constexpr int W = 16 / int(sizeof(KV));                // elements per 16-byte load
+  static constexpr int W = Storage<KV>::W;                       // elements per load
   static constexpr int L = HD / W < 32 ? HD / W : 32;           // lanes per key
   static constexpr int C = HD / (L * W);                        // 16-byte pieces per lane
   static constexpr int E = C * W;                               // elements per lane
@@ -92,6 +135,28 @@ __device__ __forceinline__ void unpack<__half>(const uint4& r, float* f) {
   }
 }
 
+// Eight codes to scale * code + bias. A code c becomes the float 2^23 + c by
+// placing it in the mantissa of 2^23, then exactly c by subtracting 2^23.
+__device__ __forceinline__ float byte_code(uint32_t w, int i) {
+  return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | unsigned(i))) - 8388608.0f;
+}
+__device__ __forceinline__ float nibble_code(uint32_t w, int i) {
+  return __uint_as_float(0x4B000000u | ((w >> (4 * i)) & 0xfu)) - 8388608.0f;
+}
+__device__ __forceinline__ void unpack_affine(const uint2& r, uint16_t scale, uint16_t bias, float* f) {
+  const float s = bf16_value(scale), b = bf16_value(bias);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[i] = fmaf(byte_code(r.x, i), s, b);
+    f[4 + i] = fmaf(byte_code(r.y, i), s, b);
+  }
+}
+__device__ __forceinline__ void unpack_affine(const uint32_t& r, uint16_t scale, uint16_t bias, float* f) {
+  const float s = bf16_value(scale), b = bf16_value(bias);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = fmaf(nibble_code(r, i), s, b);
+}
+
 // Keys per sub-group per step: loads in flight (two steps' worth, 2 x KPI x C x
 // 32 bytes per lane) against the q and out registers (HB x E each).
 template <int HB, int C>
@@ -104,13 +169,16 @@ constexpr int kMinBlocksPerSm = HB >= 8 ? 1 : 3;
 
 template <typename KV, int HD, int HB>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
-    attention_gqa_kernel(const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
+    attention_gqa_kernel(const float* __restrict__ q, const typename Storage<KV>::Unit* __restrict__ k,
+                         const typename Storage<KV>::Unit* __restrict__ v, const AffineGroups groups,
                          float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
                          int n_heads, int n_kv_heads, int head_dim, const int32_t* __restrict__ pos_dev,
                          int64_t pos0, float scale, int n_splits) {
   allow_next_kernel();
   wait_for_previous_kernel();
   using S = Lanes<KV, HD>;
+  using St = Storage<KV>;
+  using Piece = typename St::Piece;
   constexpr int L = S::L, C = S::C, W = S::W, E = S::E;
   constexpr int KPI = kKeysPerStep<HB, C>;
   constexpr int kStep = S::kSubgroups * KPI;
@@ -153,47 +221,71 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
   }
 
   // Loads of the KPI keys of one step; keys past the split and pieces past
-  // head_dim read nothing and unpack as 0.
-  const int64_t row_stride = int64_t(n_kv_heads) * head_dim;
-  const KV* k_lane = k + int64_t(kv_h) * head_dim;
-  const KV* v_lane = v + int64_t(kv_h) * head_dim;
+  // head_dim read nothing and unpack as 0 (quantized: scale and bias 0).
+  const int64_t row_stride = int64_t(n_kv_heads) * head_dim;  // elements
+  const typename St::Unit* k_lane = k + St::units(int64_t(kv_h) * head_dim);
+  const typename St::Unit* v_lane = v + St::units(int64_t(kv_h) * head_dim);
   bool piece_ok[C];
 #pragma unroll
   for (int c = 0; c < C; ++c) piece_ok[c] = piece_offset<KV, HD>(c, sub_lane) < head_dim;
-  auto load = [&](int base, uint4 (&kr)[KPI][C], uint4 (&vr)[KPI][C]) {
+  // Quantized: the group of each piece, and the index of (key 0, kv_h, group 0).
+  const int groups_per_head = St::quantized ? head_dim / groups.group : 0;
+  int piece_group[C];
+#pragma unroll
+  for (int c = 0; c < C; ++c) piece_group[c] = St::quantized ? piece_offset<KV, HD>(c, sub_lane) / groups.group : 0;
+  // Scale and bias of K and V per key and piece (unused for dense storage).
+  struct Groups {
+    uint16_t ks, kb, vs, vb;
+  };
+  auto load = [&](int base, Piece (&kr)[KPI][C], Piece (&vr)[KPI][C], Groups (&gr)[KPI][C]) {
 #pragma unroll
     for (int j = 0; j < KPI; ++j) {
       const int s = base + j * S::kSubgroups + subgroup;
 #pragma unroll
       for (int c = 0; c < C; ++c) {
-        kr[j][c] = vr[j][c] = make_uint4(0, 0, 0, 0);
+        kr[j][c] = vr[j][c] = Piece{};
+        gr[j][c] = Groups{0, 0, 0, 0};  // dense storage: never read, optimised away
         if (s < range.end && piece_ok[c]) {
-          const int64_t off = s * row_stride + piece_offset<KV, HD>(c, sub_lane);
-          kr[j][c] = __ldg(reinterpret_cast<const uint4*>(k_lane + off));
-          vr[j][c] = __ldg(reinterpret_cast<const uint4*>(v_lane + off));
+          const int64_t off = St::units(s * row_stride + piece_offset<KV, HD>(c, sub_lane));
+          kr[j][c] = __ldg(reinterpret_cast<const Piece*>(k_lane + off));
+          vr[j][c] = __ldg(reinterpret_cast<const Piece*>(v_lane + off));
+          if constexpr (St::quantized) {
+            const int64_t g = (int64_t(s) * n_kv_heads + kv_h) * groups_per_head + piece_group[c];
+            gr[j][c] = Groups{__ldg(groups.k_scales + g), __ldg(groups.k_biases + g), __ldg(groups.v_scales + g),
+                              __ldg(groups.v_biases + g)};
+          }
         }
       }
     }
   };
+  auto unpack_piece = [&](const Piece& r, uint16_t group_scale, uint16_t group_bias, float* f) {
+    if constexpr (St::quantized) unpack_affine(r, group_scale, group_bias, f);
+    else unpack<KV>(r, f);
+  };
 
-  uint4 k_next[KPI][C], v_next[KPI][C];
-  load(range.begin, k_next, v_next);
+  Piece k_next[KPI][C], v_next[KPI][C];
+  Groups g_next[KPI][C];
+  load(range.begin, k_next, v_next, g_next);
   // The loop bounds are the same for every thread of the block, so every lane
   // reaches every shuffle.
   for (int base = range.begin; base < range.end; base += kStep) {
-    uint4 k_cur[KPI][C], v_cur[KPI][C];
+    Piece k_cur[KPI][C], v_cur[KPI][C];
+    Groups g_cur[KPI][C];
 #pragma unroll
     for (int j = 0; j < KPI; ++j)
 #pragma unroll
-      for (int c = 0; c < C; ++c) k_cur[j][c] = k_next[j][c], v_cur[j][c] = v_next[j][c];
-    load(base + kStep, k_next, v_next);
+      for (int c = 0; c < C; ++c) {
+        k_cur[j][c] = k_next[j][c], v_cur[j][c] = v_next[j][c];
+        g_cur[j][c] = g_next[j][c];
+      }
+    load(base + kStep, k_next, v_next, g_next);
 
     float score[KPI][HB];
 #pragma unroll
     for (int j = 0; j < KPI; ++j) {
       float kf[E];
 #pragma unroll
-      for (int c = 0; c < C; ++c) unpack<KV>(k_cur[j][c], kf + c * W);
+      for (int c = 0; c < C; ++c) unpack_piece(k_cur[j][c], g_cur[j][c].ks, g_cur[j][c].kb, kf + c * W);
 #pragma unroll
       for (int g = 0; g < HB; ++g) {
         float dot = 0;
@@ -236,7 +328,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
     for (int j = 0; j < KPI; ++j) {
       float vf[E];
 #pragma unroll
-      for (int c = 0; c < C; ++c) unpack<KV>(v_cur[j][c], vf + c * W);
+      for (int c = 0; c < C; ++c) unpack_piece(v_cur[j][c], g_cur[j][c].vs, g_cur[j][c].vb, vf + c * W);
 #pragma unroll
       for (int g = 0; g < HB; ++g)
 #pragma unroll
@@ -446,24 +538,26 @@ __global__ void __launch_bounds__(kMergeThreads)
 }
 
 template <typename KV, int HD, int HB>
-void launch_gqa(const float* q, const KV* k, const KV* v, float* part_m, float* part_l, float* part_o, int T,
-                int n_heads, int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits,
-                float scale, cudaStream_t stream) {
+void launch_gqa(const float* q, const typename Storage<KV>::Unit* k, const typename Storage<KV>::Unit* v,
+                const AffineGroups& groups, float* part_m, float* part_l, float* part_o, int T, int n_heads,
+                int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
+                cudaStream_t stream) {
   const int chunks = (n_heads / n_kv_heads + HB - 1) / HB;
   launch_kernel(attention_gqa_kernel<KV, HD, HB>, dim3(n_kv_heads * chunks, T, n_splits), kWarps * 32, 0, stream,
-      q, k, v, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits);
+      q, k, v, groups, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits);
 }
 
 template <typename KV, int HD>
-void launch_gqa_heads(const float* q, const KV* k, const KV* v, float* part_m, float* part_l, float* part_o, int T,
-                      int n_heads, int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0,
-                      int n_splits, float scale, cudaStream_t stream) {
+void launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k, const typename Storage<KV>::Unit* v,
+                      const AffineGroups& groups, float* part_m, float* part_l, float* part_o, int T, int n_heads,
+                      int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
+                      cudaStream_t stream) {
   // Heads per block: the group rounded up to a power of two, at most 8 (larger
   // groups take several blocks per kv head).
   const int group = n_heads / n_kv_heads;
   auto go = [&]<int HB>() {
-    launch_gqa<KV, HD, HB>(q, k, v, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim, pos_dev, pos0,
-                           n_splits, scale, stream);
+    launch_gqa<KV, HD, HB>(q, k, v, groups, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim, pos_dev,
+                           pos0, n_splits, scale, stream);
   };
   if (group <= 1) go.template operator()<1>();
   else if (group <= 2) go.template operator()<2>();
@@ -485,8 +579,8 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
     const bool wide = (head_dim * sizeof(KV)) % 16 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(v) % 16 == 0;
     auto go = [&]<int HD>() {
-      launch_gqa_heads<KV, HD>(q, kp, vp, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim, pos_dev, pos0,
-                               n_splits, scale, stream);
+      launch_gqa_heads<KV, HD>(q, kp, vp, AffineGroups{}, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim,
+                               pos_dev, pos0, n_splits, scale, stream);
     };
     if (!wide)
       launch_kernel(attention_split_kernel<KV>, dim3(n_heads, T, n_splits), kWarps * 32, 0, stream,
@@ -499,6 +593,44 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
   if (err != cudaSuccess) return err;
   launch_kernel(attention_merge_kernel, dim3(n_heads, T), kMergeThreads, 0, stream, part_m, part_l, part_o, out, n_heads,
                                                                          head_dim, n_splits);
+  return cudaGetLastError();
+}
+
+bool attention_affine_supports(int head_dim) {
+  return head_dim % 8 == 0 && head_dim <= kMaxAttentionHeadDim;
+}
+
+cudaError_t launch_attention_affine(const float* q, const AffineKv& kv, float* part_m, float* part_l, float* part_o,
+                                    float* out, int T, int n_heads, int n_kv_heads, int head_dim,
+                                    const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
+                                    cudaStream_t stream) {
+  // Pieces of 8 codes: 8-byte loads for 8 bits, 4-byte loads for 4 bits.
+  const uintptr_t align = kv.bits == 8 ? 8 : 4;
+  const int group = head_dim < kKvQuantGroup ? head_dim : kKvQuantGroup;
+  if (!attention_affine_supports(head_dim) || group % 8 != 0 || head_dim % group != 0 ||
+      (kv.bits != 8 && kv.bits != 4) || reinterpret_cast<uintptr_t>(kv.k_codes) % align ||
+      reinterpret_cast<uintptr_t>(kv.v_codes) % align)
+    return cudaErrorInvalidValue;
+  const AffineGroups groups{static_cast<const uint16_t*>(kv.k_scales), static_cast<const uint16_t*>(kv.k_biases),
+                            static_cast<const uint16_t*>(kv.v_scales), static_cast<const uint16_t*>(kv.v_biases),
+                            group};
+  auto go_bits = [&]<int kBits>() {
+    auto go = [&]<int HD>() {
+      launch_gqa_heads<Affine<kBits>, HD>(q, static_cast<const uint8_t*>(kv.k_codes),
+                                          static_cast<const uint8_t*>(kv.v_codes), groups, part_m, part_l, part_o, T,
+                                          n_heads, n_kv_heads, head_dim, pos_dev, pos0, n_splits, scale, stream);
+    };
+    if (head_dim <= 32) go.template operator()<32>();
+    else if (head_dim <= 64) go.template operator()<64>();
+    else if (head_dim <= 128) go.template operator()<128>();
+    else go.template operator()<256>();
+  };
+  if (kv.bits == 8) go_bits.template operator()<8>();
+  else go_bits.template operator()<4>();
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  launch_kernel(attention_merge_kernel, dim3(n_heads, T), kMergeThreads, 0, stream, part_m, part_l, part_o, out,
+                n_heads, head_dim, n_splits);
   return cudaGetLastError();
 }
 

@@ -292,6 +292,64 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
                              start_pos.data<int32_t>(), 0, splits, scale, stream()));
 }
 
+static_assert(mere::cuda::kKvQuantGroup == ops::kKvQuantGroup);
+
+namespace {
+
+AffineKv affine_kv(const AffineRows& k, const AffineRows& v) {
+  return {k.codes.raw(), v.codes.raw(), k.scales.raw(), k.biases.raw(), v.scales.raw(), v.biases.raw(), k.bits};
+}
+
+void attention_affine(const Tensor& q, const AffineRows& k, const AffineRows& v, const int32_t* pos_dev,
+                      int64_t pos0, int splits, float scale, Tensor& out) {
+  const int T = int(q.dim(0)), n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
+  MERE_CHECK(attention_affine_supports(head_dim),
+             "attention (CUDA) over a quantized cache: head_dim {} must be a multiple of 8, at most {}", head_dim,
+             kMaxAttentionHeadDim);
+  Tensor part_m = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
+  Tensor part_l = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
+  Tensor part_o = Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda);
+  MERE_CUDA(launch_attention_affine(q.data<float>(), affine_kv(k, v), part_m.data<float>(), part_l.data<float>(),
+                                    part_o.data<float>(), out.data<float>(), T, n_heads, int(k.heads()), head_dim,
+                                    pos_dev, pos0, splits, scale, stream()));
+}
+
+}  // namespace
+
+void store_rows(const Tensor& x, AffineRows& dst, const Tensor& start_pos) {
+  MERE_CUDA(launch_store_rows_affine(x.data<float>(), dst.codes.raw(), dst.scales.raw(), dst.biases.raw(), dst.bits,
+                                     start_pos.data<int32_t>(), int(x.dim(0)), int(x.dim(1)), int(x.dim(2)),
+                                     stream()));
+}
+
+void dequantize_rows(const AffineRows& src, int64_t n, Tensor& dst) {
+  MERE_CUDA(launch_dequantize_rows(src.codes.raw(), src.scales.raw(), src.biases.raw(), src.bits, dst.raw(), n,
+                                   int(src.heads()), int(src.head_dim()), stream()));
+}
+
+void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale,
+               Tensor& out) {
+  // As the dense graph form: the split count fixed by the reserved rows.
+  attention_affine(q, k, v, start_pos.data<int32_t>(), 0, std::min(attention_splits(k.rows()), 64), scale, out);
+}
+
+void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale, Tensor& out) {
+  attention_affine(q, k, v, nullptr, pos0, attention_splits(pos0 + q.dim(0)), scale, out);
+}
+
+void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                        float eps, const RopeTable& rope, const Tensor& start_pos, AffineRows& k_cache,
+                        AffineRows& v_cache) {
+  const AffineKvOut cache{k_cache.codes.raw(),  v_cache.codes.raw(),  k_cache.scales.raw(), k_cache.biases.raw(),
+                          v_cache.scales.raw(), v_cache.biases.raw(), k_cache.bits};
+  MERE_CUDA(launch_qk_norm_rope_store_affine(q.data<float>(), k.data<float>(), v.data<float>(),
+                                             q_norm.defined() ? q_norm.raw() : nullptr,
+                                             k_norm.defined() ? k_norm.raw() : nullptr,
+                                             q_norm.defined() ? q_norm.dtype() : DType::f32, eps, rope_params(rope),
+                                             start_pos.data<int32_t>(), cache, int(q.dim(0)), int(q.dim(1)),
+                                             int(k.dim(1)), int(q.dim(2)), stream()));
+}
+
 void set_launch_settings(const LaunchSettings& settings) {
   mere::cuda::set_programmatic_launch(settings.programmatic);
   mere::cuda::set_matvec_split_k(settings.matvec_split_k);
@@ -333,6 +391,14 @@ void qk_norm_rope_store(Tensor&, const Tensor&, const Tensor&, const Tensor&, co
   no_cuda();
 }
 void fill_random(Tensor&, uint64_t, float, float) { no_cuda(); }
+void store_rows(const Tensor&, AffineRows&, const Tensor&) { no_cuda(); }
+void dequantize_rows(const AffineRows&, int64_t, Tensor&) { no_cuda(); }
+void attention(const Tensor&, const AffineRows&, const AffineRows&, const Tensor&, float, Tensor&) { no_cuda(); }
+void attention(const Tensor&, const AffineRows&, const AffineRows&, int64_t, float, Tensor&) { no_cuda(); }
+void qk_norm_rope_store(Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, const RopeTable&,
+                        const Tensor&, AffineRows&, AffineRows&) {
+  no_cuda();
+}
 bool rms_norm_linear(const Tensor&, const Tensor&, float, const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 bool linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 bool swiglu_linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }

@@ -42,5 +42,16 @@ void fill_random(Tensor& t, uint64_t seed, float scale, float offset);
 void moe_route(const Tensor& logits, const MoeRouting& routing, const Tensor& correction, MoeChoice& choice);
 void moe_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice, Tensor& out);
 void add_gated(Tensor& out, const Tensor& y, const Tensor& gate);
+// Quantized (affine) K/V caches. Below this many new tokens attention reads the
+// codes directly; from it on (prefill) it reads a bf16 copy of the visible rows.
+constexpr int64_t kQuantizedPrefillMinTokens = 16;
+void store_rows(const Tensor& x, AffineRows& dst, const Tensor& start_pos);
+void dequantize_rows(const AffineRows& src, int64_t n, Tensor& dst);
+void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale,
+               Tensor& out);
+void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale, Tensor& out);
+void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                        float eps, const RopeTable& rope, const Tensor& start_pos, AffineRows& k_cache,
+                        AffineRows& v_cache);
 
 }  // namespace mere::ops::cuda

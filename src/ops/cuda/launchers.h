@@ -124,4 +124,35 @@ cudaError_t launch_flash_attention(const float* q, const void* k, const void* v,
 cudaError_t launch_store_rows(const float* src, void* dst, DType dst_dtype, const int32_t* pos_dev, int64_t T,
                               int64_t row, cudaStream_t stream);
 
+// Groupwise affine K/V caches (ops.h AffineRows): codes u8 [rows, heads,
+// head_dim * bits / 8], bf16 scales and biases [rows, heads, head_dim / group],
+// groups of kKvQuantGroup along head_dim (the whole head when it is shorter).
+constexpr int kKvQuantGroup = 64;  // = ops::kKvQuantGroup
+struct AffineKv {
+  const void *k_codes, *v_codes, *k_scales, *k_biases, *v_scales, *v_biases;
+  int bits;
+};
+struct AffineKvOut {
+  void *k_codes, *v_codes, *k_scales, *k_biases, *v_scales, *v_biases;
+  int bits;
+};
+// x [T, heads, head_dim] f32 quantized into rows *pos_dev .. + T - 1, one warp a row.
+cudaError_t launch_store_rows_affine(const float* x, void* codes, void* scales, void* biases, int bits,
+                                     const int32_t* pos_dev, int T, int heads, int head_dim, cudaStream_t stream);
+// Rows [0, rows) dequantized to bf16 out [rows, heads, head_dim].
+cudaError_t launch_dequantize_rows(const void* codes, const void* scales, const void* biases, int bits, void* out,
+                                   int64_t rows, int heads, int head_dim, cudaStream_t stream);
+// launch_attention over an affine cache: the GQA kernel reads the codes and
+// dequantizes in registers. head_dim a multiple of 8, at most kMaxAttentionHeadDim.
+bool attention_affine_supports(int head_dim);
+cudaError_t launch_attention_affine(const float* q, const AffineKv& kv, float* part_m, float* part_l, float* part_o,
+                                    float* out, int T, int n_heads, int n_kv_heads, int head_dim,
+                                    const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
+                                    cudaStream_t stream);
+// launch_qk_norm_rope_store writing an affine cache: each k and v row quantized by its warp.
+cudaError_t launch_qk_norm_rope_store_affine(float* q, const float* k, const float* v, const void* q_norm,
+                                             const void* k_norm, DType norm_dtype, float eps, const RopeParams& rope,
+                                             const int32_t* start_pos, const AffineKvOut& cache, int T, int n_heads,
+                                             int n_kv_heads, int head_dim, cudaStream_t stream);
+
 }  // namespace mere::cuda

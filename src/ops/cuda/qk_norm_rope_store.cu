@@ -2,8 +2,10 @@
 // RoPE on q and k, and the K/V cache write. One warp per (token, head row): rows
 // [0, n_heads) are q, then n_kv_heads k rows, then n_kv_heads v rows. A warp
 // keeps its row in registers (head_dim / 32 per lane) and stages it in shared
-// memory so each lane can read its rotation partner.
+// memory so each lane can read its rotation partner. An affine cache (kBits 8
+// or 4) gets the k and v rows quantized by the warp (kv_quant.cuh).
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/kv_quant.cuh"
 #include "ops/cuda/launchers.h"
 
 namespace mere::cuda {
@@ -12,11 +14,16 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kMaxPerLane = kMaxAttentionHeadDim / 32;
 
-template <typename N, typename C>
+// Scales and biases of an affine cache (unused for a dense one).
+struct AffineScales {
+  uint16_t *k_scales = nullptr, *k_biases = nullptr, *v_scales = nullptr, *v_biases = nullptr;
+};
+
+template <typename N, typename C, int kBits>  // kBits 0: a dense cache of C; 8 or 4: affine codes (C = uint8_t)
 __global__ void __launch_bounds__(kWarps * 32)
     qk_norm_rope_store_kernel(float* q, const float* k, const float* v, const N* q_norm, const N* k_norm, float eps,
                               const __grid_constant__ RopeParams rope, const int32_t* start_pos, C* k_cache,
-                              C* v_cache, int n_heads, int n_kv_heads, int head_dim) {
+                              C* v_cache, const AffineScales affine, int n_heads, int n_kv_heads, int head_dim) {
   allow_next_kernel();
   wait_for_previous_kernel();
   __shared__ float staged[kWarps][kMaxAttentionHeadDim];
@@ -36,11 +43,25 @@ __global__ void __launch_bounds__(kWarps * 32)
     int j = lane + 32 * i;
     e[i] = j < head_dim ? src[j] : 0.0f;
   }
-  C* cache_row = (is_v ? v_cache : k_cache) + (pos * n_kv_heads + head) * head_dim;
+  // The quantized row of this k or v head: staged values -> codes, scale, bias.
+  auto quantize_staged = [&] {
+    __syncwarp();
+    quantize_row_warp(staged[warp], head_dim, kBits, pos * n_kv_heads + head,
+                      reinterpret_cast<uint8_t*>(is_v ? v_cache : k_cache), is_v ? affine.v_scales : affine.k_scales,
+                      is_v ? affine.v_biases : affine.k_biases, lane);
+  };
+  C* cache_row = nullptr;
+  if constexpr (kBits == 0) cache_row = (is_v ? v_cache : k_cache) + (pos * n_kv_heads + head) * head_dim;
   if (is_v) {
+    if constexpr (kBits == 0) {
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i)
-      if (lane + 32 * i < head_dim) cache_row[lane + 32 * i] = from_float<C>(e[i]);
+      for (int i = 0; i < kMaxPerLane; ++i)
+        if (lane + 32 * i < head_dim) cache_row[lane + 32 * i] = from_float<C>(e[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kMaxPerLane; ++i) staged[warp][lane + 32 * i] = e[i];
+      quantize_staged();
+    }
     return;
   }
   const N* norm = is_q ? q_norm : k_norm;
@@ -60,9 +81,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   __syncwarp();
   const int rot = 2 * rope.half;
   float* q_row = is_q ? q + (int64_t(t) * n_heads + head) * head_dim : nullptr;
+  float rotated[kMaxPerLane];  // an affine cache's k row, quantized once the warp has it all
 #pragma unroll
   for (int i = 0; i < kMaxPerLane; ++i) {
     const int j = lane + 32 * i;
+    rotated[i] = 0.0f;
     if (j >= head_dim) continue;
     float out = e[i];
     if (j < rot) {
@@ -78,7 +101,15 @@ __global__ void __launch_bounds__(kWarps * 32)
       out = first ? e[i] * c - other * s : e[i] * c + other * s;
     }
     if (is_q) q_row[j] = out;
-    else cache_row[j] = from_float<C>(out);
+    else if constexpr (kBits == 0) cache_row[j] = from_float<C>(out);
+    else rotated[i] = out;
+  }
+  if constexpr (kBits != 0) {
+    if (is_q) return;  // the whole warp: one row per warp
+    __syncwarp();      // every lane has read its rotation partner
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) staged[warp][lane + 32 * i] = rotated[i];
+    quantize_staged();
   }
 }
 
@@ -92,12 +123,33 @@ cudaError_t launch_qk_norm_rope_store(float* q, const float* k, const float* v, 
   cudaError_t inner = cudaSuccess;
   cudaError_t outer = visit_float(norm_dtype, [&]<typename N>() {
     inner = visit_float(cache_dtype, [&]<typename C>() {
-      launch_kernel(qk_norm_rope_store_kernel<N, C>, grid, kWarps * 32, 0, stream,
+      launch_kernel(qk_norm_rope_store_kernel<N, C, 0>, grid, kWarps * 32, 0, stream,
           q, k, v, static_cast<const N*>(q_norm), static_cast<const N*>(k_norm), eps, rope, start_pos,
-          static_cast<C*>(k_cache), static_cast<C*>(v_cache), n_heads, n_kv_heads, head_dim);
+          static_cast<C*>(k_cache), static_cast<C*>(v_cache), AffineScales{}, n_heads, n_kv_heads, head_dim);
     });
   });
   return inner != cudaSuccess ? inner : outer;
+}
+
+cudaError_t launch_qk_norm_rope_store_affine(float* q, const float* k, const float* v, const void* q_norm,
+                                             const void* k_norm, DType norm_dtype, float eps, const RopeParams& rope,
+                                             const int32_t* start_pos, const AffineKvOut& cache, int T, int n_heads,
+                                             int n_kv_heads, int head_dim, cudaStream_t stream) {
+  const int group = head_dim < kKvQuantGroup ? head_dim : kKvQuantGroup;
+  if ((cache.bits != 8 && cache.bits != 4) || group % 2 || head_dim % group) return cudaErrorInvalidValue;
+  dim3 grid(ceil_div(n_heads + 2 * n_kv_heads, kWarps), T);
+  const AffineScales scales{static_cast<uint16_t*>(cache.k_scales), static_cast<uint16_t*>(cache.k_biases),
+                            static_cast<uint16_t*>(cache.v_scales), static_cast<uint16_t*>(cache.v_biases)};
+  return visit_float(norm_dtype, [&]<typename N>() {
+    auto go = [&]<int kBits>() {
+      launch_kernel(qk_norm_rope_store_kernel<N, uint8_t, kBits>, grid, kWarps * 32, 0, stream,
+          q, k, v, static_cast<const N*>(q_norm), static_cast<const N*>(k_norm), eps, rope, start_pos,
+          static_cast<uint8_t*>(cache.k_codes), static_cast<uint8_t*>(cache.v_codes), scales, n_heads, n_kv_heads,
+          head_dim);
+    };
+    if (cache.bits == 8) go.template operator()<8>();
+    else go.template operator()<4>();
+  });
 }
 
 }  // namespace mere::cuda
