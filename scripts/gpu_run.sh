@@ -71,6 +71,11 @@ for what in "${@:-tests bench}"; do
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
         "$m" bench --device cuda --shape qwen3-30b-a3b --quant int8 -p 0 -n 8 -r 1 > "$out/ncu_moe_detail.txt" 2>&1
       grep -E "moe_|Duration|Throughput|Registers|Occupancy|Warp Cycles|Stall|Block Limit|Waves|Shared Memory Config|Dynamic Shared|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" "$out/ncu_moe_detail.txt" | head -90 ;;
+    kv)  # KV cache modes side by side on the Llama-3-8B shape at three contexts, and the bf16 decode check
+      m="$bin/mere"
+      "$m" bench --device cuda --shape llama3-8b -p 0 -n 128 -r 3 2>&1 | tee -a "$out/kv.log"
+      "$m" bench --device cuda --shape llama3-8b -p 0 -n 128 -d 1024,8192,32768 -r 3 \
+        --kv-cache-mode bf16,affine8,affine4 2>&1 | tee -a "$out/kv.log" ;;
     quant)  # the weight formats side by side on the Llama-3-8B shape
       m="$bin/mere"
       "$m" bench --device cuda --shape llama3-8b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/quant.log"
