@@ -170,4 +170,45 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
   return row;
 }
 
+BenchRow bench_batched_decode(const Model& model, int64_t batch, int64_t tokens, int64_t depth, int reps,
+                              const Ceilings& ceilings, KvCacheMode kv_mode) {
+  BenchRow row;
+  row.test = label("tg", tokens, depth) + " x" + std::to_string(batch);
+  row.levers = "same-offset batch (eager) " + layout_levers(model.info().options) +
+               " kv_cache_mode=" + std::string(kv_cache_mode_name(kv_mode));
+  row.tokens = tokens;
+  row.depth = depth;
+  const double context = double(depth + tokens / 2);
+  const double one = double(model.decode_bytes(int64_t(context), kv_mode)), kv = one - double(model.decode_bytes(0, kv_mode));
+  row.bytes_per_token = (one + double(batch - 1) * kv) / double(batch);  // a step's bytes over its tokens
+  row.roofline_tok_s = ceilings.copy_bytes_per_s / row.bytes_per_token;
+  const int64_t vocab = model.info().vocab;
+  for (int r = -1; r < reps; ++r) {
+    std::vector<std::unique_ptr<SeqState>> states;
+    std::vector<SeqState*> raw;
+    for (int64_t b = 0; b < batch; ++b) {
+      states.push_back(state_at_depth(model, depth, tokens + 2, kv_mode));
+      raw.push_back(states.back().get());
+    }
+    std::vector<int32_t> next(static_cast<size_t>(batch), 1);
+    for (int64_t b = 0; b < batch; ++b) next[size_t(b)] = int32_t((b * 7919 + 1) % vocab);
+    device_synchronize();
+    auto t0 = Clock::now();
+    for (int64_t s = 0; s < tokens; ++s) {
+      const Tensor logits = model.forward_batch(next, raw).to_device(Device::cpu);
+      for (int64_t b = 0; b < batch; ++b) {
+        const float* l = logits.data<float>() + b * vocab;
+        next[size_t(b)] = int32_t(std::max_element(l, l + vocab) - l);
+      }
+    }
+    device_synchronize();
+    if (r >= 0) row.tok_s.push_back(double(batch * tokens) / seconds_since(t0));
+    row.resident_bytes = resident_bytes(model, *raw.front());
+    row.kv_bytes = 0;
+    for (SeqState* st : raw) row.kv_bytes += st->kv_bytes();
+  }
+  finish(row);
+  return row;
+}
+
 }  // namespace mere

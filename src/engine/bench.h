@@ -48,4 +48,12 @@ BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int re
 BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings,
                       const Levers& levers, KvCacheMode kv_mode = KvCacheMode::native);
 
+// `tokens` steps of same-offset batched decode: `batch` sequences, each after
+// `depth` cached tokens, one forward per step for all of them
+// (Model::forward_batch: eager, no graph; greedy on the host). tok/s counts every
+// sequence's tokens; the roofline is the weights read once per step plus each
+// sequence's K/V.
+BenchRow bench_batched_decode(const Model& model, int64_t batch, int64_t tokens, int64_t depth, int reps,
+                              const Ceilings& ceilings, KvCacheMode kv_mode = KvCacheMode::native);
+
 }  // namespace mere

@@ -163,7 +163,7 @@ std::unique_ptr<SeqState> Llama::make_state(int64_t capacity, KvCacheMode kv_mod
   return SeqState::for_layout(kv_layout(kv_mode), capacity > 0 ? capacity : cfg_.max_positions);
 }
 
-Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool all_logits) const {
+Tensor Llama::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* const> states, bool all_logits) const {
   const LlamaConfig& k = cfg_;
   const int64_t T = ids.numel();
 
@@ -183,7 +183,7 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool al
     kk = kk.reshape({T, k.n_kv_heads, k.head_dim});
     v = v.reshape({T, k.n_kv_heads, k.head_dim});
     // Qwen3's per-head q/k RMSNorm (w.q_norm defined), RoPE, the cache write, attention.
-    Tensor a = attend_cached(q, kk, v, w.attn.q_norm, w.attn.k_norm, k.norm_eps, k.rope, pos, state, l,
+    Tensor a = attend_cached(q, kk, v, w.attn.q_norm, w.attn.k_norm, k.norm_eps, k.rope, pos, states, l,
                              info_.options.fuse_rope_store);  // [T, n_heads * head_dim]
     if (fold_norms) {
       ops::linear_add(h, a, w.attn.o, w.attn.o_bias);
@@ -196,11 +196,9 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool al
     x = ops::add_rms_norm(h, w.mlp.apply(x), next_norm, k.norm_eps);
   }
   if (fold_norms) {
-    const Tensor rows = all_logits ? h : h.slice_rows(T - 1, T);
-    return ops::rms_norm_linear(rows, final_norm_, k.norm_eps, lm_head_);      // [T or 1, vocab]
+    return ops::rms_norm_linear(logit_rows(h, states, all_logits), final_norm_, k.norm_eps, lm_head_);
   }
-  if (!all_logits) x = x.slice_rows(T - 1, T);
-  return ops::linear(x, lm_head_);                                             // [T or 1, vocab]
+  return ops::linear(logit_rows(x, states, all_logits), lm_head_);             // [T or 1, vocab]
 }
 
 }  // namespace mere

@@ -18,4 +18,25 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, SeqState& state, bool 
   return logits;
 }
 
+Tensor Model::forward_batch(const std::vector<int32_t>& tokens, const std::vector<SeqState*>& states) const {
+  MERE_CHECK(!states.empty() && tokens.size() == states.size(), "forward_batch: {} tokens for {} sequences",
+             tokens.size(), states.size());
+  const int64_t pos0 = states.front()->length();
+  for (SeqState* s : states) {
+    MERE_CHECK(s->length() == pos0, "forward_batch: sequences at {} and {} tokens; a batch shares one offset",
+               pos0, s->length());
+    MERE_CHECK(pos0 + 1 <= s->capacity(), "context is full: {} + 1 tokens exceed the capacity of {}", pos0,
+               s->capacity());
+    s->reserve(pos0 + 1);
+  }
+  const int64_t B = int64_t(tokens.size());
+  Tensor ids = Tensor::empty({B}, DType::i32), pos = Tensor::empty({1}, DType::i32);
+  std::copy(tokens.begin(), tokens.end(), ids.data<int32_t>());
+  pos.data<int32_t>()[0] = int32_t(pos0);
+  Tensor logits = run(ids.to_device(info().device), pos.to_device(info().device),
+                      std::span<SeqState* const>(states.data(), states.size()), true);
+  for (SeqState* s : states) s->advance(1);
+  return logits;
+}
+
 }  // namespace mere

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -59,10 +60,23 @@ class Model {
   // with the state's rows already reserved. Does not advance the state; a CUDA
   // graph captures exactly this call and replays it with new ids and pos.
   // Returns f32 logits [T, vocab] if all_logits, else [1, vocab] for the last token.
-  virtual Tensor run(const Tensor& ids, const Tensor& pos, SeqState& state, bool all_logits) const = 0;
+  //
+  // Same-offset batching: with several states, ids holds one new token of each
+  // (row b for states[b]), every sequence at position *pos, and the logits are
+  // [B, vocab], one row per sequence; decoding the batch gives each sequence the
+  // tokens it would get alone.
+  virtual Tensor run(const Tensor& ids, const Tensor& pos, std::span<SeqState* const> states,
+                     bool all_logits) const = 0;
+  Tensor run(const Tensor& ids, const Tensor& pos, SeqState& state, bool all_logits) const {
+    SeqState* one = &state;
+    return run(ids, pos, std::span<SeqState* const>(&one, 1), all_logits);
+  }
 
   // Runs `tokens` at positions state.length() .. +T-1 and advances the state.
   Tensor forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const;
+  // One token for each of `states`, all of one length (same-offset batching), and
+  // advances them: logits [B, vocab].
+  Tensor forward_batch(const std::vector<int32_t>& tokens, const std::vector<SeqState*>& states) const;
 
   // The performance model: bytes one decoded token reads at `context` cached
   // tokens (weights once, one embedding row, the K/V of every cached position in

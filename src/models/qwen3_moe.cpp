@@ -150,7 +150,7 @@ std::unique_ptr<SeqState> Qwen3Moe::make_state(int64_t capacity, KvCacheMode kv_
   return SeqState::for_layout(kv_layout(kv_mode), capacity > 0 ? capacity : cfg_.dense.max_positions);
 }
 
-Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool all_logits) const {
+Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* const> states, bool all_logits) const {
   const LlamaConfig& k = cfg_.dense;
   const int64_t T = ids.numel();
   if (info_.device == Device::cuda)
@@ -166,15 +166,14 @@ Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, SeqState& state, bool
     q = q.reshape({T, k.n_heads, k.head_dim});
     kk = kk.reshape({T, k.n_kv_heads, k.head_dim});
     v = v.reshape({T, k.n_kv_heads, k.head_dim});
-    Tensor a = attend_cached(q, kk, v, w.attn.q_norm, w.attn.k_norm, k.norm_eps, k.rope, pos, state, l,
+    Tensor a = attend_cached(q, kk, v, w.attn.q_norm, w.attn.k_norm, k.norm_eps, k.rope, pos, states, l,
                              info_.options.fuse_rope_store);               // [T, n_heads * head_dim]
     x = ops::add_rms_norm(h, ops::linear(a, w.attn.o, w.attn.o_bias), w.mlp_norm, k.norm_eps);
     const Tensor y = w.moe ? w.moe->apply(x) : w.mlp.apply(x);             // experts or the dense MLP
     const Tensor& next_norm = l + 1 < k.n_layers ? layers_[size_t(l) + 1].attn_norm : final_norm_;
     x = ops::add_rms_norm(h, y, next_norm, k.norm_eps);
   }
-  if (!all_logits) x = x.slice_rows(T - 1, T);
-  return ops::linear(x, lm_head_);                                          // [T or 1, vocab]
+  return ops::linear(logit_rows(x, states, all_logits), lm_head_);          // [T or 1, vocab]
 }
 
 }  // namespace mere

@@ -41,7 +41,8 @@ class Qwen3Moe : public Model {
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<SeqState> make_state(int64_t capacity, KvCacheMode kv_mode) const override;
   KvLayout kv_layout(KvCacheMode kv_mode) const override;
-  Tensor run(const Tensor& ids, const Tensor& pos, SeqState& state, bool all_logits) const override;
+  using Model::run;
+  Tensor run(const Tensor& ids, const Tensor& pos, std::span<SeqState* const> states, bool all_logits) const override;
   uint64_t decode_bytes(int64_t context, KvCacheMode kv_mode) const override;
   double prefill_flops(int64_t T, int64_t context) const override;
   const Qwen3MoeConfig& config() const { return cfg_; }

@@ -29,13 +29,27 @@ void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
 }
 
 Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                     float eps, const ops::RopeTable& rope, const Tensor& pos, SeqState& state, int layer,
-                     bool fused_rope_store) {
+                     float eps, const ops::RopeTable& rope, const Tensor& pos, std::span<SeqState* const> states,
+                     int layer, bool fused_rope_store) {
   const int64_t T = q.shape()[0];
+  if (states.size() > 1) {  // one token per sequence, each against its own cache
+    MERE_CHECK(int64_t(states.size()) == T, "attend_cached: {} rows for a batch of {} sequences", T, states.size());
+    std::vector<Tensor> rows;
+    for (int64_t b = 0; b < T; ++b)
+      rows.push_back(attend_cached(q.slice_rows(b, b + 1), k.slice_rows(b, b + 1), v.slice_rows(b, b + 1), q_norm,
+                                   k_norm, eps, rope, pos, states.subspan(size_t(b), 1), layer, fused_rope_store));
+    return ops::concat_rows(rows);
+  }
+  SeqState& state = *states.front();
   const float scale = 1.0f / std::sqrt(float(q.shape()[2]));
   rotate_and_cache(q, k, v, q_norm, k_norm, eps, rope, pos, state, layer, fused_rope_store);
   Tensor a = state.attend(layer, q, pos, scale);  // [T, n_heads, head_dim]
   return a.reshape({T, -1});
+}
+
+Tensor logit_rows(const Tensor& x, std::span<SeqState* const> states, bool all_logits) {
+  if (states.size() > 1 || all_logits) return x;
+  return x.slice_rows(x.dim(0) - 1, x.dim(0));
 }
 
 }  // namespace mere

@@ -3,6 +3,8 @@
 // fused op or as the composition (lever fused_rope_store).
 #pragma once
 
+#include <span>
+
 #include "ops/ops.h"
 #include "state/seq_state.h"
 
@@ -22,8 +24,15 @@ void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
 // attends to every cached position up to its own. Returns [T, n_heads * head_dim].
 // Every family with standard (GQA) attention calls this; how the cache is laid
 // out stays behind it.
+//
+// With several states (same-offset batching) row b of q, k, v is one new token of
+// states[b], every sequence at position *pos; each attends to its own cache.
 Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                     float eps, const ops::RopeTable& rope, const Tensor& pos, SeqState& state, int layer,
-                     bool fused_rope_store);
+                     float eps, const ops::RopeTable& rope, const Tensor& pos, std::span<SeqState* const> states,
+                     int layer, bool fused_rope_store);
+
+// The rows of the final hidden state whose logits a step returns: one per
+// sequence for a batch, else the last token's, or every token's with all_logits.
+Tensor logit_rows(const Tensor& x, std::span<SeqState* const> states, bool all_logits);
 
 }  // namespace mere
