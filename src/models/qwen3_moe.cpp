@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "models/blocks/token_embeddings.h"
 #include "quant/load_weight.h"
 
 namespace mere {
@@ -69,14 +70,10 @@ Qwen3Moe::Qwen3Moe(const ConfigJson& config, const Checkpoint& checkpoint, Devic
   auto get_weight = [&](const std::string& module, Shape shape, const char* why) {
     return load_weight(checkpoint, module, shape, why, quant);
   };
-  tok_embed_ = get_weight("model.embed_tokens", {k.vocab, k.d_model}, "vocab_size, hidden_size").to_device(device);
-  final_norm_ = get("model.norm.weight", {k.d_model}, "hidden_size");
-  if (k.tie_embeddings) {
-    lm_head_ = tok_embed_;
-    if (checkpoint.has("lm_head.weight")) get_weight("lm_head", {k.vocab, k.d_model}, "tied copy, unused");
-  } else {
-    lm_head_ = get_weight("lm_head", {k.vocab, k.d_model}, "vocab_size, hidden_size").to_device(device);
-  }
+  TokenEmbeddings e = load_token_embeddings(checkpoint, k.vocab, k.d_model, k.tie_embeddings, quant, device);
+  tok_embed_ = e.embed;
+  lm_head_ = e.lm_head;
+  final_norm_ = e.final_norm;
   for (int l = 0; l < k.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     Qwen3MoeLayer w;
