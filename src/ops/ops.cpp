@@ -324,6 +324,28 @@ void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos) {
   cuda::store_rows(src, dst, start_pos);
 }
 
+namespace {
+
+// qk_norm_rope_store as the composition of the plain ops, into a dense or a
+// quantized cache (store_rows has both forms): the CPU's reference.
+template <typename Cache>
+void compose_qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
+                                const Tensor& k_norm, float eps, const RopeTable& table, const Tensor& start_pos,
+                                Cache& k_cache, Cache& v_cache) {
+  Tensor kk = k.clone();
+  if (q_norm.defined()) {
+    Tensor qn = rms_norm(q, q_norm, eps);
+    copy_bytes(q.raw(), Device::cpu, qn.raw(), Device::cpu, q.size_bytes());
+    kk = rms_norm(k, k_norm, eps);
+  }
+  rope(q, start_pos, table);
+  rope(kk, start_pos, table);
+  store_rows(kk, k_cache, start_pos);
+  store_rows(v, v_cache, start_pos);
+}
+
+}  // namespace
+
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                         float eps, const RopeTable& table, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache) {
   MERE_CHECK(q.rank() == 3 && k.rank() == 3 && v.shape() == k.shape() && q.dim(0) == k.dim(0) &&
@@ -333,19 +355,8 @@ void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tenso
              "qk_norm_rope_store: q {} k {} v {} cache {} do not fit", shape_str(q.shape()), shape_str(k.shape()),
              shape_str(v.shape()), shape_str(k_cache.shape()));
   MERE_CHECK(q_norm.defined() == k_norm.defined(), "qk_norm_rope_store: q_norm and k_norm go together");
-  if (q.device() == Device::cpu) {  // the composition: the reference
-    Tensor kk = k.clone();
-    if (q_norm.defined()) {
-      Tensor qn = rms_norm(q, q_norm, eps);
-      copy_bytes(q.raw(), Device::cpu, qn.raw(), Device::cpu, q.size_bytes());
-      kk = rms_norm(k, k_norm, eps);
-    }
-    rope(q, start_pos, table);
-    rope(kk, start_pos, table);
-    store_rows(kk, k_cache, start_pos);
-    store_rows(v, v_cache, start_pos);
-    return;
-  }
+  if (q.device() == Device::cpu)  // the composition: the reference
+    return compose_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache);
   MERE_CHECK(q.dim(2) <= 256 && int(table.inv_freq.size()) * 2 <= q.dim(2),
              "qk_norm_rope_store (CUDA): head_dim {} exceeds 256 or rotary dim", q.dim(2));
   cuda::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache);
@@ -468,19 +479,8 @@ void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tenso
              "qk_norm_rope_store: q {} k {} v {} quantized cache {} do not fit", shape_str(q.shape()),
              shape_str(k.shape()), shape_str(v.shape()), shape_str(k_cache.codes.shape()));
   MERE_CHECK(q_norm.defined() == k_norm.defined(), "qk_norm_rope_store: q_norm and k_norm go together");
-  if (q.device() == Device::cpu) {  // the composition: the reference
-    Tensor kk = k.clone();
-    if (q_norm.defined()) {
-      Tensor qn = rms_norm(q, q_norm, eps);
-      copy_bytes(q.raw(), Device::cpu, qn.raw(), Device::cpu, q.size_bytes());
-      kk = rms_norm(k, k_norm, eps);
-    }
-    rope(q, start_pos, table);
-    rope(kk, start_pos, table);
-    store_rows(kk, k_cache, start_pos);
-    store_rows(v, v_cache, start_pos);
-    return;
-  }
+  if (q.device() == Device::cpu)  // the composition: the reference
+    return compose_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache);
   MERE_CHECK(q.dim(2) <= 256 && int(table.inv_freq.size()) * 2 <= q.dim(2),
              "qk_norm_rope_store (CUDA): head_dim {} exceeds 256 or rotary dim", q.dim(2));
   cuda::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache);
