@@ -34,11 +34,14 @@ Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q
   const int64_t T = q.shape()[0];
   if (states.size() > 1) {  // one token per sequence, each against its own cache
     MERE_CHECK(int64_t(states.size()) == T, "attend_cached: {} rows for a batch of {} sequences", T, states.size());
-    std::vector<Tensor> rows;
-    for (int64_t b = 0; b < T; ++b)
-      rows.push_back(attend_cached(q.slice_rows(b, b + 1), k.slice_rows(b, b + 1), v.slice_rows(b, b + 1), q_norm,
-                                   k_norm, eps, rope, pos, states.subspan(size_t(b), 1), layer, fused_rope_store));
-    return ops::concat_rows(rows);
+    Tensor out = Tensor::empty({T, q.dim(1) * q.dim(2)}, DType::f32, q.device());
+    for (int64_t b = 0; b < T; ++b) {
+      Tensor row = out.slice_rows(b, b + 1);  // written on the device's stream (no host copy, no sync)
+      ops::convert_into(attend_cached(q.slice_rows(b, b + 1), k.slice_rows(b, b + 1), v.slice_rows(b, b + 1), q_norm,
+                                      k_norm, eps, rope, pos, states.subspan(size_t(b), 1), layer, fused_rope_store),
+                        row);
+    }
+    return out;
   }
   SeqState& state = *states.front();
   const float scale = 1.0f / std::sqrt(float(q.shape()[2]));
