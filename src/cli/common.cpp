@@ -140,8 +140,17 @@ Device resolve_device(const std::string& flag) {
 
 std::vector<int64_t> parse_int_list(const std::string& text, const char* flag) {
   std::vector<int64_t> out;
-  for (int32_t v : parse_ids(text)) out.push_back(v);
-  MERE_CHECK(!out.empty(), "{}: no values in '{}'", flag, text);
+  for (const std::string& item : split_list(text, flag)) {
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    MERE_CHECK(used == item.size() && v >= 0, "{} {}: '{}' is not a non-negative integer", flag, text, item);
+    out.push_back(v);
+  }
   return out;
 }
 

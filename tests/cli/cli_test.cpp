@@ -113,5 +113,25 @@ TEST(Cli, BenchMakesOneRowPerKvCacheMode) {
   EXPECT_NE(r.err.find("--kv-cache-mode fp4: expected default, bf16, affine8 or affine4"), std::string::npos) << r.err;
 }
 
+// --batch adds same-offset batched decode rows, one per size; every row reports
+// the memory it held and its K/V; a bad entry is an error naming the flag.
+TEST(Cli, BenchBatchRowsAndResidentMemory) {
+  auto r = test::run_mere("bench --device cpu -p 0 -n 3 -r 1 --batch 1,3 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 3u) << r.out;  // tg3, tg3 x1, tg3 x3
+  EXPECT_EQ(j["rows"][1]["test"], "tg3 x1");
+  EXPECT_EQ(j["rows"][2]["test"], "tg3 x3");
+  for (const auto& row : j["rows"]) {
+    EXPECT_GT(row["tok_s"][0].get<double>(), 0.0);
+    EXPECT_GT(row["resident_bytes"].get<double>(), row["kv_bytes"].get<double>());
+  }
+  // Three sequences hold three times one sequence's K/V.
+  EXPECT_EQ(j["rows"][2]["kv_bytes"].get<uint64_t>(), 3 * j["rows"][1]["kv_bytes"].get<uint64_t>());
+  r = test::run_mere("bench --device cpu -p 0 -n 3 -r 1 --batch 2,x");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--batch"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace mere
