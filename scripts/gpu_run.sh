@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere
 # (the device machine of our workplace has no Debian packages): .devrun/ holds
 # bin.tar.xz (mere, mere_gpu_tests) and libs.tar.xz (libfmt, libpcre2, ICU). Logs go to $OUT.
-# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [moe] [quant]; MERE_DEVRUN names the pack
+# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [moe] [quant] [quant_moe] [kv]; MERE_DEVRUN names the pack
 # (default .devrun), GTEST_FILTER picks tests.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -83,6 +83,18 @@ for what in "${@:-tests bench}"; do
         "$m" bench --device cuda --shape llama3-8b --quant $q -p 512 -n 128 -r 3 2>&1 | tee -a "$out/quant.log"
       done
       MERERUN_FP8_ACTIVATION_GEMM=1 "$m" bench --device cuda --shape llama3-8b --quant fp8 -p 512 -n 0 -r 3 2>&1 |
-        tee -a "$out/quant.log" ;;
+        tee -a "$out/quant.log"
+      for q in int8 int4; do  # lever int8_activation_matvec (decode only)
+        MERERUN_INT8_ACTIVATION_MATVEC=1 "$m" bench --device cuda --shape llama3-8b --quant $q -p 0 -n 128 -r 3 2>&1 |
+          tee -a "$out/quant.log"
+      done ;;
+    quant_moe)  # the Qwen3-30B-A3B shape's int8/int4 decode, lever int8_activation_matvec off and on
+      m="$bin/mere"
+      for q in int8 int4; do
+        for on in 0 1; do
+          MERERUN_INT8_ACTIVATION_MATVEC=$on "$m" bench --device cuda --shape qwen3-30b-a3b --quant $q -p 0 -n 128 -r 3 \
+            2>&1 | tee -a "$out/quant_moe.log"
+        done
+      done ;;
   esac
 done

@@ -76,6 +76,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "programmatic_launch" ? &l.programmatic_launch
                 : name == "matvec_split_k"      ? &l.matvec_split_k
                 : name == "fp8_activation_gemm" ? &l.fp8_activation_gemm
+                : name == "int8_activation_matvec" ? &l.int8_activation_matvec
                                                 : nullptr;
   MERE_CHECK(field != nullptr, "--lever {}=...: unknown engine lever", name);
   *field = on;
@@ -174,9 +175,9 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}", dir.string(), lo.fuse_projections, lo.fuse_rope_store,
+    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections, lo.fuse_rope_store,
                                         lo.fuse_norm_matvec, lo.programmatic_launch, lo.matvec_split_k,
-                                        lo.fp8_activation_gemm);
+                                        lo.fp8_activation_gemm, lo.int8_activation_matvec);
     auto it = models_.find(key);
     if (it == models_.end()) {
       std::fprintf(stderr, "loading %s\n", dir.c_str());
@@ -394,6 +395,17 @@ class Auditor {
       }
   }
 
+  // The logits after each token of `window`, fed one decode step at a time: [T, vocab] on the CPU.
+  static Tensor decode_step_logits(const Model& m, const std::vector<int32_t>& window, SeqState& state) {
+    const int64_t vocab = m.info().vocab;
+    Tensor out = Tensor::empty({int64_t(window.size()), vocab}, DType::f32);
+    for (size_t i = 0; i < window.size(); ++i) {
+      const Tensor row = m.forward({window[i]}, state, false).to_device(Device::cpu);
+      std::copy(row.data<float>(), row.data<float>() + vocab, out.data<float>() + int64_t(i) * vocab);
+    }
+    return out;
+  }
+
   // Teacher-forced over the corpus in windows: every arm sees the same tokens, each
   // position's next-token distribution is compared with the baseline's.
   void teacher_forced() {
@@ -415,7 +427,8 @@ class Auditor {
       std::vector<Tensor> logits;
       for (Arm* a : arms) {
         auto state = a->model->make_state(end - begin, a->kv);
-        logits.push_back(a->model->forward(window, *state, /*all_logits=*/true).to_device(Device::cpu));
+        logits.push_back(o_.decode_steps ? decode_step_logits(*a->model, window, *state)
+                                         : a->model->forward(window, *state, /*all_logits=*/true).to_device(Device::cpu));
         progress.update(++done, a->result.label);
       }
       const float* base = logits[0].data<float>();  // arms[0] is the baseline

@@ -32,6 +32,9 @@ struct AuditOptions {
   float temperature = 0.8f;             // the sampled comparison
   int64_t corpus_tokens = 2048;         // corpus tokens scored (from its start)
   int64_t window = 256;                 // teacher-forced window (capped at the model's context)
+  // Teacher-forced tokens scored one decode step at a time (the path decode-only
+  // levers such as int8_activation_matvec change) instead of one prefill per window.
+  bool decode_steps = false;
   Device device = Device::cpu;
 };
 

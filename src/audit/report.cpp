@@ -117,6 +117,7 @@ ordered_json report_json(const AuditReport& r) {
                    {"sampled_temperature", o.temperature},
                    {"corpus_tokens_scored", r.corpus_tokens_scored},
                    {"window", o.window},
+                   {"teacher_forced_by", o.decode_steps ? "decode steps" : "one prefill per window"},
                    {"windows", r.windows}};
   ordered_json prompts = ordered_json::array();
   for (size_t i = 0; i < r.prompts.size(); ++i)
@@ -167,9 +168,10 @@ std::string report_markdown(const AuditReport& r) {
   const AuditOptions& o = r.options;
   s += fmt::format("# mere audit: {}\n\n", r.model_label.empty() ? r.model_dir : r.model_label);
   s += fmt::format("{} · {} ({}) · revision `{}` · device {} · {} prompts, {} tokens each, seed {}, {} timed run(s) "
-                   "after 1 warm-up · {} corpus tokens scored in {} window(s) of up to {}\n\n",
+                   "after 1 warm-up · {} corpus tokens scored in {} window(s) of up to {}{}\n\n",
                    r.date, r.model_dir, r.model_type, r.revision, r.device, r.prompts.size(), o.max_new_tokens,
-                   o.seed, o.runs, r.corpus_tokens_scored, r.windows, o.window);
+                   o.seed, o.runs, r.corpus_tokens_scored, r.windows, o.window,
+                   o.decode_steps ? ", one decode step per token" : "");
   if (r.speed_label == "CPU")
     s += "**Speed figures are CPU figures** (this run had no GPU); they say nothing about the CUDA backend.\n\n";
 

@@ -19,6 +19,7 @@ struct AuditFlags {
   uint64_t seed = 0;
   float temperature = 0.8f;
   int64_t corpus_tokens = 2048, window = 256;
+  bool decode_steps = false;
 };
 
 void run_audit_cmd(const AuditFlags& f) {
@@ -38,6 +39,7 @@ void run_audit_cmd(const AuditFlags& f) {
   o.temperature = f.temperature;
   o.corpus_tokens = f.corpus_tokens;
   o.window = f.window;
+  o.decode_steps = f.decode_steps;
   o.device = resolve_device(f.device);
   const AuditReport r = run_audit(o);
   const auto files = write_reports(r, o.out_dir);
@@ -73,6 +75,9 @@ void add_audit_command(CLI::App& app) {
   cmd->add_option("--temperature", f->temperature, "Temperature of the sampled comparison")->capture_default_str();
   cmd->add_option("--corpus-tokens", f->corpus_tokens, "Corpus tokens scored, from its start")->capture_default_str();
   cmd->add_option("--window", f->window, "Teacher-forced window in tokens")->capture_default_str();
+  cmd->add_flag("--decode-steps", f->decode_steps,
+                "Score the corpus one decode step per token (what decode-only levers change) instead of one "
+                "prefill per window");
   cmd->add_option("--out", f->out, "Directory for the reports (and scratch/ for quantized copies)")
       ->capture_default_str();
   add_threads_option(*cmd, f->threads);

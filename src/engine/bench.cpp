@@ -64,6 +64,7 @@ std::string layout_levers(const LoadOptions& o) {
   return std::string("fused_projections=") + on(o.fuse_projections) + " fused_rope_store=" + on(o.fuse_rope_store) +
          " fused_norm_matvec=" + on(o.fuse_norm_matvec) + " programmatic_launch=" + on(o.programmatic_launch) +
          " matvec_split_k=" + on(o.matvec_split_k) + " fp8_activation_gemm=" + on(o.fp8_activation_gemm) +
+         (o.int8_activation_matvec ? " int8_activation_matvec=on" : "") +
          (o.fuse_moe_gate_up ? " fused_moe_gate_up=on" : "");
 }
 

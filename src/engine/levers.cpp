@@ -28,6 +28,7 @@ Levers Levers::from_env() {
   l.programmatic_launch = env_flag("MERERUN_PROGRAMMATIC_LAUNCH", l.programmatic_launch);
   l.matvec_split_k = env_flag("MERERUN_MATVEC_SPLIT_K", l.matvec_split_k);
   l.fp8_activation_gemm = env_flag("MERERUN_FP8_ACTIVATION_GEMM", l.fp8_activation_gemm);
+  l.int8_activation_matvec = env_flag("MERERUN_INT8_ACTIVATION_MATVEC", l.int8_activation_matvec);
   l.fused_moe_gate_up = env_flag("MERERUN_PSI_FUSED_MOE", l.fused_moe_gate_up);
   l.prefix_cache = env_flag("MERERUN_PREFIX_CACHE", l.prefix_cache);
   return l;
@@ -42,7 +43,8 @@ std::string Levers::describe(Device device) const {
          " fused_projections=" + on(fused_projections) +
          " fused_rope_store=" + on(fused_rope_store) + " fused_norm_matvec=" + on(fused_norm_matvec) +
          " programmatic_launch=" + on(programmatic_launch) + " matvec_split_k=" + on(matvec_split_k) +
-         " fp8_activation_gemm=" + on(fp8_activation_gemm) + " fused_moe_gate_up=" + on(fused_moe_gate_up) +
+         " fp8_activation_gemm=" + on(fp8_activation_gemm) + " int8_activation_matvec=" + on(int8_activation_matvec) +
+         " fused_moe_gate_up=" + on(fused_moe_gate_up) +
          " prefix_cache=off (paged state is CPU-only)";
 }
 
@@ -54,6 +56,7 @@ LoadOptions Levers::load_options(Device device) const {
                      .programmatic_launch = programmatic_launch && cuda,
                      .matvec_split_k = matvec_split_k && cuda,
                      .fp8_activation_gemm = fp8_activation_gemm && cuda,
+                     .int8_activation_matvec = int8_activation_matvec && cuda,
                      .fuse_moe_gate_up = fused_moe_gate_up};
 }
 

@@ -40,6 +40,11 @@ struct Levers {
   // dequantized to bf16 for the GEMM. Off by default: it costs accuracy (the
   // qwen3-fp8 fixture's prefill logits move 16% against transformers, 0.4% off).
   bool fp8_activation_gemm = false;
+  // Decode matvecs of MLX affine (int8/int4) weights quantize their input to
+  // int8 per 32 values (symmetric, as llama.cpp's Q8_1) and sum with dp4a: int4
+  // weights are otherwise bound by instructions rather than bytes. Off by
+  // default: it costs accuracy (gate in docs/levers.md).
+  bool int8_activation_matvec = false;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves
   // both. Off: measured no faster (Qwen3-30B-A3B shape, H200), bit-identical.
@@ -53,13 +58,14 @@ struct Levers {
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
   // MERERUN_FUSED_NORM_MATVEC, MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
-  // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_PSI_FUSED_MOE, MERERUN_PREFIX_CACHE (0|1)
+  // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC, MERERUN_PSI_FUSED_MOE, MERERUN_PREFIX_CACHE (0|1)
   // override the defaults.
   static Levers from_env();
   static Levers all_off() {
     return Levers{.cuda_graphs = false, .pipelined_decode = false, .fused_projections = false, .fused_rope_store = false,
                   .fused_norm_matvec = false, .programmatic_launch = false, .matvec_split_k = false,
-                  .fp8_activation_gemm = false, .fused_moe_gate_up = false, .prefix_cache = false};
+                  .fp8_activation_gemm = false, .int8_activation_matvec = false, .fused_moe_gate_up = false,
+                  .prefix_cache = false};
   }
   // The levers in effect on `device`, for the line a run prints.
   std::string describe(Device device) const;

@@ -27,6 +27,8 @@ struct LoadOptions {
   bool matvec_split_k = false;
   // FP8 weights' prefill with E4M3 activations on FP8 tensor cores (lever fp8_activation_gemm).
   bool fp8_activation_gemm = false;
+  // MLX affine weights' decode matvecs on int8-quantized activations (lever int8_activation_matvec).
+  bool int8_activation_matvec = false;
   // MoE experts' gate and up stacked into one matrix per expert (lever fused_moe_gate_up).
   bool fuse_moe_gate_up = false;
 };

@@ -153,7 +153,8 @@ Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* c
   if (info_.device == Device::cuda)
     ops::set_launch_settings({.programmatic = info_.options.programmatic_launch,
                               .matvec_split_k = info_.options.matvec_split_k,
-                              .fp8_activation_gemm = info_.options.fp8_activation_gemm});
+                              .fp8_activation_gemm = info_.options.fp8_activation_gemm,
+                              .int8_activation_matvec = info_.options.int8_activation_matvec});
 
   Tensor h = ops::embed(tok_embed_, ids);                                   // [T, d_model], the residual
   Tensor x = ops::rms_norm(h, layers_[0].attn_norm, k.norm_eps);

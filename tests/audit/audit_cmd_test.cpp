@@ -142,6 +142,25 @@ TEST(AuditCmd, FiguresAreMeasuredAndTheVerdictFollowsThePolicy) {
   for (const json& p : bf16["greedy"]["per_prompt"]) EXPECT_EQ(p["total"], 8);
 }
 
+// --decode-steps scores the corpus one decode step per token: on the CPU (f32)
+// that gives the prefill's perplexity to rounding, and the report says which ran.
+TEST(AuditCmd, DecodeStepsScoreLikeThePrefill) {
+  const fs::path dir = test::temp_dir("audit_decode_steps");
+  auto ppl = [&](bool decode_steps) {
+    const fs::path out = dir / (decode_steps ? "steps" : "prefill");
+    const test::CommandResult r = test::run_mere(
+        "audit --device cpu -t 2 --lever kv=affine8 -n 4 --runs 1 --corpus-tokens 120 --window 60 --out " +
+        out.string() + (decode_steps ? " --decode-steps" : ""));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const json j = json::parse(test::read_file(out / "report.json"));
+    EXPECT_EQ(j["settings"]["teacher_forced_by"], decode_steps ? "decode steps" : "one prefill per window");
+    return lever(j, "kv=affine8")["teacher_forced"];
+  };
+  const json steps = ppl(true), prefill = ppl(false);
+  EXPECT_NEAR(double(steps["ppl_baseline"]), double(prefill["ppl_baseline"]), 1e-4 * double(prefill["ppl_baseline"]));
+  EXPECT_NEAR(double(steps["ppl_lever"]), double(prefill["ppl_lever"]), 2e-3 * double(prefill["ppl_lever"]));
+}
+
 TEST(AuditCmdErrors, BadInputIsAClearError) {
   const fs::path dir = test::temp_dir("e");
   test::write_file(dir / "bad.jsonl", "{\"prompt\": \"a\"}\n{\"prompt\": }\n");

@@ -146,6 +146,67 @@ TEST_F(Affine, ProgrammaticLaunchAndSplitK) {
   }
 }
 
+// x as lever int8_activation_matvec rounds it: per token and 32 values,
+// d = max|x| / 127 and x' = d * round(x / d).
+Tensor int8_rounded(const Tensor& x) {
+  Tensor r = Tensor::empty(x.shape(), DType::f32);
+  const float* src = x.data<float>();
+  float* dst = r.data<float>();
+  for (int64_t b = 0; b < x.numel(); b += 32) {
+    float amax = 0;
+    for (int64_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(src[i]));
+    const float d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int64_t i = b; i < b + 32; ++i) dst[i] = d * std::nearbyint(src[i] * inv);
+  }
+  return r;
+}
+
+// Lever int8_activation_matvec: the int8-x matvec equals the f32 reference on
+// the rounded x (so the only change is the rounding), is chosen by ops::linear
+// only under the lever, and falls back to f32 x where the int8 copy of x does
+// not fit in shared memory.
+TEST_F(Affine, Int8ActivationsMatchTheRoundedReference) {
+  struct Case { int64_t T, in, out; int bits, group; DType dt; };
+  int n = 0;
+  for (Case c : {Case{1, 4096, 300, 4, 64, DType::bf16}, Case{1, 4096, 257, 8, 64, DType::bf16},
+                 Case{2, 1024, 77, 4, 32, DType::f16}, Case{3, 2048, 131, 8, 128, DType::f32},
+                 Case{5, 512, 33, 4, 128, DType::bf16}, Case{8, 4096, 64, 8, 32, DType::bf16},
+                 Case{8, 384, 1000, 4, 32, DType::bf16}, Case{4, 14336, 40, 4, 64, DType::bf16}}) {
+    const std::string label =
+        fmt::format("int8 x, int{} g{} {} T={} {}x{}", c.bits, c.group, dtype_name(c.dt), c.T, c.out, c.in);
+    Weight w(random_affine(c.out, c.in, c.bits, c.group, c.dt, uint64_t(1000 + n++)), c.in);
+    Tensor x = random({c.T, c.in}, DType::f32, uint64_t(n));
+    // One block of x with an outlier, as real activations have: the rest of that block loses precision.
+    x.data<float>()[37] = 40.0f;
+    Tensor b = random({c.out}, DType::f32, 6, 0.1f);
+    const Tensor dense = w.dequantize(DType::f32);
+    const Tensor want = ops::linear(int8_rounded(x), dense, b);
+    const Tensor exact = ops::linear(x, dense, b);
+    Weight wg = w.to_device(Device::cuda);
+    Tensor xg = gpu(x), bg = gpu(b);
+    for (int split : {0, 2}) {
+      const Tensor got = launch_matvec(wg, xg, bg, {.split = split, .stage = 2});
+      EXPECT_LE(relative_error(got, want, fmt::format("{} split {}", label, split)), 1e-5f) << label;
+    }
+    ops::set_launch_settings({.int8_activation_matvec = true});
+    const Tensor lever = ops::linear(xg, wg, bg).to_device(Device::cpu);
+    ops::set_launch_settings({});
+    const Tensor plain = ops::linear(xg, wg, bg).to_device(Device::cpu);
+    EXPECT_LE(relative_error(plain, exact, label + ": lever off", false), 1e-5f);
+    EXPECT_LE(relative_error(lever, want, label + ": lever on"), 1e-5f);
+    // What the rounding costs against f32 x, for the record (bounded loosely).
+    EXPECT_LE(relative_error(lever, exact, label + ": int8 x against f32 x"), 2e-2f);
+    EXPECT_GT(test::max_abs_diff(lever, plain).diff, 0.0f) << label << ": the lever changed nothing";
+  }
+  // T = 8 of a 14336-wide x does not fit the int8 staging: f32 x, unchanged.
+  Weight w(random_affine(16, 14336, 4, 64, DType::bf16, 99), 14336);
+  Tensor x = random({8, 14336}, DType::f32, 98);
+  ops::set_launch_settings({.int8_activation_matvec = true});
+  const Tensor fallback = ops::linear(gpu(x), w.to_device(Device::cuda), Tensor());
+  ops::set_launch_settings({});
+  EXPECT_LE(relative_error(fallback, ops::linear(x, w.dequantize(DType::f32), Tensor()), "int8 x fallback"), 1e-5f);
+}
+
 TEST_F(Affine, DequantizeAndEmbedMatchTheReference) {
   for (int bits : {4, 8})
     for (int group : {32, 128})
@@ -244,18 +305,24 @@ TEST_F(Affine, TimingOnLlama3Matrices) {
         auto run = [&](int64_t T, mere::cuda::AffineMatvecPlan hint) {
           const mere::cuda::AffineMatvecPlan plan = mere::cuda::affine_matvec_plan(a, T, hint);
           report(fmt::format("{:8s} {}x{} int{} g{} T={} R{} B{} split{} {}", m.name, m.out, m.in, bits, group, T,
-                             plan.rows, plan.batch, plan.split, plan.stage ? "staged" : "L1"),
+                             plan.rows, plan.batch, plan.split,
+                             plan.stage == 2 ? "int8x" : plan.stage ? "staged" : "L1"),
                  bytes, seconds_per_launch([&] {
                    mere::cuda::launch_affine_matvec(a, x.data<float>(), nullptr, y.data<float>(), T, stream, hint);
                  }));
         };
         run(1, {});
+        run(1, {.stage = 2});
         if (group != 64) continue;
         for (int64_t T : {2, 4, 8}) run(T, {});
+        for (int64_t T : {2, 4, 8}) run(T, {.stage = 2});
         // The alternatives to the default plan, for tuning.
         for (mere::cuda::AffineMatvecPlan hint :
              {mere::cuda::AffineMatvecPlan{0, 0, 0, 0}, {4, 1, 0, -1}, {2, 2, 0, -1}, {2, 4, 0, -1}, {8, 1, 0, -1},
               {0, 0, 1, -1}, {0, 0, 2, -1}, {0, 0, 4, -1}})
+          run(1, hint);
+        for (mere::cuda::AffineMatvecPlan hint : {mere::cuda::AffineMatvecPlan{4, 1, 0, 2}, {2, 2, 0, 2}, {2, 4, 0, 2},
+                                                   {8, 1, 0, 2}, {0, 0, 1, 2}, {0, 0, 2, 2}})
           run(1, hint);
         ops::set_launch_settings({.programmatic = false, .matvec_split_k = true});
         std::printf("[ timing   ] programmatic launch off:\n");

@@ -28,9 +28,10 @@ bool affine_matvec_supports(const AffineArgs& w, int64_t T);
 
 // How the matvec shares out the work: `rows` rows per warp, `batch` 16-byte
 // loads per row and lane in flight, `split` warps per row group (split-K; a
-// power of two up to 8), `stage` x copied to shared memory (1) or read through
-// L1 (0). Zeros (stage -1) pick the defaults for T and the matrix; alternative
-// rows and batch are compiled for T = 1 with bf16 scales only.
+// power of two up to 8), `stage` x read through L1 (0), copied to shared memory
+// (1), or quantized to int8 in shared memory (2, lever int8_activation_matvec).
+// Zeros (stage -1) pick the defaults for T, the matrix and the levers; the
+// alternative rows and batches are compiled for T = 1 with bf16 scales only.
 struct AffineMatvecPlan {
   int rows = 0, batch = 0, split = 0, stage = -1;
 };
@@ -38,7 +39,8 @@ struct AffineMatvecPlan {
 AffineMatvecPlan affine_matvec_plan(const AffineArgs& w, int64_t T, AffineMatvecPlan hint = {});
 
 // y[T, out] = x[T, in] dequant(w)^T (+ bias[out]); f32 x, y and bias, f32
-// arithmetic: per group scale * sum(q x) + bias * sum(x).
+// arithmetic: per group scale * sum(q x) + bias * sum(x). Stage 2 rounds x to
+// int8 per 32 values first (d = max|x| / 127) and sums q x in int32.
 cudaError_t launch_affine_matvec(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,
                                  cudaStream_t stream, AffineMatvecPlan hint = {});
 

@@ -20,6 +20,13 @@
 // persistent grid of one wave). Otherwise lanes read x through L1, lane l
 // starting its chunk at quad (l mod 8) of 4 values, which spreads one
 // instruction's reads over the banks.
+//
+// Lever int8_activation_matvec (XMode::kInt8): each block quantizes x to int8
+// in shared memory, symmetric per 32 values (d = max|x| / 127, as llama.cpp's
+// Q8_1 activations), so a chunk's sum of q x is four (8-bit) or eight (4-bit)
+// dp4a instructions instead of 16 or 32 conversions and FMAs: int4 weights are
+// otherwise bound by instructions, not bytes. It costs accuracy (x rounded to
+// about 2 significant digits per block), so it is a measured, explicit lever.
 #include <type_traits>
 
 #include "ops/cuda/affine_launchers.h"
@@ -33,6 +40,10 @@ constexpr int kWarps = 8;                 // per block
 constexpr uint32_t kMagic = 0x4B000000u;  // the bits of 2^23: 2^23 + q once q fills the low mantissa byte
 constexpr float kTwo23 = 8388608.0f;
 constexpr int kMaxStagedBytes = 100 * 1024;  // x and chunk sums in shared memory: two blocks fit an SM
+
+// Where the lanes read x from: global memory through L1, an f32 copy in shared
+// memory, or an int8 copy in shared memory (lever int8_activation_matvec).
+enum class XMode { kGlobal, kStaged, kInt8 };
 
 // 2^23 + byte k of v, as a float (k is a constant once loops are unrolled).
 __device__ __forceinline__ float magic_byte(uint32_t v, int k) {
@@ -88,7 +99,7 @@ __device__ __forceinline__ void rotate_quads(uint32_t (&w)[4], int k) {
 // staged copy (and its chunk sums) when kStaged, else from global memory,
 // rotated by k quads.
 template <int kBits, typename S, int T, int R, bool kStaged>
-__device__ __forceinline__ void accumulate_chunk(float (&acc)[R][T], const uint4 (&wq)[R], const S (&ws)[R],
+__device__ __forceinline__ void accumulate_chunk_f32(float (&acc)[R][T], const uint4 (&wq)[R], const S (&ws)[R],
                                                  const S (&wb)[R], const Problem& p, int64_t cc, int k,
                                                  const float4* staged, int q4) {
   constexpr int kQuads = 32 / kBits;
@@ -161,14 +172,129 @@ __device__ __forceinline__ void accumulate_chunk(float (&acc)[R][T], const uint4
   }
 }
 
+// dp4a: the sum of the four products of unsigned bytes of a and signed bytes of b, plus c.
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Int8 staging: the int8 copy of x (XMode::kInt8), per token: the codes (in bytes), then per
+// chunk a float2 {d, d * sum of the chunk's codes}. The codes of a chunk are in
+// the order its packed weights unpack: 8-bit, as stored; 4-bit, per word w the
+// low nibbles (elements 0, 2, 4, 6 of its 8) then the high ones (1, 3, 5, 7),
+// and the chunk's first two words' codes in one plane, the last two in a second
+// (so each lane reads 16 consecutive bytes twice, free of bank conflicts).
+__host__ __device__ inline int64_t int8_token_bytes(int64_t in, int64_t n_chunks) {
+  return (in + 8 * n_chunks + 15) / 16 * 16;
+}
+
+// Byte offset of element i's code within a token's codes.
+template <int kBits>
+__device__ __forceinline__ int int8_code_offset(int i, int in) {
+  if constexpr (kBits == 8) {
+    return i;
+  } else {
+    const int chunk = i / 32, v = i % 32, word = v / 8, n = v % 8;
+    return (word / 2) * (in / 2) + chunk * 16 + ((word % 2) * 2 + (n % 2)) * 4 + n / 2;
+  }
+}
+
+// Quantizes x [T, in] into the shared copy. A lane takes 4 consecutive values
+// (8 lanes a block of 32) and issues up to kLoads loads before using any: the
+// staging is bound by their latency, not by the arithmetic.
+template <int kBits, int T>
+__device__ __forceinline__ void stage_int8(const Problem& p, uint8_t* staged, int64_t token_bytes) {
+  constexpr int kLoads = 8;
+  constexpr int kChunkLanes = kBits == 8 ? 4 : 8;  // lanes per chunk of packed weights (16 or 32 values)
+  const int in = int(p.in), n4 = in / 4;           // in % 32 == 0: a block of 8 lanes is all in or all out
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const float4* x4 = reinterpret_cast<const float4*>(p.x) + t * n4;
+    uint8_t* token = staged + t * token_bytes;
+    for (int f0 = threadIdx.x; f0 - int(threadIdx.x % 32) < n4; f0 += kLoads * blockDim.x) {
+      float4 v[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int f = f0 + u * blockDim.x;
+        v[u] = f < n4 ? __ldg(x4 + f) : make_float4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int f = f0 + u * blockDim.x;
+        if (f - int(threadIdx.x % 32) >= n4) break;  // the whole warp is past the end
+        float amax = fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w)));
+#pragma unroll
+        for (int o = 1; o < 8; o *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        const int q0 = __float2int_rn(v[u].x * inv), q1 = __float2int_rn(v[u].y * inv),
+                  q2 = __float2int_rn(v[u].z * inv), q3 = __float2int_rn(v[u].w * inv);
+        int sum = (q0 + q1) + (q2 + q3);
+#pragma unroll
+        for (int o = 1; o < kChunkLanes; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (f >= n4) continue;
+        const int e = 4 * f;  // the first of the four elements
+        auto byte = [](int q, int k) { return (uint32_t(q) & 0xffu) << (8 * k); };
+        if constexpr (kBits == 8) {
+          *reinterpret_cast<uint32_t*>(token + e) = byte(q0, 0) | byte(q1, 1) | byte(q2, 2) | byte(q3, 3);
+        } else {
+          // Elements n0..n0+3 of a word (n0 = 0 or 4): the even ones are low nibbles, the odd ones high.
+          const int base = int8_code_offset<4>(e, in);
+          *reinterpret_cast<uint16_t*>(token + base) = uint16_t(byte(q0, 0) | byte(q2, 1));
+          *reinterpret_cast<uint16_t*>(token + base + 4) = uint16_t(byte(q1, 0) | byte(q3, 1));
+        }
+        if (f % kChunkLanes == 0) reinterpret_cast<float2*>(token + in)[e * kBits / 128] = make_float2(d, d * float(sum));
+      }
+    }
+  }
+}
+
+// acc[r][t] += chunk cc of row r times token t's int8 x:
+//   scale * d * sum(q xq) + bias * d * sum(xq).
+template <int kBits, typename S, int T, int R>
+__device__ __forceinline__ void accumulate_chunk_int8(float (&acc)[R][T], const uint4 (&wq)[R], const S (&ws)[R],
+                                                      const S (&wb)[R], const Problem& p, int64_t cc,
+                                                      const uint8_t* staged, int64_t token_bytes) {
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const uint8_t* token = staged + t * token_bytes;
+    const float2 ds = reinterpret_cast<const float2*>(token + p.in)[cc];
+    const uint4 c0 = reinterpret_cast<const uint4*>(token)[cc];
+    uint4 c1 = c0;
+    if constexpr (kBits == 4) c1 = reinterpret_cast<const uint4*>(token + p.in / 2)[cc];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      int sum;
+      if constexpr (kBits == 8) {
+        sum = dp4a_us(wq[r].x, c0.x, 0);
+        sum = dp4a_us(wq[r].y, c0.y, sum);
+        sum = dp4a_us(wq[r].z, c0.z, sum);
+        sum = dp4a_us(wq[r].w, c0.w, sum);
+      } else {
+        const uint32_t w[4] = {wq[r].x, wq[r].y, wq[r].z, wq[r].w};
+        const uint32_t c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+        sum = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          sum = dp4a_us(w[j] & 0x0F0F0F0Fu, c[2 * j], sum);
+          sum = dp4a_us((w[j] >> 4) & 0x0F0F0F0Fu, c[2 * j + 1], sum);
+        }
+      }
+      acc[r][t] = fmaf(to_float(ws[r]) * ds.x, float(sum), fmaf(to_float(wb[r]), ds.y, acc[r][t]));
+    }
+  }
+}
+
 // Block b of the grid takes blocks of rows b, b + gridDim.x, ... of the
 // n_blocks there are (one, unless staged).
-template <int kBits, typename S, int T, int R, int B, bool kStaged>
+template <int kBits, typename S, int T, int R, int B, XMode kX>
 __global__ void __launch_bounds__(kWarps * 32)
     affine_matvec_kernel(const __grid_constant__ Problem p, int split, int64_t n_blocks) {
   static_assert(R * T <= 32, "one lane writes each result");
   constexpr int kQuads = 32 / kBits;
-  extern __shared__ float4 staged[];  // kStaged: x [T][in / 4] swizzled, then chunk sums [T][n_chunks]
+  constexpr bool kStaged = kX == XMode::kStaged;
+  // kStaged: x [T][in / 4] swizzled, then chunk sums [T][n_chunks]; kInt8: see Int8 staging.
+  extern __shared__ float4 staged[];
   __shared__ float partial[2][kWarps][R * T];
   const S* scales = static_cast<const S*>(p.scales);
   const S* biases = static_cast<const S*>(p.biases);
@@ -178,7 +304,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   // This warp's chunks [begin, end) of each row: shares in whole rounds of 32 lanes.
   const int64_t share = (p.n_chunks + 32 * split - 1) / (32 * split) * 32;
   const int64_t begin = part * share, first = begin + lane;
-  const int k = kStaged ? 0 : kBits == 4 ? lane & 7 : (lane >> 1) & 3;
+  const int k = kX != XMode::kGlobal ? 0 : kBits == 4 ? lane & 7 : (lane >> 1) & 3;
+  const int64_t int8_bytes = int8_token_bytes(p.in, p.n_chunks);
 
   int64_t row0 = 0, end = 0, row[R];  // rows past the end read the last row again and are not written
   auto set_rows = [&](int64_t b) {
@@ -230,6 +357,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       sums[i] = sum;
     }
     __syncthreads();
+  } else if constexpr (kX == XMode::kInt8) {
+    stage_int8<kBits, T>(p, reinterpret_cast<uint8_t*>(staged), int8_bytes);
+    __syncthreads();
   }
 
   for (int iteration = 0; b < n_blocks; b += gridDim.x, ++iteration) {
@@ -247,7 +377,11 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int u = 0; u < B; ++u)
         if (c + 32 * u < end)
-          accumulate_chunk<kBits, S, T, R, kStaged>(acc, wq[u], ws[u], wb[u], p, c + 32 * u, k, staged, q4);
+          if constexpr (kX == XMode::kInt8)
+            accumulate_chunk_int8<kBits, S, T, R>(acc, wq[u], ws[u], wb[u], p, c + 32 * u,
+                                                  reinterpret_cast<const uint8_t*>(staged), int8_bytes);
+          else
+            accumulate_chunk_f32<kBits, S, T, R, kStaged>(acc, wq[u], ws[u], wb[u], p, c + 32 * u, k, staged, q4);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -403,8 +537,15 @@ cudaError_t visit_affine(const AffineArgs& w, Fn&& fn) {
   });
 }
 
-// x and its chunk sums, staged in shared memory.
-int64_t staged_bytes(const AffineArgs& w, int64_t T) { return T * (w.in + w.in * w.bits / 128) * 4; }
+// Shared memory for x in mode kX: an f32 copy and its chunk sums, or the int8 copy.
+int64_t staged_bytes(XMode kX, int64_t in, int64_t n_chunks, int64_t T) {
+  if (kX == XMode::kStaged) return T * (in + n_chunks) * 4;
+  if (kX == XMode::kInt8) return T * int8_token_bytes(in, n_chunks);
+  return 0;
+}
+int64_t staged_bytes(XMode kX, const AffineArgs& w, int64_t T) {
+  return staged_bytes(kX, w.in, w.in * w.bits / 128, T);
+}
 
 struct DeviceShape {
   int sms = 0;
@@ -421,14 +562,13 @@ const DeviceShape& device_shape() {
 }
 
 // One compiled shape of the matvec.
-template <int kBits, typename S, int T, int R, int B, bool kStaged>
+template <int kBits, typename S, int T, int R, int B, XMode kX>
 struct Variant {
-  static constexpr auto kernel = affine_matvec_kernel<kBits, S, T, R, B, kStaged>;
-  static constexpr bool kStagedX = kStaged;
+  static constexpr auto kernel = affine_matvec_kernel<kBits, S, T, R, B, kX>;
 
   // Blocks resident on one SM with `smem` bytes of x staged.
   static int blocks_per_sm(int64_t smem) {
-    if constexpr (kStaged) {
+    if constexpr (kX != XMode::kGlobal) {
       static const cudaError_t raised =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStagedBytes);
       (void)raised;
@@ -438,7 +578,8 @@ struct Variant {
     return blocks > 0 ? blocks : 1;
   }
 
-  static AffineMatvecPlan plan(const Problem& p, int64_t smem, int split_hint) {
+  static AffineMatvecPlan plan(const Problem& p, int split_hint) {
+    const int64_t smem = staged_bytes(kX, p.in, p.n_chunks, T);
     const int64_t resident_warps = int64_t(blocks_per_sm(smem)) * kWarps * device_shape().sms;
     int split = split_hint;
     if (split <= 0) {
@@ -450,35 +591,55 @@ struct Variant {
         while (split < kWarps && row_groups * split * 2 <= resident_warps && p.n_chunks / (split * 2) >= 32 * B)
           split *= 2;
     }
-    return {R, B, split, kStaged ? 1 : 0};
+    return {R, B, split, int(kX)};
   }
 
   static cudaError_t launch(const Problem& p, int split_hint, cudaStream_t stream) {
-    const int64_t smem = kStaged ? T * (p.in + p.n_chunks) * 4 : 0;  // staged_bytes
-    const int split = std::min(plan(p, smem, split_hint).split, kWarps);
+    const int64_t smem = staged_bytes(kX, p.in, p.n_chunks, T);
+    const int split = std::min(plan(p, split_hint).split, kWarps);
     const int64_t rows_per_block = int64_t(R) * (kWarps / split);
     const int64_t n_blocks = (p.out + rows_per_block - 1) / rows_per_block;
     // Staged: a persistent grid of one wave, each block copying x once.
-    const int64_t grid = kStaged ? std::min<int64_t>(n_blocks, int64_t(blocks_per_sm(smem)) * device_shape().sms)
-                                 : n_blocks;
+    const int64_t grid = kX != XMode::kGlobal
+                             ? std::min<int64_t>(n_blocks, int64_t(blocks_per_sm(smem)) * device_shape().sms)
+                             : n_blocks;
     return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kWarps * 32), size_t(smem), stream, p, split, n_blocks);
   }
 };
 
-// Calls fn with the Variant for T and the plan's hints: x staged when it fits
-// (unless hint.stage is 0), else read through L1; (T = 1, bf16 scales) the
-// alternatives the timing test compares.
+// The mode a launch uses: the hint's, else int8 under the lever where it fits,
+// else the f32 copy where it fits, else global memory.
+XMode x_mode(const AffineArgs& w, int64_t T, const AffineMatvecPlan& hint) {
+  auto fits = [&](XMode m) { return staged_bytes(m, w, T) <= kMaxStagedBytes; };
+  if (hint.stage >= 0) {
+    const XMode m = XMode(std::min(hint.stage, 2));
+    return fits(m) ? m : XMode::kGlobal;
+  }
+  if (int8_activation_matvec_enabled() && fits(XMode::kInt8)) return XMode::kInt8;
+  return fits(XMode::kStaged) ? XMode::kStaged : XMode::kGlobal;
+}
+
+// Calls fn with the Variant for T, mode kX and the plan's hints; (T = 1, bf16
+// scales) the alternative rows and batches the timing test compares.
+template <int kBits, typename S, int T, XMode kX, typename Fn>
+void visit_rows(const AffineMatvecPlan& hint, Fn&& fn) {
+  constexpr int kB = T <= 2 ? 2 : 1;
+  if constexpr (T == 1 && std::is_same_v<S, __nv_bfloat16> && kX != XMode::kGlobal) {
+    if (hint.rows == 4 && hint.batch == 1) return fn(Variant<kBits, S, T, 4, 1, kX>{});
+    if (hint.rows == 2 && hint.batch == 2) return fn(Variant<kBits, S, T, 2, 2, kX>{});
+    if (hint.rows == 2 && hint.batch == 4) return fn(Variant<kBits, S, T, 2, 4, kX>{});
+    if (hint.rows == 8 && hint.batch == 1) return fn(Variant<kBits, S, T, 8, 1, kX>{});
+  }
+  fn(Variant<kBits, S, T, 4, kB, kX>{});
+}
+
 template <int kBits, typename S, int T, typename Fn>
 void visit_variant(const AffineArgs& w, const AffineMatvecPlan& hint, Fn&& fn) {
-  constexpr int kB = T <= 2 ? 2 : 1;
-  if (hint.stage == 0 || staged_bytes(w, T) > kMaxStagedBytes) return fn(Variant<kBits, S, T, 4, kB, false>{});
-  if constexpr (T == 1 && std::is_same_v<S, __nv_bfloat16>) {
-    if (hint.rows == 4 && hint.batch == 1) return fn(Variant<kBits, S, T, 4, 1, true>{});
-    if (hint.rows == 2 && hint.batch == 2) return fn(Variant<kBits, S, T, 2, 2, true>{});
-    if (hint.rows == 2 && hint.batch == 4) return fn(Variant<kBits, S, T, 2, 4, true>{});
-    if (hint.rows == 8 && hint.batch == 1) return fn(Variant<kBits, S, T, 8, 1, true>{});
+  switch (x_mode(w, T, hint)) {
+    case XMode::kInt8: return visit_rows<kBits, S, T, XMode::kInt8>(hint, fn);
+    case XMode::kStaged: return visit_rows<kBits, S, T, XMode::kStaged>(hint, fn);
+    default: return visit_rows<kBits, S, T, XMode::kGlobal>(hint, fn);
   }
-  fn(Variant<kBits, S, T, 4, kB, true>{});
 }
 
 template <int kBits, typename S, typename Fn>
@@ -506,10 +667,7 @@ AffineMatvecPlan affine_matvec_plan(const AffineArgs& w, int64_t T, AffineMatvec
   if (!affine_matvec_supports(w, T)) return plan;
   const Problem p = problem(w, nullptr, nullptr, nullptr);
   visit_affine(w, [&]<int kBits, typename S>() {
-    visit_tokens<kBits, S>(w, T, hint, [&](auto variant) {
-      using V = decltype(variant);
-      plan = V::plan(p, V::kStagedX ? staged_bytes(w, T) : 0, hint.split);
-    });
+    visit_tokens<kBits, S>(w, T, hint, [&](auto variant) { plan = decltype(variant)::plan(p, hint.split); });
   });
   return plan;
 }

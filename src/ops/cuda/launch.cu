@@ -1,5 +1,5 @@
 // Launch settings the kernel launchers share (levers programmatic_launch,
-// matvec_split_k and fp8_activation_gemm).
+// matvec_split_k, fp8_activation_gemm and int8_activation_matvec).
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -8,6 +8,7 @@ namespace {
 bool programmatic_launch = false;
 bool matvec_split_k = false;
 bool fp8_activation_gemm = false;
+bool int8_activation_matvec = false;
 }
 
 bool programmatic_launch_enabled() { return programmatic_launch; }
@@ -16,5 +17,7 @@ bool matvec_split_k_enabled() { return matvec_split_k; }
 void set_matvec_split_k(bool on) { matvec_split_k = on; }
 bool fp8_activation_gemm_enabled() { return fp8_activation_gemm; }
 void set_fp8_activation_gemm(bool on) { fp8_activation_gemm = on; }
+bool int8_activation_matvec_enabled() { return int8_activation_matvec; }
+void set_int8_activation_matvec(bool on) { int8_activation_matvec = on; }
 
 }  // namespace mere::cuda

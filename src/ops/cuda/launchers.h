@@ -27,6 +27,9 @@ void set_matvec_split_k(bool on);
 // use the bf16 GEMM.
 void set_fp8_activation_gemm(bool on);
 bool fp8_activation_gemm_enabled();
+// MLX affine decode matvecs quantize x to int8 per 32 values and use dp4a (lever
+// int8_activation_matvec); off: f32 x. Off by default.
+void set_int8_activation_matvec(bool on);
 
 // y[T, out] = x'[T, in] w[out, in]^T (+ bias[out]), x' the input as `input` forms
 // it; T <= kMaxMatvecTokens, rows 16-byte aligned (in * sizeof(w) % 16 == 0).
