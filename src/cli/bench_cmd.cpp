@@ -74,7 +74,7 @@ void run_bench(const BenchFlags& f) {
         if (f.batch != "1")  // same-offset batched decode, one row per batch size
           for (int64_t b : parse_int_list(f.batch, "--batch"))
             for (int64_t n : parse_int_list(f.gen, "-n"))
-              if (n > 0 && b > 0) rows.push_back(bench_batched_decode(m, b, n, d, f.reps, ceilings, kv));
+              if (n > 0 && b > 0) rows.push_back(bench_batched_decode(m, b, n, d, f.reps, ceilings, levers, kv));
       }
   };
   run_rows(*model, Levers::from_env());
@@ -139,7 +139,8 @@ void add_bench_command(CLI::App& app) {
                   "With --shape: store the random matrices as bf16, int8 or int4 (MLX affine) or fp8 (E4M3, "
                   "128x128 block scales)");
   cmd->add_option("--batch", f->batch,
-                  "Batch sizes, comma-separated: adds same-offset batched decode rows (eager), e.g. 1,4,16,64");
+                  "Batch sizes, comma-separated: adds same-offset batched decode rows (a graph per step with "
+                  "cuda_graphs on, MERERUN_CUDA_GRAPHS=0 or --baseline for eager), e.g. 1,4,16,64");
   cmd->add_option("--group-size", f->group_size, "With --quant int8|int4: values per scale and bias (32, 64, 128)");
   cmd->add_option("-p,--prompt-tokens", f->prompt, "Prefill lengths, comma-separated (pp rows; 0: none)");
   cmd->add_option("-n,--gen-tokens", f->gen, "Decode lengths, comma-separated (tg rows; 0: none)");

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "engine/generate.h"
+#include "engine/generate_batch.h"
 #include "ops/ops.h"
 #include "sampling/sampler.h"
 
@@ -66,6 +67,13 @@ std::string layout_levers(const LoadOptions& o) {
          " matvec_split_k=" + on(o.matvec_split_k) + " fp8_activation_gemm=" + on(o.fp8_activation_gemm) +
          (o.int8_activation_matvec ? " int8_activation_matvec=on" : "") +
          (o.fuse_moe_gate_up ? " fused_moe_gate_up=on" : "");
+}
+
+// The decode loop's levers as they ran (the CPU loop is eager and reads each token).
+std::string decode_levers(const Model& model, const Levers& levers) {
+  const bool cuda = model.info().device == Device::cuda;
+  return std::string(cuda && levers.cuda_graphs ? "cuda_graphs=on" : "cuda_graphs=off") +
+         (cuda && levers.pipelined_decode ? " pipelined_decode=on" : " pipelined_decode=off");
 }
 
 }  // namespace
@@ -144,10 +152,7 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
                       const Levers& levers, KvCacheMode kv_mode) {
   BenchRow row;
   row.test = label("tg", tokens, depth);
-  const bool graphs = model.info().device == Device::cuda && levers.cuda_graphs;
-  const bool pipelined = model.info().device == Device::cuda && levers.pipelined_decode;
-  row.levers = std::string(graphs ? "cuda_graphs=on " : "cuda_graphs=off ") +
-               (pipelined ? "pipelined_decode=on " : "pipelined_decode=off ") + layout_levers(model.info().options) +
+  row.levers = decode_levers(model, levers) + " " + layout_levers(model.info().options) +
                " kv_cache_mode=" + std::string(kv_cache_mode_name(kv_mode));
   row.tokens = tokens;
   row.depth = depth;
@@ -172,10 +177,10 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
 }
 
 BenchRow bench_batched_decode(const Model& model, int64_t batch, int64_t tokens, int64_t depth, int reps,
-                              const Ceilings& ceilings, KvCacheMode kv_mode) {
+                              const Ceilings& ceilings, const Levers& levers, KvCacheMode kv_mode) {
   BenchRow row;
   row.test = label("tg", tokens, depth) + " x" + std::to_string(batch);
-  row.levers = "same-offset batch (eager) " + layout_levers(model.info().options) +
+  row.levers = "same-offset batch " + decode_levers(model, levers) + " " + layout_levers(model.info().options) +
                " kv_cache_mode=" + std::string(kv_cache_mode_name(kv_mode));
   row.tokens = tokens;
   row.depth = depth;
@@ -183,27 +188,21 @@ BenchRow bench_batched_decode(const Model& model, int64_t batch, int64_t tokens,
   const double one = double(model.decode_bytes(int64_t(context), kv_mode)), kv = one - double(model.decode_bytes(0, kv_mode));
   row.bytes_per_token = (one + double(batch - 1) * kv) / double(batch);  // a step's bytes over its tokens
   row.roofline_tok_s = ceilings.copy_bytes_per_s / row.bytes_per_token;
-  const int64_t vocab = model.info().vocab;
+  GenerateOptions options;  // as bench_decode: `tokens` steps after the first, timed from the second read
+  options.max_new_tokens = int(tokens) + 2;
+  options.sampling.temperature = 0;
+  options.levers = levers;
+  std::vector<std::vector<int32_t>> prompts;  // one token each, a different one per sequence
+  for (int64_t b = 0; b < batch; ++b) prompts.push_back({int32_t((b * 7919 + 1) % model.info().vocab)});
   for (int r = -1; r < reps; ++r) {
     std::vector<std::unique_ptr<SeqState>> states;
     std::vector<SeqState*> raw;
     for (int64_t b = 0; b < batch; ++b) {
-      states.push_back(state_at_depth(model, depth, tokens + 2, kv_mode));
+      states.push_back(state_at_depth(model, depth, tokens + 3, kv_mode));
       raw.push_back(states.back().get());
     }
-    std::vector<int32_t> next(static_cast<size_t>(batch), 1);
-    for (int64_t b = 0; b < batch; ++b) next[size_t(b)] = int32_t((b * 7919 + 1) % vocab);
-    device_synchronize();
-    auto t0 = Clock::now();
-    for (int64_t s = 0; s < tokens; ++s) {
-      const Tensor logits = model.forward_batch(next, raw).to_device(Device::cpu);
-      for (int64_t b = 0; b < batch; ++b) {
-        const float* l = logits.data<float>() + b * vocab;
-        next[size_t(b)] = int32_t(std::max_element(l, l + vocab) - l);
-      }
-    }
-    device_synchronize();
-    if (r >= 0) row.tok_s.push_back(double(batch * tokens) / seconds_since(t0));
+    BatchGenerateStats stats = generate_batch(model, raw, prompts, options, [](int64_t, int32_t) { return true; });
+    if (r >= 0) row.tok_s.push_back(stats.decode_tok_s());
     row.resident_bytes = resident_bytes(model, *raw.front());
     row.kv_bytes = 0;
     for (SeqState* st : raw) row.kv_bytes += st->kv_bytes();

@@ -49,11 +49,14 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
                       const Levers& levers, KvCacheMode kv_mode = KvCacheMode::native);
 
 // `tokens` steps of same-offset batched decode: `batch` sequences, each after
-// `depth` cached tokens, one forward per step for all of them
-// (Model::forward_batch: eager, no graph; greedy on the host). tok/s counts every
-// sequence's tokens; the roofline is the weights read once per step plus each
-// sequence's K/V.
+// `depth` cached tokens, one forward per step for all of them, through the
+// engine's batched loop (generate_batch, greedy, no EOS) with the levers as
+// given: on the GPU device sampling of the B rows, one graph replay per step
+// (cuda_graphs) and pipelining; off, or on the CPU, eager. The row's levers say
+// which ran. tok/s counts every sequence's tokens; the roofline is the weights
+// read once per step plus each sequence's K/V.
 BenchRow bench_batched_decode(const Model& model, int64_t batch, int64_t tokens, int64_t depth, int reps,
-                              const Ceilings& ceilings, KvCacheMode kv_mode = KvCacheMode::native);
+                              const Ceilings& ceilings, const Levers& levers,
+                              KvCacheMode kv_mode = KvCacheMode::native);
 
 }  // namespace mere

@@ -1,21 +1,38 @@
 #include "engine/decode_step.h"
 
+#include <algorithm>
+
 #include "ops/ops.h"
 
 namespace mere {
 
-DecodeStep::DecodeStep(const Model& model, SeqState& state, DeviceSampler& sampler, bool use_graph)
-    : model_(model), state_(state), sampler_(sampler), use_graph_(use_graph) {
+DecodeStep::DecodeStep(const Model& model, std::span<SeqState* const> states, DeviceSampler& sampler, bool use_graph)
+    : model_(model), states_(states.begin(), states.end()), sampler_(sampler), use_graph_(use_graph) {
   MERE_CHECK(model.info().device == Device::cuda, "device decoding needs a model on the GPU");
-  Tensor buffer = Tensor::zeros({2}, DType::i32, Device::cuda);
-  token_ = buffer.slice_rows(0, 1);
-  pos_ = buffer.slice_rows(1, 2);
-  host_slots_ = pinned_alloc((kSlots + 1) * sizeof(int32_t));
-  if (use_graph_) state_.reserve(state_.capacity());
+  MERE_CHECK(!states_.empty(), "DecodeStep: no sequences");
+  MERE_CHECK(sampler.rows() == batch(), "DecodeStep: the sampler has {} rows for {} sequences", sampler.rows(),
+             batch());
+  capacity_ = states_.front()->capacity();
+  for (SeqState* s : states_) {
+    MERE_CHECK(s->length() == length(), "DecodeStep: sequences at {} and {} tokens; a batch shares one offset",
+               length(), s->length());
+    capacity_ = std::min(capacity_, s->capacity());
+  }
+  const int64_t B = batch();
+  Tensor buffer = Tensor::zeros({B + 1}, DType::i32, Device::cuda);
+  tokens_ = buffer.slice_rows(0, B);
+  pos_ = buffer.slice_rows(B, B + 1);
+  host_slots_ = pinned_alloc(size_t(kSlots * B + 1) * sizeof(int32_t));
+  if (use_graph_)
+    for (SeqState* s : states_) s->reserve(s->capacity());
+}
+
+int32_t* DecodeStep::host_slot(int ticket) const {
+  return static_cast<int32_t*>(host_slots_.get()) + (ticket % kSlots) * batch();
 }
 
 void DecodeStep::set_device_position(int64_t position) {
-  auto* staged = static_cast<int32_t*>(host_slots_.get()) + kSlots;
+  auto* staged = static_cast<int32_t*>(host_slots_.get()) + kSlots * batch();
   device_synchronize();  // the previous upload from this slot has finished
   *staged = int32_t(position);
   copy_to_device_async(pos_.raw(), staged, sizeof(int32_t));
@@ -23,27 +40,27 @@ void DecodeStep::set_device_position(int64_t position) {
 
 int DecodeStep::ticket_for_slot() {
   const int ticket = next_ticket_++;
-  copy_to_host_async(static_cast<int32_t*>(host_slots_.get()) + ticket % kSlots, token_.raw(), sizeof(int32_t));
+  copy_to_host_async(host_slot(ticket), tokens_.raw(), size_t(batch()) * sizeof(int32_t));
   ready_[size_t(ticket % kSlots)].record();
   return ticket;
 }
 
 int DecodeStep::begin(const Tensor& prefill_logits) {
-  sampler_.sample(prefill_logits, token_.data<int32_t>());
-  set_device_position(state_.length());
+  sampler_.sample(prefill_logits, tokens_.data<int32_t>());
+  set_device_position(length());
   return ticket_for_slot();
 }
 
 void DecodeStep::run_step() {
-  Tensor logits = model_.run(token_, pos_, state_, /*all_logits=*/false);
-  sampler_.sample(logits, token_.data<int32_t>());
+  Tensor logits = model_.run(tokens_, pos_, states_, /*all_logits=*/false);  // [B, vocab]
+  sampler_.sample(logits, tokens_.data<int32_t>());
   ops::advance_position(pos_, 1);
 }
 
 int DecodeStep::queue() {
-  MERE_CHECK(state_.length() < state_.capacity(), "context is full: the cache holds {} tokens", state_.capacity());
+  MERE_CHECK(length() < capacity_, "context is full: the cache holds {} tokens", capacity_);
   if (!use_graph_) {
-    state_.reserve(state_.length() + 1);
+    for (SeqState* s : states_) s->reserve(s->length() + 1);
     run_step();
     ++eager_steps_;
   } else if (!graph_.is_captured()) {
@@ -56,22 +73,27 @@ int DecodeStep::queue() {
     graph_.replay();
     ++replays_;
   }
-  state_.advance(1);
+  for (SeqState* s : states_) s->advance(1);
   return ticket_for_slot();
 }
 
-int32_t DecodeStep::wait(int ticket) {
+std::span<const int32_t> DecodeStep::wait_all(int ticket) {
   MERE_CHECK(ticket >= next_ticket_ - kSlots && ticket < next_ticket_, "DecodeStep: ticket {} is no longer held",
              ticket);
   ready_[size_t(ticket % kSlots)].synchronize();
-  return static_cast<int32_t*>(host_slots_.get())[ticket % kSlots];
+  return {host_slot(ticket), size_t(batch())};
+}
+
+int32_t DecodeStep::wait(int ticket) {
+  MERE_ASSERT(batch() == 1);
+  return wait_all(ticket)[0];
 }
 
 void DecodeStep::roll_back(int64_t n) {
   if (n <= 0) return;
   device_synchronize();
-  state_.truncate(state_.length() - n);
-  set_device_position(state_.length());
+  for (SeqState* s : states_) s->truncate(s->length() - n);
+  set_device_position(length());
 }
 
 }  // namespace mere

@@ -1,13 +1,21 @@
 // One decode step on the GPU, with nothing on the host in between: forward the
-// token in device memory at the position in device memory, sample the next token
-// into the same slot (DeviceSampler), move the position on. With the cuda_graphs
-// lever the three are captured once and each step is one graph replay.
+// tokens in device memory at the position in device memory, sample the next
+// tokens into the same slots (DeviceSampler), move the position on. With the
+// cuda_graphs lever the three are captured once and each step is one graph replay.
 // The host reads tokens through a small ring of pinned slots and events, so it
-// can queue step k + 1 before it has looked at token k (pipelined decoding).
+// can queue step k + 1 before it has looked at tokens k (pipelined decoding).
+//
+// A step drives B sequences at one offset (same-offset batching): B token slots,
+// one shared position, one forward over B rows, the sampler's B rows. B = 1 is
+// the single-sequence step; it is the same code. The graph is captured for this
+// step's states (their count and identity, their caches' addresses): another
+// batch makes another DecodeStep.
 #pragma once
 
 #include <array>
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "core/device.h"
 #include "models/model.h"
@@ -17,37 +25,49 @@ namespace mere {
 
 class DecodeStep {
  public:
+  // `states` all hold the same number of tokens; `sampler` has one row per state.
   // Reserves every cache row up front when graphs are on: a graph bakes in the cache's addresses.
-  DecodeStep(const Model& model, SeqState& state, DeviceSampler& sampler, bool use_graph);
+  DecodeStep(const Model& model, std::span<SeqState* const> states, DeviceSampler& sampler, bool use_graph);
+  DecodeStep(const Model& model, SeqState& state, DeviceSampler& sampler, bool use_graph)
+      : DecodeStep(model, std::span<SeqState* const>(std::array<SeqState*, 1>{&state}), sampler, use_graph) {}
 
-  // Samples the first token from the prefill's last logits into the token slot,
-  // and puts the device position at state.length(). Returns its ticket.
+  // Samples the first tokens from the prefill's last logits (f32 [B, vocab] on
+  // the GPU, row b for state b) into the token slots, and puts the device
+  // position at the states' length. Returns its ticket.
   int begin(const Tensor& prefill_logits);
-  // Queues one step: forwards the token in the slot at state.length(), samples
-  // the next one into the slot, advances the state. Returns the new token's ticket.
+  // Queues one step: forwards the tokens in the slots at the states' length,
+  // samples the next ones into the slots, advances the states. Returns the new tokens' ticket.
   int queue();
-  // Waits for a ticket's token (queued at most kSlots - 1 tickets ago) and returns it.
+  // Waits for a ticket's tokens (queued at most kSlots - 1 tickets ago) and
+  // returns them, one per state; they stay valid until kSlots - 1 more tickets are issued.
+  std::span<const int32_t> wait_all(int ticket);
+  // The same for a step of one sequence.
   int32_t wait(int ticket);
-  // Forgets the last n positions (steps queued past a stop): the state and the
-  // device position move back. Waits for the queued work first.
+  // Forgets the last n positions (steps queued past a stop) of every state: the
+  // states and the device position move back. Waits for the queued work first.
   void roll_back(int64_t n);
 
   static constexpr int kSlots = 4;
+  int64_t batch() const { return int64_t(states_.size()); }
+  int64_t length() const { return states_.front()->length(); }
+  int64_t capacity() const { return capacity_; }
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
   int64_t eager_steps() const { return eager_steps_; }
 
  private:
-  int ticket_for_slot();  // copies the slot to the next pinned slot, records its event
+  int32_t* host_slot(int ticket) const;  // B pinned tokens
+  int ticket_for_slot();  // copies the token slots to the ticket's pinned slots, records its event
   void set_device_position(int64_t position);
   void run_step();  // forward, sample, advance position: what a graph captures
 
   const Model& model_;
-  SeqState& state_;
+  std::vector<SeqState*> states_;
   DeviceSampler& sampler_;
   bool use_graph_;
-  Tensor token_, pos_;                 // device i32 [1] each
-  std::shared_ptr<void> host_slots_;   // pinned i32 [kSlots + 1]: ticket slots, then the position to upload
+  int64_t capacity_ = 0;               // the smallest state's: a step needs room in every one
+  Tensor tokens_, pos_;                // device i32 [B] and [1]
+  std::shared_ptr<void> host_slots_;   // pinned i32 [kSlots * B + 1]: ticket slots, then the position to upload
   std::array<CudaEvent, kSlots> ready_;
   int next_ticket_ = 0;
   CudaGraph graph_;

@@ -19,20 +19,6 @@ bool is_eos(const GenerateOptions& options, int32_t id) {
   return std::find(options.eos_ids.begin(), options.eos_ids.end(), id) != options.eos_ids.end();
 }
 
-// Long prompts run in chunks, so the activations of one forward stay bounded.
-constexpr int64_t kPrefillChunk = 2048;
-
-Tensor prefill(const Model& model, SeqState& state, const std::vector<int32_t>& prompt) {
-  Tensor logits;
-  for (size_t done = 0; done < prompt.size();) {
-    const size_t n = std::min<size_t>(kPrefillChunk, prompt.size() - done);
-    logits = model.forward(std::vector<int32_t>(prompt.begin() + long(done), prompt.begin() + long(done + n)), state,
-                           /*all_logits=*/false);
-    done += n;
-  }
-  return logits;
-}
-
 // The reference loop (CPU): logits on the host, the host sampler. `prompt` runs;
 // penalties see `seen` (the prompt with any reused prefix).
 void decode_on_host(const Model& model, SeqState& state, const std::vector<int32_t>& prompt,
@@ -144,6 +130,18 @@ bool same_layout(const KvLayout& a, const KvLayout& b) {
 }
 
 }  // namespace
+
+Tensor prefill(const Model& model, SeqState& state, const std::vector<int32_t>& prompt) {
+  constexpr size_t kPrefillChunk = 2048;  // long prompts run in chunks, so one forward's activations stay bounded
+  Tensor logits;
+  for (size_t done = 0; done < prompt.size();) {
+    const size_t n = std::min<size_t>(kPrefillChunk, prompt.size() - done);
+    logits = model.forward(std::vector<int32_t>(prompt.begin() + long(done), prompt.begin() + long(done + n)), state,
+                           /*all_logits=*/false);
+    done += n;
+  }
+  return logits;
+}
 
 GenerateStats generate_from(const Model& model, SeqState& state, const std::vector<int32_t>& prompt,
                             const GenerateOptions& options, const TokenSink& on_token) {

@@ -55,6 +55,9 @@ GenerateStats generate(const Model& model, const std::vector<int32_t>& prompt, c
 
 // The same, continuing `state` (which may already hold a context): the prompt
 // goes after its cached tokens. Penalties see only `prompt` and what is generated.
+// Runs `prompt` after the state's cached tokens (in chunks) and returns the last token's logits [1, vocab].
+Tensor prefill(const Model& model, SeqState& state, const std::vector<int32_t>& prompt);
+
 GenerateStats generate_from(const Model& model, SeqState& state, const std::vector<int32_t>& prompt,
                             const GenerateOptions& options, const TokenSink& on_token);
 

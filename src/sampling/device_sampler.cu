@@ -12,6 +12,8 @@
 //   5. min-p and the draw: a prefix sum (double) of each thread's kept weight
 //      finds the thread holding u * total, which walks its ids in order.
 // Every block computes the cluster-wide results in the same order, so all agree bit for bit.
+// A batch of rows is a grid of clusters: blockIdx.y picks the row (its logits,
+// presence flags, draw counter and output), the clusters never talk to each other.
 #include <cooperative_groups.h>
 
 #include <climits>
@@ -242,6 +244,11 @@ __device__ int tie_cut_id(Shared& s, const float* zt, int n, int64_t first, uint
 }
 
 __global__ void __cluster_dims__(kBlocks, 1, 1) __launch_bounds__(kThreads, 1) sample_kernel(SampleArgs a) {
+  const int64_t row = blockIdx.y;
+  a.logits += row * a.vocab;
+  a.present += row * a.vocab;
+  a.draws += row;
+  a.out_id += row;
   extern __shared__ float z[];  // this block's logits, then its z; then the radix histograms
   __shared__ Shared s;
   cg::cluster_group cluster = cg::this_cluster();
@@ -425,7 +432,7 @@ cudaError_t prepare_sample_kernel(int64_t vocab, int* per_thread) {
 }
 
 cudaError_t launch_sample(const SampleArgs& args, cudaStream_t stream) {
-  sample_kernel<<<kBlocks, kThreads, shared_bytes(args.per_thread), stream>>>(args);
+  sample_kernel<<<dim3(kBlocks, unsigned(args.rows)), kThreads, shared_bytes(args.per_thread), stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -2,6 +2,9 @@
 // out, so the decode loop (one CUDA graph per step) never copies logits to the
 // host. Same rule, seed scheme and tokens as Sampler (sampler.h); the penalty
 // state (which tokens are present) and the draw counter live on the device.
+// A sampler of several rows samples a batch (one row per sequence) in one
+// launch; each row has its own penalty state and draw counter, so a row gets the
+// tokens its sequence would get with a sampler of its own.
 #pragma once
 
 #include <cstdint>
@@ -15,32 +18,35 @@ class Tensor;
 
 class DeviceSampler {
  public:
-  // Allocates the device state: a presence flag per token and the draw counter.
-  DeviceSampler(const SamplingParams& params, int64_t vocab);
+  // Allocates the device state: per row a presence flag per token and a draw counter.
+  DeviceSampler(const SamplingParams& params, int64_t vocab, int64_t rows = 1);
   ~DeviceSampler();
   DeviceSampler(const DeviceSampler&) = delete;
   DeviceSampler& operator=(const DeviceSampler&) = delete;
 
   // Sets the penalty state from the tokens already in the context (the prompt)
-  // and the draw counter to 0. Synchronous; not for graph capture.
+  // and the draw counter to 0, for every row. Synchronous; not for graph capture.
   void reset(const std::vector<int32_t>& context);
-  // Queues on the compute stream the sampling of logits (f32 [1, vocab] or
-  // [vocab] on the GPU) and writes the token to *out_id (device memory); the
-  // same kernel marks the token present and advances the draw counter, so the
-  // call can be captured once in a CudaGraph and replayed every step. No host
-  // synchronisation, no allocation.
-  void sample(const Tensor& logits, int32_t* out_id);
-  // Draws made since reset (reads the device counter: synchronises).
-  int64_t draws() const;
+  // The same with one context per row (contexts.size() == rows()).
+  void reset(const std::vector<std::vector<int32_t>>& contexts);
+  // Queues on the compute stream the sampling of logits (f32 [rows, vocab] on
+  // the GPU, or [vocab] for one row) and writes row r's token to out_ids[r]
+  // (device memory); the same kernel marks the token present and advances the
+  // row's draw counter, so the call can be captured once in a CudaGraph and
+  // replayed every step. No host synchronisation, no allocation.
+  void sample(const Tensor& logits, int32_t* out_ids);
+  // Draws row `row` made since reset (reads the device counter: synchronises).
+  int64_t draws(int64_t row = 0) const;
 
   const SamplingParams& params() const { return params_; }
   int64_t vocab() const { return vocab_; }
+  int64_t rows() const { return rows_; }
 
  private:
   SamplingParams params_;
-  int64_t vocab_;
+  int64_t vocab_, rows_;
   int per_thread_ = 0;      // logits each thread of the kernel holds
-  void* state_ = nullptr;   // device: uint64 draws, then uint8 present[vocab]
+  void* state_ = nullptr;   // device: uint64 draws[rows], then uint8 present[rows][vocab]
 };
 
 }  // namespace mere
@@ -52,12 +58,13 @@ class DeviceSampler {
 namespace mere::cuda {
 
 struct SampleArgs {
-  const float* logits;         // [vocab]
+  const float* logits;         // [rows, vocab]
   int64_t vocab;
+  int64_t rows;
   int per_thread;
-  uint8_t* present;            // [vocab]
-  uint64_t* draws;
-  int32_t* out_id;
+  uint8_t* present;            // [rows, vocab]
+  uint64_t* draws;             // [rows]
+  int32_t* out_id;             // [rows]
   SamplingParams params;
 };
 

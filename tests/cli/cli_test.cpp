@@ -122,6 +122,10 @@ TEST(Cli, BenchBatchRowsAndResidentMemory) {
   ASSERT_EQ(j["rows"].size(), 3u) << r.out;  // tg3, tg3 x1, tg3 x3
   EXPECT_EQ(j["rows"][1]["test"], "tg3 x1");
   EXPECT_EQ(j["rows"][2]["test"], "tg3 x3");
+  // The row names the loop that ran: on the CPU the batched loop is eager.
+  EXPECT_NE(j["rows"][2]["levers"].get<std::string>().find("same-offset batch cuda_graphs=off pipelined_decode=off"),
+            std::string::npos)
+      << j["rows"][2]["levers"];
   for (const auto& row : j["rows"]) {
     EXPECT_GT(row["tok_s"][0].get<double>(), 0.0);
     EXPECT_GT(row["resident_bytes"].get<double>(), row["kv_bytes"].get<double>());

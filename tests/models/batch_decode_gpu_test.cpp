@@ -2,6 +2,9 @@
 // matvecs take every row with the arithmetic of one, so the tokens are those
 // of each sequence alone; larger batches run the tensor-core GEMMs, whose sums
 // differ in the last bits, and report the match.
+// The engine's batched step (generate_batch over DecodeStep): graphed, eager,
+// pipelined or not, it gives each sequence the tokens of generate_from alone,
+// greedy and seeded; the engine's counters say which ran.
 #include <gtest/gtest.h>
 
 #include "core/device.h"
@@ -26,6 +29,95 @@ TEST(BatchDecodeGpu, SequencesGetTheirTokensAlone) {
     }
   }
 }
+
+class BatchDecodeLoopGpu : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  }
+  std::unique_ptr<Model> load() const {
+    const auto dir =
+        GetParam() == "demo" ? test::source_dir() / "models" / "demo" : test::fixtures_dir() / GetParam();
+    return load_model(dir, Device::cuda, Levers{}.load_options(Device::cuda));
+  }
+};
+
+GenerateOptions options_with(const SamplingParams& sampling, bool graphs, bool pipelined) {
+  GenerateOptions o;
+  o.max_new_tokens = 24;
+  o.sampling = sampling;
+  o.levers.cuda_graphs = graphs;
+  o.levers.pipelined_decode = pipelined;
+  return o;
+}
+
+// 24 tokens per sequence: the prefill's sample and 23 batched forwards. Graphed:
+// the first forward runs eagerly and is captured, the other 22 are replays.
+TEST_P(BatchDecodeLoopGpu, GraphedStepMatchesEagerAndAlone) {
+  auto model = load();
+  const std::vector<SamplingParams> samplings = {
+      SamplingParams{.temperature = 0}, SamplingParams{.temperature = 1.0f, .seed = 7},
+      SamplingParams{.temperature = 0.8f, .top_k = 40, .top_p = 0.9f, .repetition_penalty = 1.2f, .seed = 3}};
+  for (int batch : {1, 3, 8})
+    for (const SamplingParams& sampling : samplings) {
+      const std::string label = fmt::format("{} B={} T={} seed={}", GetParam(), batch, sampling.temperature, sampling.seed);
+      const auto graphed = test::compare_generate_batch_with_alone(*model, batch, options_with(sampling, true, true));
+      const auto graphed_plain = test::compare_generate_batch_with_alone(*model, batch, options_with(sampling, true, false));
+      const auto eager = test::compare_generate_batch_with_alone(*model, batch, options_with(sampling, false, false));
+      const auto eager_piped = test::compare_generate_batch_with_alone(*model, batch, options_with(sampling, false, true));
+      ASSERT_EQ(graphed.alone[0].size(), 24u) << label;
+      test::expect_batch_as_alone(graphed, label + " graphed, pipelined");
+      test::expect_batch_as_alone(graphed_plain, label + " graphed");
+      test::expect_batch_as_alone(eager, label + " eager");
+      test::expect_batch_as_alone(eager_piped, label + " eager, pipelined");
+      EXPECT_EQ(graphed.batched, eager.batched) << label;
+      for (const auto* c : {&graphed, &graphed_plain, &eager, &eager_piped}) {
+        EXPECT_TRUE(c->stats.device_sampled) << label;
+        EXPECT_EQ(c->stats.generated_tokens, 24 * batch) << label;
+        EXPECT_EQ(c->stats.rolled_back_positions, 0) << label;
+      }
+      EXPECT_EQ(graphed.stats.graph_captures, 1) << label;
+      EXPECT_EQ(graphed.stats.graph_replays, 22) << label;
+      EXPECT_EQ(graphed.stats.eager_decode_steps, 0) << label;
+      EXPECT_EQ(graphed.stats.pipelined_steps, 22) << label;  // every step but the first is queued ahead
+      EXPECT_EQ(graphed_plain.stats.graph_captures, 1) << label;
+      EXPECT_EQ(graphed_plain.stats.graph_replays, 22) << label;
+      EXPECT_EQ(graphed_plain.stats.pipelined_steps, 0) << label;
+      EXPECT_EQ(eager.stats.eager_decode_steps, 23) << label;
+      EXPECT_EQ(eager.stats.graph_captures + eager.stats.graph_replays, 0) << label;
+      EXPECT_EQ(eager_piped.stats.eager_decode_steps, 23) << label;
+      std::printf("[ gpu      ] %s: 24 tokens per sequence as alone (graphed/eager, pipelined or not)\n",
+                  label.c_str());
+    }
+}
+
+// EOS for one sequence and a sink stop for another, found one step late by the
+// pipelined graphed loop: each sequence keeps its tokens and length as alone,
+// and the step queued past the last stop is rolled back.
+TEST_P(BatchDecodeLoopGpu, StopsPerSequenceAsAlone) {
+  auto model = load();
+  const SamplingParams greedy{.temperature = 0};
+  const auto free_run = test::compare_generate_batch_with_alone(*model, 3, options_with(greedy, true, true));
+  for (bool graphs : {true, false}) {
+    GenerateOptions o = options_with(greedy, graphs, true);
+    o.eos_ids = {free_run.alone[1][6]};  // sequence 1 stops at its first such token
+    const auto c = test::compare_generate_batch_with_alone(*model, 3, o, /*stop_seq=*/2, /*stop_after=*/4);
+    const std::string label = fmt::format("{} graphs={}", GetParam(), graphs);
+    test::expect_batch_as_alone(c, label);
+    EXPECT_EQ(c.stats.stop_reasons[1], "eos") << label;
+    EXPECT_LE(c.batched[1].size(), 6u) << label;
+    // The batch reads until its last sequence stops (read i: token i); a step
+    // was queued past that read, and is rolled back, when 1 <= i < 23.
+    size_t last_read = 0;
+    for (size_t b = 0; b < 3; ++b)
+      last_read = std::max(last_read, c.alone[b].size() - (c.alone_reason[b] == "eos" ? 0 : 1));
+    EXPECT_EQ(c.stats.rolled_back_positions, last_read >= 1 && last_read + 1 < 24 ? 1 : 0) << label;
+    std::printf("[ gpu      ] %s: EOS after %zu tokens, stop after %zu, lengths as alone\n", label.c_str(),
+                c.batched[1].size(), c.batched[2].size());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, BatchDecodeLoopGpu, ::testing::Values("llama", "qwen2", "qwen3", "qwen3_moe", "demo"));
 
 }  // namespace
 }  // namespace mere

@@ -206,6 +206,44 @@ TEST_F(DeviceSamplerGpu, GraphReplayMatchesEagerCalls) {
   EXPECT_EQ(sampler.draws(), 50);
 }
 
+// A sampler of B rows (one launch) gives each row exactly the tokens of a
+// one-row sampler on that row's logits and context, for every mode: the rows'
+// presence flags and draw counters are their own.
+TEST_F(DeviceSamplerGpu, RowsSampleAsSeparateSamplers) {
+  constexpr int64_t kRows = 5, kSteps = 40;
+  for (int64_t vocab : {int64_t(1000), int64_t(151936)}) {
+    std::vector<float> all;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t r = 0; r < kRows; ++r) {
+      const std::vector<float> l = random_logits(vocab, r % 2 ? 2.0f : -2.0f, uint64_t(vocab + r));
+      all.insert(all.end(), l.begin(), l.end());
+      prompts.push_back(random_prompt(vocab, uint64_t(r + 17)));
+    }
+    const Tensor batch = Tensor::from_floats(all, {kRows, vocab}).to_device(Device::cuda);
+    for (const Mode& m : modes()) {
+      DeviceSampler rows(m.params, vocab, kRows);
+      rows.reset(prompts);
+      Tensor out = Tensor::empty({kRows}, DType::i32, Device::cuda);
+      std::vector<std::vector<int32_t>> got(static_cast<size_t>(kRows));
+      for (int i = 0; i < kSteps; ++i) {
+        rows.sample(batch, out.data<int32_t>());
+        std::vector<int32_t> ids(static_cast<size_t>(kRows));
+        copy_bytes(ids.data(), Device::cpu, out.raw(), Device::cuda, ids.size() * sizeof(int32_t));
+        for (int64_t r = 0; r < kRows; ++r) got[size_t(r)].push_back(ids[size_t(r)]);
+      }
+      for (int64_t r = 0; r < kRows; ++r) {
+        DeviceSampler one(m.params, vocab);
+        const Tensor row = batch.slice_rows(r, r + 1);
+        EXPECT_EQ(got[size_t(r)], device_tokens(one, row, prompts[size_t(r)], kSteps))
+            << "vocab " << vocab << " " << m.name << " row " << r;
+        EXPECT_EQ(rows.draws(r), m.params.is_greedy() ? 0 : kSteps) << m.name << " row " << r;
+      }
+    }
+    std::printf("[ gpu      ] vocab %lld: %lld rows in one launch = %lld one-row samplers, %zu modes\n",
+                (long long)vocab, (long long)kRows, (long long)kRows, modes().size());
+  }
+}
+
 TEST_F(DeviceSamplerGpu, Timing) {
   const int64_t vocab = 151936;
   constexpr int kIters = 1000;
