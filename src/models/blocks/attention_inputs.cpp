@@ -4,27 +4,48 @@
 
 namespace mere {
 
+namespace {
+
+// The per-head norms and RoPE of the unfused path. A batch's rows are
+// sequences at one position: rotated as one token holding every row's heads.
+void norm_and_rotate(Tensor& q, Tensor& k, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                     const ops::RopeTable& rope, const Tensor& pos, bool rows_are_sequences) {
+  if (q_norm.defined()) {
+    q = ops::rms_norm(q, q_norm, eps);
+    k = ops::rms_norm(k, k_norm, eps);
+  }
+  for (Tensor* x : {&q, &k}) {
+    Tensor view = rows_are_sequences ? x->reshape({1, -1, x->dim(2)}) : *x;
+    ops::rope(view, pos, rope);
+  }
+}
+
+// rotate_and_cache for the rows of `pages` (one sequence's tokens, or a batch's
+// sequences) in `cache`.
+void rotate_and_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                      float eps, const ops::RopeTable& rope, const Tensor& pos, KvCache& cache,
+                      const ops::KvPages& pages, bool fused) {
+  if (fused && cache.quantized()) {
+    ops::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache.quantized_keys_for_write(),
+                            cache.quantized_values_for_write(), pages);
+  } else if (fused) {
+    ops::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache.keys_for_write(), cache.values_for_write(),
+                            pages);
+  } else {
+    Tensor kk = k;  // rotated in place, as the single-sequence path does
+    norm_and_rotate(q, kk, q_norm, k_norm, eps, rope, pos, pages.per_sequence_rows());
+    cache.write(pos, kk, v, pages);
+  }
+}
+
+}  // namespace
+
 void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                       float eps, const ops::RopeTable& rope, const Tensor& pos, SeqState& state, int layer,
                       bool fused) {
-  KvCache* cache = fused ? state.contiguous_kv(layer) : nullptr;
-  if (cache && cache->quantized()) {
-    ops::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache->quantized_keys_for_write(),
-                            cache->quantized_values_for_write());
-    return;
-  }
-  if (cache) {
-    ops::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache->keys_for_write(),
-                            cache->values_for_write());
-    return;
-  }
+  if (fused) return rotate_and_store(q, k, v, q_norm, k_norm, eps, rope, pos, state.storage(layer), state.pages(), true);
   Tensor kk = k;
-  if (q_norm.defined()) {
-    q = ops::rms_norm(q, q_norm, eps);
-    kk = ops::rms_norm(k, k_norm, eps);
-  }
-  ops::rope(q, pos, rope);
-  ops::rope(kk, pos, rope);
+  norm_and_rotate(q, kk, q_norm, k_norm, eps, rope, pos, false);
   state.write_kv(layer, pos, kk, v);
 }
 

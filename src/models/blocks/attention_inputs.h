@@ -12,9 +12,8 @@ namespace mere {
 
 // q [T, n_heads, head_dim] becomes the normalised, rotated queries; k and v
 // [T, n_kv_heads, head_dim] end up (k normalised and rotated) in the layer's
-// K/V at *pos. Fused: one kernel writing a contiguous cache (dense or
-// quantized); a paged state (the CPU, where the fused op is the composition)
-// takes the composition.
+// K/V at *pos. Fused: one kernel writing the layer's storage (dense or
+// quantized, paged or contiguous; on the CPU the fused op is the composition).
 void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                       float eps, const ops::RopeTable& rope, const Tensor& pos, SeqState& state, int layer,
                       bool fused);
