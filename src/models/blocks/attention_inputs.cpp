@@ -38,6 +38,14 @@ void rotate_and_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
   }
 }
 
+// Whether a batch's attention can run as one launch over all of it: paged
+// states on one pool (one storage; each sequence's own table).
+bool shares_one_pool(std::span<SeqState* const> states) {
+  for (SeqState* s : states)
+    if (!s->is_paged() || s->pool() != states.front()->pool()) return false;
+  return true;
+}
+
 }  // namespace
 
 void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
@@ -53,8 +61,16 @@ Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q
                      float eps, const ops::RopeTable& rope, const Tensor& pos, std::span<SeqState* const> states,
                      int layer, bool fused_rope_store) {
   const int64_t T = q.shape()[0];
+  const float scale = 1.0f / std::sqrt(float(q.shape()[2]));
   if (states.size() > 1) {  // one token per sequence, each against its own cache
     MERE_CHECK(int64_t(states.size()) == T, "attend_cached: {} rows for a batch of {} sequences", T, states.size());
+    if (shares_one_pool(states)) {  // one write and one attention launch for the whole batch
+      ops::KvPages pages;
+      for (SeqState* s : states) pages.tables.push_back(s->pages().tables.front());
+      KvCache& cache = states.front()->storage(layer);
+      rotate_and_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache, pages, fused_rope_store);
+      return cache.attend(q, pos, states.front()->length(), scale, pages).reshape({T, -1});
+    }
     Tensor out = Tensor::empty({T, q.dim(1) * q.dim(2)}, DType::f32, q.device());
     for (int64_t b = 0; b < T; ++b) {
       Tensor row = out.slice_rows(b, b + 1);  // written on the device's stream (no host copy, no sync)
@@ -65,7 +81,6 @@ Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q
     return out;
   }
   SeqState& state = *states.front();
-  const float scale = 1.0f / std::sqrt(float(q.shape()[2]));
   rotate_and_cache(q, k, v, q_norm, k_norm, eps, rope, pos, state, layer, fused_rope_store);
   Tensor a = state.attend(layer, q, pos, scale);  // [T, n_heads, head_dim]
   return a.reshape({T, -1});
