@@ -142,7 +142,8 @@ Tensor KvCache::attend(const Tensor& q, const Tensor& pos, int64_t length, float
   if (pages.paged()) {
     const bool gather = !pages.per_sequence_rows() && T >= kPagedGatherMinTokens;
     if (quantized())
-      return gather ? ops::attention(q, qk_, qv_, length, scale, pages) : ops::attention(q, qk_, qv_, pos, scale, pages);
+      return gather ? ops::attention(q, qk_, qv_, length, scale, pages)
+                    : ops::attention(q, qk_, qv_, pos, scale, pages);
     return gather ? ops::attention(q, k_, v_, length, scale, pages) : ops::attention(q, k_, v_, pos, scale, pages);
   }
   if (quantized())

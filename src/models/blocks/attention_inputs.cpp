@@ -51,7 +51,8 @@ bool shares_one_pool(std::span<SeqState* const> states) {
 void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                       float eps, const ops::RopeTable& rope, const Tensor& pos, SeqState& state, int layer,
                       bool fused) {
-  if (fused) return rotate_and_store(q, k, v, q_norm, k_norm, eps, rope, pos, state.storage(layer), state.pages(), true);
+  if (fused)
+    return rotate_and_store(q, k, v, q_norm, k_norm, eps, rope, pos, state.storage(layer), state.pages(), true);
   Tensor kk = k;
   norm_and_rotate(q, kk, q_norm, k_norm, eps, rope, pos, false);
   state.write_kv(layer, pos, kk, v);

@@ -466,7 +466,9 @@ void copy_columns(const Tensor&, int64_t, Tensor&) { no_cuda(); }
 void add_rms_norm(Tensor&, const Tensor&, const Tensor&, float, Tensor&) { no_cuda(); }
 void embed(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void rope(Tensor&, const Tensor&, const RopeTable&) { no_cuda(); }
-void attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, Tensor&, const KvPages&) { no_cuda(); }
+void attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, Tensor&, const KvPages&) {
+  no_cuda();
+}
 void store_rows(const Tensor&, Tensor&, const Tensor&, const KvPages&) { no_cuda(); }
 void qk_norm_rope_store(Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, const RopeTable&,
                         const Tensor&, Tensor&, Tensor&, const KvPages&) {
