@@ -10,6 +10,8 @@
 // tokens alone.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
+
 #include <cmath>
 #include <cstring>
 
@@ -357,6 +359,59 @@ TEST_F(PagedKvGpu, OnePoolBatchGetsItsTokensAlone) {
                 << " sequence " << b;
         }
     }
+}
+
+// Kernels one batched decode step launches, counted in a capture of Model::run
+// (after a warm-up run, so the allocator has every size the step needs).
+size_t kernels_in_step(const Model& model, const std::vector<SeqState*>& states) {
+  Tensor ids = Tensor::empty({int64_t(states.size())}, DType::i32);
+  for (size_t b = 0; b < states.size(); ++b) ids.data<int32_t>()[b] = int32_t(b + 1);
+  const Tensor ids_dev = gpu(ids), pos = position(states.front()->length());
+  for (SeqState* s : states) s->reserve(s->length() + 1);
+  const std::span<SeqState* const> span(states.data(), states.size());
+  model.run(ids_dev, pos, span, true);
+  device_synchronize();
+  auto stream = static_cast<cudaStream_t>(cuda_stream());
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  model.run(ids_dev, pos, span, true);
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  size_t n = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(n);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+  size_t kernels = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    cudaGraphNodeGetType(node, &type);
+    kernels += type == cudaGraphNodeTypeKernel;
+  }
+  cudaGraphDestroy(graph);
+  return kernels;
+}
+
+// The launches of a batched decode step on one pool do not grow with the batch
+// (attention and the K/V write are one launch each per layer, whatever B); on
+// separate pools each sequence adds its own.
+TEST_F(PagedKvGpu, OnePoolBatchLaunchCountDoesNotGrowWithTheBatch) {
+  auto model = load_model(fixture("qwen3"), Device::cuda, Levers::from_env().load_options(Device::cuda));
+  const std::vector<int32_t> prompt = long_prompt(12, model->info().vocab, 4);
+  auto count = [&](int batch, bool one_pool) {
+    auto pool = std::make_shared<BlockPool>(model->kv_layout(), batch * BlockPool::blocks_for_tokens(64));
+    std::vector<std::unique_ptr<SeqState>> owned;
+    std::vector<SeqState*> states;
+    for (int b = 0; b < batch; ++b) {
+      owned.push_back(one_pool ? std::make_unique<SeqState>(pool, 64) : model->make_state(64));
+      model->forward(prompt, *owned.back(), false);
+      states.push_back(owned.back().get());
+    }
+    return kernels_in_step(*model, states);
+  };
+  const size_t two = count(2, true), six = count(6, true), six_apart = count(6, false);
+  std::printf("[ gpu      ] qwen3 fixture decode step kernels: one pool B=2 %zu, B=6 %zu; separate pools B=6 %zu\n", two,
+              six, six_apart);
+  EXPECT_EQ(two, six);
+  EXPECT_GT(six_apart, six);
 }
 
 }  // namespace
