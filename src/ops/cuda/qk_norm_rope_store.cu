@@ -36,8 +36,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (row >= n_rows) return;
   const bool per_sequence = tables.rows_are_sequences;
   const int64_t pos = int64_t(*start_pos) + (per_sequence ? 0 : t);
-  const int64_t cache_pos = paged_row(tables.table[per_sequence ? t : 0], pos);  // the storage row
   const bool is_q = row < n_heads, is_v = row >= n_heads + n_kv_heads;
+  const int64_t cache_pos = is_q ? 0 : paged_row(tables.table[per_sequence ? t : 0], pos);  // k, v: the storage row
   const int head = is_q ? row : is_v ? row - n_heads - n_kv_heads : row - n_heads;
   const float* src = is_q ? q + (int64_t(t) * n_heads + head) * head_dim
                           : (is_v ? v : k) + (int64_t(t) * n_kv_heads + head) * head_dim;
