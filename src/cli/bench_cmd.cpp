@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/bench.h"
+#include "engine/prefix_bench.h"
 #include "models/model.h"
 #include "models/shapes.h"
 
@@ -17,7 +18,7 @@ struct BenchFlags {
   std::string model, shape, prompt = "512", gen = "128", depth = "0", device = "auto", quant = "bf16", batch = "1";
   std::string kv_cache_mode = "default";
   int reps = 5, threads = 0, group_size = 64;
-  bool json = false, calibrate = false, baseline = false;
+  bool json = false, calibrate = false, baseline = false, prefix_cache = false;
   double bandwidth = 0, matmul_rate = 0;
 };
 
@@ -77,6 +78,12 @@ void run_bench(const BenchFlags& f) {
               if (n > 0 && b > 0) rows.push_back(bench_batched_decode(m, b, n, d, f.reps, ceilings, levers, kv));
       }
   };
+  if (f.prefix_cache) {  // prefix-cache hit against miss prefill instead of the usual rows
+    for (KvCacheMode kv : kv_modes)
+      for (int64_t p : parse_int_list(f.prompt, "-p"))
+        if (p > 0) std::printf("%s\n", bench_prefix_cache(*model, p, 8, f.reps, kv).describe().c_str());
+    return;
+  }
   run_rows(*model, Levers::from_env());
   // Resident GPU memory: what the allocator holds after the rows ran (weights,
   // the largest cache and activations it needed), and the weights' share.
@@ -150,6 +157,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("-r,--reps", f->reps, "Repetitions per row, after one warm-up")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", f->json, "Print the rows as JSON");
   cmd->add_flag("--baseline", f->baseline, "Also run every row with all levers off, for comparison");
+  cmd->add_flag("--prefix-cache", f->prefix_cache,
+                "Instead: prefill time of each -p prompt cold (miss) and of a second prompt sharing all but its "
+                "last 8 tokens (hit)");
   cmd->add_flag("--calibrate", f->calibrate, "Measure this GPU's copy bandwidth and bf16 matmul rate first");
   cmd->add_option("--bandwidth", f->bandwidth, "Copy bandwidth in bytes/s for the roofline (default: H200, 4.255e12)");
   cmd->add_option("--matmul-rate", f->matmul_rate, "bf16 matmul rate in FLOP/s (default: H200, 770e12)");

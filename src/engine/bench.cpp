@@ -9,6 +9,7 @@
 #include "engine/generate_batch.h"
 #include "ops/ops.h"
 #include "sampling/sampler.h"
+#include "state/block_pool.h"
 
 namespace mere {
 namespace {
@@ -40,9 +41,11 @@ std::string label(const char* kind, int64_t tokens, int64_t depth) {
   return std::string(kind) + std::to_string(tokens) + (depth ? " @ d" + std::to_string(depth) : "");
 }
 
-// A state holding `depth` cached tokens, with room for `extra` more.
-std::unique_ptr<SeqState> state_at_depth(const Model& model, int64_t depth, int64_t extra, KvCacheMode kv_mode) {
-  auto state = model.make_state(depth + extra + 1, kv_mode);
+// A state holding `depth` cached tokens, with room for `extra` more; on `pool`
+// when given (a batch on one pool attends in one launch per layer), else its own.
+std::unique_ptr<SeqState> state_at_depth(const Model& model, int64_t depth, int64_t extra, KvCacheMode kv_mode,
+                                         std::shared_ptr<BlockPool> pool = nullptr) {
+  auto state = pool ? std::make_unique<SeqState>(pool, depth + extra + 1) : model.make_state(depth + extra + 1, kv_mode);
   for (int64_t done = 0; done < depth;) {  // in chunks, so deep contexts do not need one huge activation
     int64_t n = std::min<int64_t>(2048, depth - done);
     model.forward(random_ids(n, model.info().vocab, 7 + uint64_t(done)), *state, false);
@@ -197,8 +200,10 @@ BenchRow bench_batched_decode(const Model& model, int64_t batch, int64_t tokens,
   for (int r = -1; r < reps; ++r) {
     std::vector<std::unique_ptr<SeqState>> states;
     std::vector<SeqState*> raw;
+    auto pool = std::make_shared<BlockPool>(model.kv_layout(kv_mode),
+                                            batch * BlockPool::blocks_for_tokens(depth + tokens + 4));
     for (int64_t b = 0; b < batch; ++b) {
-      states.push_back(state_at_depth(model, depth, tokens + 3, kv_mode));
+      states.push_back(state_at_depth(model, depth, tokens + 3, kv_mode, pool));
       raw.push_back(states.back().get());
     }
     BatchGenerateStats stats = generate_batch(model, raw, prompts, options, [](int64_t, int32_t) { return true; });

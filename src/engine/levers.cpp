@@ -44,8 +44,7 @@ std::string Levers::describe(Device device) const {
          " fused_rope_store=" + on(fused_rope_store) + " fused_norm_matvec=" + on(fused_norm_matvec) +
          " programmatic_launch=" + on(programmatic_launch) + " matvec_split_k=" + on(matvec_split_k) +
          " fp8_activation_gemm=" + on(fp8_activation_gemm) + " int8_activation_matvec=" + on(int8_activation_matvec) +
-         " fused_moe_gate_up=" + on(fused_moe_gate_up) +
-         " prefix_cache=off (paged state is CPU-only)";
+         " fused_moe_gate_up=" + on(fused_moe_gate_up) + " prefix_cache=off (text chat uses it on the CPU only)";
 }
 
 LoadOptions Levers::load_options(Device device) const {

@@ -4,6 +4,7 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/paged_ops.h"
 #include "ops/quantized_ops.h"
 
 namespace mere::ops {
@@ -294,8 +295,17 @@ void rope(Tensor& x, const Tensor& start_pos, const RopeTable& table) {
   cuda::rope(x, start_pos, table);
 }
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale) {
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
+                 const KvPages& pages) {
   check_same_device("attention", q, start_pos);
+  if (pages.paged()) {
+    MERE_CHECK(q.rank() == 3 && k.rank() == 3 && v.shape() == k.shape() && q.dim(2) == k.dim(2) &&
+                   q.dim(1) % k.dim(1) == 0 && q.dtype() == DType::f32,
+               "attention: q {} k {} v {} do not fit", shape_str(q.shape()), shape_str(k.shape()),
+               shape_str(v.shape()));
+    check_same_device("attention", q, k);
+    return paged::attention(q, k, v, start_pos, scale, pages);
+  }
   if (q.device() == Device::cpu) {
     int64_t p0 = host_scalar(start_pos, "attention");
     return attention(q, k.slice_rows(0, p0 + q.dim(0)), v.slice_rows(0, p0 + q.dim(0)), p0, scale);
@@ -309,11 +319,13 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   return out;
 }
 
-void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos) {
+void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos, const KvPages& pages) {
   MERE_CHECK(src.rank() >= 1 && dst.rank() == src.rank() && src.numel() / std::max<int64_t>(src.dim(0), 1) ==
                  dst.numel() / std::max<int64_t>(dst.dim(0), 1) && src.dtype() == DType::f32,
              "store_rows: {} rows do not fit {}", shape_str(src.shape()), shape_str(dst.shape()));
   check_same_device("store_rows", src, dst);
+  check_same_device("store_rows", src, start_pos);
+  if (pages.paged()) return paged::store_rows(src, dst, start_pos, pages);
   if (src.device() == Device::cpu) {
     int64_t p0 = host_scalar(start_pos, "store_rows");
     MERE_CHECK(p0 + src.dim(0) <= dst.dim(0), "store_rows: rows {}..{} past {}", p0, p0 + src.dim(0), dst.dim(0));
@@ -347,7 +359,8 @@ void compose_qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, con
 }  // namespace
 
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                        float eps, const RopeTable& table, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache) {
+                        float eps, const RopeTable& table, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache,
+                        const KvPages& pages) {
   MERE_CHECK(q.rank() == 3 && k.rank() == 3 && v.shape() == k.shape() && q.dim(0) == k.dim(0) &&
                  q.dim(2) == k.dim(2) && k_cache.rank() == 3 && k_cache.shape() == v_cache.shape() &&
                  k_cache.dim(1) == k.dim(1) && k_cache.dim(2) == k.dim(2) && q.dtype() == DType::f32 &&
@@ -355,10 +368,12 @@ void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tenso
              "qk_norm_rope_store: q {} k {} v {} cache {} do not fit", shape_str(q.shape()), shape_str(k.shape()),
              shape_str(v.shape()), shape_str(k_cache.shape()));
   MERE_CHECK(q_norm.defined() == k_norm.defined(), "qk_norm_rope_store: q_norm and k_norm go together");
+  MERE_CHECK(q.device() == Device::cpu || (q.dim(2) <= 256 && int(table.inv_freq.size()) * 2 <= q.dim(2)),
+             "qk_norm_rope_store (CUDA): head_dim {} exceeds 256 or rotary dim", q.dim(2));
+  if (pages.paged())
+    return paged::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache, pages);
   if (q.device() == Device::cpu)  // the composition: the reference
     return compose_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache);
-  MERE_CHECK(q.dim(2) <= 256 && int(table.inv_freq.size()) * 2 <= q.dim(2),
-             "qk_norm_rope_store (CUDA): head_dim {} exceeds 256 or rotary dim", q.dim(2));
   cuda::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache);
 }
 
@@ -438,13 +453,14 @@ Tensor dequantize_kv_rows(const AffineRows& q, int64_t n, int64_t head_dim) {
   return out;
 }
 
-void store_rows(const Tensor& x, AffineRows& dst, const Tensor& start_pos) {
+void store_rows(const Tensor& x, AffineRows& dst, const Tensor& start_pos, const KvPages& pages) {
   check_affine("store_rows", dst);
   MERE_CHECK(x.rank() == 3 && x.dtype() == DType::f32 && x.dim(1) == dst.heads() && x.dim(2) == dst.head_dim(),
              "store_rows: rows {} do not fit a quantized cache of {} heads x {}", shape_str(x.shape()), dst.heads(),
              dst.head_dim());
   check_same_device("store_rows", x, dst.codes);
   check_same_device("store_rows", x, start_pos);
+  if (pages.paged()) return paged::store_rows(x, dst, start_pos, pages);
   if (x.device() == Device::cpu) {
     const int64_t p0 = host_scalar(start_pos, "store_rows");
     MERE_CHECK(p0 >= 0 && p0 + x.dim(0) <= dst.rows(), "store_rows: rows {}..{} past {}", p0, p0 + x.dim(0),
@@ -469,7 +485,7 @@ void dequantize_rows_into(const AffineRows& src, int64_t n, Tensor& dst) {
 
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                         float eps, const RopeTable& table, const Tensor& start_pos, AffineRows& k_cache,
-                        AffineRows& v_cache) {
+                        AffineRows& v_cache, const KvPages& pages) {
   check_affine("qk_norm_rope_store", k_cache);
   check_affine("qk_norm_rope_store", v_cache);
   MERE_CHECK(q.rank() == 3 && k.rank() == 3 && v.shape() == k.shape() && q.dim(0) == k.dim(0) &&
@@ -479,15 +495,22 @@ void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tenso
              "qk_norm_rope_store: q {} k {} v {} quantized cache {} do not fit", shape_str(q.shape()),
              shape_str(k.shape()), shape_str(v.shape()), shape_str(k_cache.codes.shape()));
   MERE_CHECK(q_norm.defined() == k_norm.defined(), "qk_norm_rope_store: q_norm and k_norm go together");
+  MERE_CHECK(q.device() == Device::cpu || (q.dim(2) <= 256 && int(table.inv_freq.size()) * 2 <= q.dim(2)),
+             "qk_norm_rope_store (CUDA): head_dim {} exceeds 256 or rotary dim", q.dim(2));
+  if (pages.paged())
+    return paged::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache, pages);
   if (q.device() == Device::cpu)  // the composition: the reference
     return compose_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache);
-  MERE_CHECK(q.dim(2) <= 256 && int(table.inv_freq.size()) * 2 <= q.dim(2),
-             "qk_norm_rope_store (CUDA): head_dim {} exceeds 256 or rotary dim", q.dim(2));
   cuda::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache);
 }
 
-Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale) {
+Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale,
+                 const KvPages& pages) {
   check_same_device("attention", q, start_pos);
+  if (pages.paged()) {
+    check_affine_attention(q, k, v);
+    return paged::attention(q, k, v, start_pos, scale, pages);
+  }
   if (q.device() == Device::cpu) return attention(q, k, v, int64_t(host_scalar(start_pos, "attention")), scale);
   check_affine_attention(q, k, v);
   Tensor out = Tensor::empty(q.shape(), DType::f32, q.device());

@@ -94,24 +94,54 @@ void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& tab
 // sits at *start_pos + t. For graph replay.
 void rope(Tensor& x, const Tensor& start_pos, const RopeTable& table);
 
+// Paged K/V (state/block_pool.h): a cache's storage is blocks of kKvPageRows
+// rows, and position p of a sequence is storage row table[p / kKvPageRows] *
+// kKvPageRows + p % kKvPageRows, with `table` the sequence's block ids (i32 on
+// the cache's device, at least ceil(positions / kKvPageRows) entries). With one
+// table the rows of q, k and v are tokens of that sequence at *start_pos + t;
+// with B > 1 tables (same-offset batching) row b is the one new token of
+// sequence b, every sequence at *start_pos. No tables: the cache is contiguous
+// (position p is row p), as in the ops' forms without KvPages.
+inline constexpr int64_t kKvPageRows = 16;
+struct KvPages {
+  std::vector<Tensor> tables;
+  bool paged() const { return !tables.empty(); }
+  bool per_sequence_rows() const { return tables.size() > 1; }
+};
+
+// Rows [0, n) of one sequence gathered from paged storage [rows, ...] (any
+// dtype) through its table: a contiguous [n, ...] copy on the storage's device.
+Tensor gather_pages(const Tensor& storage, const Tensor& table, int64_t n);
+
 // Causal grouped-query attention for T new tokens at positions pos0 .. pos0+T-1
 // over a cache holding every position 0 .. pos0+T-1.
 // q [T, n_heads, head_dim]; k, v [>= pos0+T, n_kv_heads, head_dim] -> [T, n_heads, head_dim].
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale);
 // The same with pos0 = *start_pos read on the device; k and v may hold more rows
 // than are visible (a cache at full capacity). For graph replay.
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale);
+// Paged (pages.paged(), CUDA only): k, v are the pool's storage; the split-K
+// kernel reads each key's row through its sequence's table, one launch for
+// every sequence of a batch.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
+                 const KvPages& pages = {});
+// Paged with the first position on the host (one sequence, any device): the
+// visible rows gathered (gather_pages), then the contiguous op (a GPU prefill
+// takes the tensor-core kernel).
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, const KvPages& pages);
 
 // The attention inputs' epilogue fused: per-head RMSNorm of q and k (when q_norm
 // and k_norm are defined, Qwen3), RoPE of both at *start_pos + t, then k and v
 // written to the cache rows *start_pos .. + T - 1. q [T, n_heads, head_dim] is
 // updated in place; k, v [T, n_kv_heads, head_dim]; caches [S, n_kv_heads, head_dim].
 // Equals rms_norm, rope, rope, store_rows, store_rows (lever fused_rope_store).
+// Paged caches (KvPages) get each row at its sequence's position.
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                        float eps, const RopeTable& rope, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache);
+                        float eps, const RopeTable& rope, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache,
+                        const KvPages& pages = {});
 
-// dst rows [*start_pos, *start_pos + T) = src [T, ...] converted to dst's dtype.
-void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos);
+// dst rows [*start_pos, *start_pos + T) = src [T, ...] converted to dst's dtype;
+// paged: the rows of those positions (of each row's sequence for a batch).
+void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos, const KvPages& pages = {});
 
 // K or V rows stored as groupwise affine codes (KV cache modes affine8 and
 // affine4): groups of kv_quant_group(head_dim) values along head_dim, each with a
@@ -137,8 +167,9 @@ AffineRows quantize_kv_rows(const Tensor& x, int bits);
 // Rows [0, n) back to f32 [n, heads, head_dim] (CPU).
 Tensor dequantize_kv_rows(const AffineRows& q, int64_t n, int64_t head_dim);
 // dst rows [*start_pos, *start_pos + T) = x [T, heads, head_dim] (f32) quantized
-// as quantize_kv_rows does; on the GPU by a kernel (graph-replayable).
-void store_rows(const Tensor& x, AffineRows& dst, const Tensor& start_pos);
+// as quantize_kv_rows does; on the GPU by a kernel (graph-replayable). Paged as
+// the dense form.
+void store_rows(const Tensor& x, AffineRows& dst, const Tensor& start_pos, const KvPages& pages = {});
 // Rows [0, n) of src dequantized into dst [>= n, heads, head_dim] (f32 on the
 // CPU, bf16 on the GPU), on src's device.
 void dequantize_rows_into(const AffineRows& src, int64_t n, Tensor& dst);
@@ -147,15 +178,20 @@ void dequantize_rows_into(const AffineRows& src, int64_t n, Tensor& dst);
 // quantized as store_rows does (on the GPU inside the fused kernel).
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                         float eps, const RopeTable& rope, const Tensor& start_pos, AffineRows& k_cache,
-                        AffineRows& v_cache);
+                        AffineRows& v_cache, const KvPages& pages = {});
 
 // Causal attention (as above) over a quantized cache. With the position on the
 // device (graph replay) the GPU kernel reads the codes directly, dequantizing in
 // registers, for any T. With a host pos0 the GPU takes the same kernel for few
 // tokens, and for a prefill (T >= 16) dequantizes the visible rows to a bf16
 // copy for the tensor-core kernel. The CPU dequantizes the visible rows.
-Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale);
+// Paged as the dense forms: the device-position form reads the codes through
+// the tables (CUDA), the host-position form gathers the visible rows first.
+Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale,
+                 const KvPages& pages = {});
 Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale);
+Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale,
+                 const KvPages& pages);
 
 // Fills t (f32/f16/bf16, CPU or GPU) with offset + scale * u, u uniform in [-1, 1),
 // from a counter-based hash of (seed, index): the same values on every device.

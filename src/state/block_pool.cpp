@@ -7,12 +7,15 @@ namespace mere {
 BlockPool::BlockPool(const KvLayout& layout, int64_t n_blocks, int64_t block_size)
     : layout_(layout), block_size_(block_size) {
   MERE_CHECK(n_blocks > 0 && block_size > 0, "block pool: {} blocks of {} positions", n_blocks, block_size);
-  // Storage grows (doubling) as higher block ids are first handed out, so a
-  // pool sized for a long context costs memory only for what is used.
+  // On the CPU storage grows (doubling) as higher block ids are first handed
+  // out, so a pool sized for a long context costs memory only for what is used.
+  // On CUDA it is allocated in full now: a captured graph bakes in its address.
   const int64_t rows = n_blocks * block_size;
   layers_.reserve(size_t(layout.n_layers));
-  for (int l = 0; l < layout.n_layers; ++l)
+  for (int l = 0; l < layout.n_layers; ++l) {
     layers_.emplace_back(layout.n_kv_heads, layout.head_dim, rows, layout.device, layout.mode);
+    if (layout.device == Device::cuda) layers_.back().reserve(rows);
+  }
   refs_.assign(size_t(n_blocks), 0);
   entries_.resize(size_t(n_blocks));
   free_.reserve(size_t(n_blocks));

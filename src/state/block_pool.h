@@ -21,7 +21,7 @@
 
 namespace mere {
 
-inline constexpr int64_t kKvBlockSize = 16;
+inline constexpr int64_t kKvBlockSize = ops::kKvPageRows;  // what the paged kernels take
 
 // What one position of a model's K/V looks like: every layer has K and V of
 // n_kv_heads x head_dim, stored as `mode` says on `device`.
@@ -89,7 +89,7 @@ class BlockPool {
 
   KvLayout layout_;
   int64_t block_size_;
-  std::vector<KvCache> layers_;  // each up to [n_blocks * block_size] rows, reserved as blocks are handed out
+  std::vector<KvCache> layers_;  // each [n_blocks * block_size] rows: CUDA from the start, CPU as blocks are handed out
   std::vector<int> refs_;
   std::vector<int32_t> free_;    // unreferenced, no prefix
   std::list<int32_t> lru_;       // unreferenced with a prefix; front = least recently used

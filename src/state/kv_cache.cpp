@@ -100,15 +100,15 @@ void KvCache::reserve(int64_t n) {
   reserved_ = rows;
 }
 
-void KvCache::write(const Tensor& start_pos, const Tensor& k, const Tensor& v) {
+void KvCache::write(const Tensor& start_pos, const Tensor& k, const Tensor& v, const ops::KvPages& pages) {
   MERE_ASSERT(k.shape() == v.shape() && k.dim(1) == n_kv_heads_ && k.dim(2) == head_dim_ && reserved_ > 0);
   if (!quantized()) {
-    ops::store_rows(k, k_, start_pos);
-    ops::store_rows(v, v_, start_pos);
+    ops::store_rows(k, k_, start_pos, pages);
+    ops::store_rows(v, v_, start_pos, pages);
     return;
   }
-  ops::store_rows(k, qk_, start_pos);
-  ops::store_rows(v, qv_, start_pos);
+  ops::store_rows(k, qk_, start_pos, pages);
+  ops::store_rows(v, qv_, start_pos, pages);
 }
 
 const Tensor& KvCache::keys() const {
@@ -136,8 +136,16 @@ QuantizedRows& KvCache::quantized_values_for_write() {
   return qv_;
 }
 
-Tensor KvCache::attend(const Tensor& q, const Tensor& pos, int64_t length, float scale) const {
+Tensor KvCache::attend(const Tensor& q, const Tensor& pos, int64_t length, float scale,
+                       const ops::KvPages& pages) const {
   const int64_t T = q.dim(0);
+  if (pages.paged()) {
+    const bool gather = !pages.per_sequence_rows() && T >= kPagedGatherMinTokens;
+    if (quantized())
+      return gather ? ops::attention(q, qk_, qv_, length, scale, pages)
+                    : ops::attention(q, qk_, qv_, pos, scale, pages);
+    return gather ? ops::attention(q, k_, v_, length, scale, pages) : ops::attention(q, k_, v_, pos, scale, pages);
+  }
   if (quantized())
     return T == 1 ? ops::attention(q, qk_, qv_, pos, scale) : ops::attention(q, qk_, qv_, length, scale);
   if (attention_reads_storage()) return ops::attention(q, k_, v_, pos, scale);

@@ -12,7 +12,7 @@
 // prefill (T >= 16) reads a bf16 copy of the visible rows made for that call.
 // A KvCache is also the storage of a BlockPool (state/block_pool.h): block b's
 // row r is row b * block_size + r. SeqState (state/seq_state.h) puts the two
-// together.
+// together; write and attend then take the sequence's block tables (KvPages).
 #pragma once
 
 #include <optional>
@@ -49,8 +49,8 @@ class KvCache {
   void reserve(int64_t n);
   // Writes k, v [T, n_kv_heads, head_dim] at positions *start_pos .. +T-1 (an i32
   // [1] tensor on the cache's device, so a CUDA graph can replay the write).
-  // The caller has reserved the rows.
-  void write(const Tensor& start_pos, const Tensor& k, const Tensor& v);
+  // The caller has reserved the rows. Paged: the positions' rows through the tables.
+  void write(const Tensor& start_pos, const Tensor& k, const Tensor& v, const ops::KvPages& pages = {});
   // Dense caches: every reserved position, [reserved, n_kv_heads, head_dim],
   // sharing storage; attention reads the visible prefix.
   const Tensor& keys() const;
@@ -72,7 +72,11 @@ class KvCache {
   // over the cached rows (written already); `length` is *pos as the host knows
   // it. One token (a decode step, which a CUDA graph may capture) reads only
   // *pos; more tokens also use `length`. Returns [T, n_heads, head_dim].
-  Tensor attend(const Tensor& q, const Tensor& pos, int64_t length, float scale) const;
+  // Paged (this is a pool's storage): decode steps and batches (a row per
+  // sequence) read the rows through the tables; a prefill (kPagedGatherMinTokens
+  // or more tokens of one sequence) gathers its visible rows first.
+  Tensor attend(const Tensor& q, const Tensor& pos, int64_t length, float scale, const ops::KvPages& pages = {}) const;
+  static constexpr int64_t kPagedGatherMinTokens = 16;
   // Key (or value) rows [begin, begin + n) as f32 [n, n_kv_heads, head_dim]
   // (CPU): copied, converted from bf16 or dequantized.
   Tensor rows_f32(bool values, int64_t begin, int64_t n) const;

@@ -1,6 +1,7 @@
 #include "state/seq_state.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace mere {
 
@@ -14,15 +15,29 @@ SeqState::SeqState(int n_layers, int64_t n_kv_heads, int64_t head_dim, int64_t c
 
 SeqState::SeqState(std::shared_ptr<BlockPool> pool, int64_t capacity)
     : layout_(pool->layout()), capacity_(capacity), pool_(std::move(pool)) {
-  MERE_CHECK(layout_.device == Device::cpu,
-             "paged sequence state: the CUDA kernels do not read block tables yet (CUDA states are contiguous)");
+  MERE_CHECK(pool_->block_size() == ops::kKvPageRows, "paged sequence state: blocks of {} positions (the kernels take {})",
+             pool_->block_size(), ops::kKvPageRows);
+  MERE_CHECK(capacity > 0, "paged sequence state: capacity {} tokens", capacity);
+  const int64_t max_blocks = BlockPool::blocks_for_tokens(capacity, pool_->block_size());
+  table_.reserve(size_t(max_blocks));
+  // Zeros: an entry not yet written names block 0, still inside the storage.
+  table_tensor_ = Tensor::zeros({max_blocks}, DType::i32, layout_.device);
   recurrent_.resize(size_t(layout_.n_layers));
 }
 
 std::unique_ptr<SeqState> SeqState::for_layout(const KvLayout& l, int64_t capacity) {
-  if (l.device == Device::cpu)
-    return std::make_unique<SeqState>(std::make_shared<BlockPool>(l, BlockPool::blocks_for_tokens(capacity)), capacity);
-  return std::make_unique<SeqState>(l.n_layers, l.n_kv_heads, l.head_dim, capacity, l.device, l.mode);
+  return std::make_unique<SeqState>(std::make_shared<BlockPool>(l, BlockPool::blocks_for_tokens(capacity)), capacity);
+}
+
+void SeqState::sync_table(size_t from) {
+  if (from >= table_.size()) return;
+  MERE_ASSERT(int64_t(table_.size()) <= table_tensor_.numel());
+  int32_t* dst = table_tensor_.data<int32_t>() + from;
+  const size_t bytes = (table_.size() - from) * sizeof(int32_t);
+  // On CUDA queued behind the work already on the stream (which may still read
+  // the old entries); a pageable source is staged before the call returns.
+  if (layout_.device == Device::cuda) copy_to_device_async(dst, table_.data() + from, bytes);
+  else std::memcpy(dst, table_.data() + from, bytes);
 }
 
 SeqState::~SeqState() {
@@ -44,6 +59,7 @@ void SeqState::reserve(int64_t n) {
     return;
   }
   const int64_t bs = pool_->block_size();
+  size_t changed = table_.size();  // the first entry to write to the table tensor
   // Copy on write: the blocks that the next writes (positions from length_) may
   // touch and that another sequence or the prefix cache also holds.
   for (size_t i = size_t(length_ / bs); i < table_.size(); ++i) {
@@ -53,8 +69,10 @@ void SeqState::reserve(int64_t n) {
     pool_->copy_rows(copy, b, bs);
     pool_->release(b);
     table_[i] = copy;
+    changed = std::min(changed, i);
   }
   while (int64_t(table_.size()) * bs < n) table_.push_back(pool_->allocate());
+  sync_table(changed);
 }
 
 void SeqState::advance(int64_t T) { length_ += T; }
@@ -79,6 +97,7 @@ std::unique_ptr<SeqState> SeqState::fork() const {
       pool_->retain(table_[i]);
       f->table_.push_back(table_[i]);
     }
+    f->sync_table(0);
   } else {
     f = std::make_unique<SeqState>(layout_.n_layers, layout_.n_kv_heads, layout_.head_dim, capacity_, layout_.device,
                                    layout_.mode);
@@ -96,6 +115,7 @@ void SeqState::adopt_prefix(const std::vector<int32_t>& blocks, int64_t tokens) 
              "adopt_prefix: {} tokens in {} blocks (capacity {})", tokens, blocks.size(), capacity_);
   table_ = blocks;
   length_ = tokens;
+  sync_table(0);
 }
 
 SeqSnapshot SeqState::snapshot() const {
@@ -114,52 +134,35 @@ void SeqState::restore(const SeqSnapshot& snapshot) {
 }
 
 void SeqState::write_kv(int layer, const Tensor& pos, const Tensor& k, const Tensor& v) {
-  if (!pool_) {
-    layers_[size_t(layer)].write(pos, k, v);
-    return;
+  if (pool_) {
+    // The host knows *pos: length() until advance().
+    const int64_t bs = pool_->block_size(), T = k.dim(0);
+    MERE_CHECK(length_ + T <= int64_t(table_.size()) * bs, "kv cache: positions {}..{} are not reserved", length_,
+               length_ + T);
+    for (int64_t b = length_ / bs; b * bs < length_ + T; ++b)
+      MERE_ASSERT(pool_->refs(table_[size_t(b)]) == 1);  // reserve() made it private
   }
-  // Paged (CPU): each block's share of the T rows goes to its physical rows.
-  const int64_t bs = pool_->block_size(), T = k.dim(0), p0 = pos.data<int32_t>()[0];
-  MERE_CHECK(p0 + T <= int64_t(table_.size()) * bs, "kv cache: positions {}..{} are not reserved", p0, p0 + T);
-  KvCache& storage = pool_->layer(layer);
-  Tensor at = Tensor::empty({1}, DType::i32);
-  for (int64_t t = 0; t < T;) {
-    const int64_t p = p0 + t, n = std::min(T - t, bs - p % bs);
-    MERE_ASSERT(pool_->refs(table_[size_t(p / bs)]) == 1);  // reserve() made it private
-    at.data<int32_t>()[0] = int32_t(int64_t(table_[size_t(p / bs)]) * bs + p % bs);
-    storage.write(at, k.slice_rows(t, t + n), v.slice_rows(t, t + n));
-    t += n;
-  }
+  storage(layer).write(pos, k, v, pages());
 }
 
 Tensor SeqState::attend(int layer, const Tensor& q, const Tensor& pos, float scale) const {
   if (!pool_) return layers_[size_t(layer)].attend(q, pos, length_, scale);
   const int64_t bs = pool_->block_size(), n = length_ + q.dim(0);
   const KvCache& storage = pool_->layer(layer);
-  // Fast path: blocks that follow each other in storage (a sequence alone on its
-  // pool gets them in order) are read in place when attention reads the storage
-  // dtype (f32 on the CPU).
+  // CPU fast path: blocks that follow each other in storage (a sequence alone
+  // on its pool gets them in order) are read in place when attention reads the
+  // storage dtype (f32).
   const size_t used = size_t((n + bs - 1) / bs);
-  bool in_order = storage.attention_reads_storage();
+  bool in_order = layout_.device == Device::cpu && storage.attention_reads_storage();
   for (size_t i = 1; i < used && in_order; ++i) in_order = table_[i] == table_[0] + int32_t(i);
   if (in_order) {
     const int64_t first = int64_t(table_[0]) * bs;
     return ops::attention(q, storage.keys().slice_rows(first, first + n), storage.values().slice_rows(first, first + n),
                           length_, scale);
   }
-  // Otherwise the visible rows are gathered block by block into f32.
-  Tensor k = Tensor::empty({n, layout_.n_kv_heads, layout_.head_dim}, DType::f32);
-  Tensor v = Tensor::empty({n, layout_.n_kv_heads, layout_.head_dim}, DType::f32);
-  const size_t row_bytes = size_t(layout_.n_kv_heads * layout_.head_dim) * sizeof(float);
-  for (int64_t p = 0; p < n; p += bs) {
-    const int64_t rows = std::min(bs, n - p), phys = int64_t(table_[size_t(p / bs)]) * bs;
-    for (auto [dst, values] : {std::pair{&k, false}, {&v, true}}) {
-      Tensor part = storage.rows_f32(values, phys, rows);
-      std::copy_n(static_cast<const char*>(part.raw()), size_t(rows) * row_bytes,
-                  static_cast<char*>(dst->raw()) + size_t(p) * row_bytes);
-    }
-  }
-  return ops::attention(q, k, v, length_, scale);
+  // Otherwise through the table: the kernels read it (decode), or a prefill
+  // gathers the visible rows (ops/paged_ops.cpp).
+  return storage.attend(q, pos, length_, scale, pages());
 }
 
 }  // namespace mere

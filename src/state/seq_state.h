@@ -5,10 +5,13 @@
 //   paged       blocks of a BlockPool (shared with other sequences) through a
 //               block table; fork shares blocks and copies the last partly
 //               filled one on its first write; truncate releases whole blocks.
-//               Every CPU state is paged.
+//               The states models make are paged, on the CPU and on CUDA.
 //   contiguous  one KvCache per layer owned by the sequence (a block table that
-//               is the identity). CUDA states are contiguous until the CUDA
-//               kernels read block tables; fork copies the rows.
+//               is the identity); fork copies the rows.
+// The block table is also a tensor on the state's device (ops.h KvPages), at a
+// fixed address for the state's life: reserve() writes new entries there (on
+// CUDA an async copy queued on the compute stream before the step), so a CUDA
+// graph reads the table's current contents.
 // Models touch K/V only through write_kv and attend (models/blocks/attention_inputs).
 #pragma once
 
@@ -45,8 +48,7 @@ class SeqState {
            KvCacheMode mode = KvCacheMode::native);
   // A paged state on `pool` holding up to `capacity` tokens (blocks taken as it grows).
   SeqState(std::shared_ptr<BlockPool> pool, int64_t capacity);
-  // The state a model makes for one sequence: paged on a pool of its own on the
-  // CPU, contiguous on CUDA (paged CUDA kernels are still to come).
+  // The state a model makes for one sequence: paged, on a pool of its own.
   static std::unique_ptr<SeqState> for_layout(const KvLayout& layout, int64_t capacity);
   ~SeqState();
   SeqState(const SeqState&) = delete;
@@ -94,9 +96,12 @@ class SeqState {
   // over the layer's cached rows (written already) -> [T, n_heads, head_dim].
   // `pos` equals length() on the host until advance().
   Tensor attend(int layer, const Tensor& q, const Tensor& pos, float scale) const;
-  // The layer's contiguous storage for fused kernels that write rows themselves,
-  // or null for a paged state.
-  KvCache* contiguous_kv(int layer) { return is_paged() ? nullptr : &layers_[size_t(layer)]; }
+  // The layer's storage (the pool's for a paged state), for fused kernels that
+  // write rows themselves at the positions pages() maps.
+  KvCache& storage(int layer) { return pool_ ? pool_->layer(layer) : layers_[size_t(layer)]; }
+  const KvCache& storage(int layer) const { return pool_ ? pool_->layer(layer) : layers_[size_t(layer)]; }
+  // The block table as the ops take it (paged), or none (contiguous).
+  ops::KvPages pages() const { return pool_ ? ops::KvPages{{table_tensor_}} : ops::KvPages{}; }
 
  private:
   KvLayout layout_;
@@ -104,6 +109,8 @@ class SeqState {
   std::vector<KvCache> layers_;        // contiguous
   std::shared_ptr<BlockPool> pool_;    // paged
   std::vector<int32_t> table_;         // paged: block ids of positions [i * block_size, (i + 1) * block_size)
+  Tensor table_tensor_;                   // paged: i32 [capacity in blocks] on the state's device, table_ mirrored
+  void sync_table(size_t from);        // entries [from, table_.size()) of table_ into table_tensor_
   std::vector<std::unique_ptr<RecurrentState>> recurrent_;
 };
 

@@ -42,6 +42,22 @@ TEST_P(BatchDecode, GenerateBatchGivesEachSequenceItsTokensAlone) {
   }
 }
 
+// States on one pool: each layer writes the batch's K/V and attends in one call
+// over the batch's block tables (the path CUDA runs as one launch), fused
+// rope-store (the CPU's composition) or not.
+TEST(BatchDecode, OnePoolBatchGetsItsTokensAlone) {
+  for (const char* family : {"llama", "qwen3", "qwen3_moe"})
+    for (bool fused : {false, true}) {
+      auto model = load_model(test::fixtures_dir() / family, Device::cpu, LoadOptions{.fuse_rope_store = fused});
+      for (KvCacheMode mode : {KvCacheMode::native, KvCacheMode::affine4}) {
+        const BatchComparison c = compare_batch_with_alone(*model, 3, 8, /*one_pool=*/true, mode);
+        for (int b = 0; b < 3; ++b)
+          EXPECT_EQ(c.batched[size_t(b)], c.alone[size_t(b)])
+              << family << " sequence " << b << " fused " << fused << " kv " << kv_cache_mode_name(mode);
+      }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, BatchDecode, ::testing::Values("llama", "qwen3", "qwen3_moe", "demo"));
 
 // One sequence hits EOS, another is stopped by its sink: each keeps its own

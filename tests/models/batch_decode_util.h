@@ -32,12 +32,15 @@ struct BatchComparison {
 };
 
 // Greedy tokens of `batch` prompts (12 tokens each) decoded alone, and all of them
-// batched at one offset, `steps` tokens each.
-inline BatchComparison compare_batch_with_alone(const Model& model, int batch, int steps) {
+// batched at one offset, `steps` tokens each. With one_pool the batch's states
+// share one block pool, so each layer's attention is one launch for the batch
+// (models/blocks/attention_inputs.cpp); otherwise each has its own.
+inline BatchComparison compare_batch_with_alone(const Model& model, int batch, int steps, bool one_pool = false,
+                                                KvCacheMode kv_mode = KvCacheMode::native) {
   const auto ps = prompts(batch, 12, model.info().vocab);
   std::vector<std::vector<int32_t>> alone(static_cast<size_t>(batch)), batched(static_cast<size_t>(batch));
   for (int b = 0; b < batch; ++b) {
-    auto state = model.make_state(64);
+    auto state = model.make_state(64, kv_mode);
     int32_t next = argmax_row(model.forward(ps[size_t(b)], *state, false), 0);
     for (int s = 0; s < steps; ++s) {
       alone[size_t(b)].push_back(next);
@@ -47,8 +50,9 @@ inline BatchComparison compare_batch_with_alone(const Model& model, int batch, i
   std::vector<std::unique_ptr<SeqState>> states;
   std::vector<SeqState*> raw;
   std::vector<int32_t> next(static_cast<size_t>(batch));
+  auto pool = std::make_shared<BlockPool>(model.kv_layout(kv_mode), batch * BlockPool::blocks_for_tokens(64));
   for (int b = 0; b < batch; ++b) {
-    states.push_back(model.make_state(64));
+    states.push_back(one_pool ? std::make_unique<SeqState>(pool, 64) : model.make_state(64, kv_mode));
     raw.push_back(states.back().get());
     next[size_t(b)] = argmax_row(model.forward(ps[size_t(b)], *states.back(), false), 0);
   }

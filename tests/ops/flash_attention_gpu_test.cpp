@@ -165,7 +165,8 @@ TEST_F(FlashAttention, SpeedAgainstSplitK) {
     report("split-K (old)", time_ms([&] {
              return cuda::launch_attention(q.data<float>(), k.raw(), v.raw(), DType::bf16, part_m.data<float>(),
                                            part_l.data<float>(), part_o.data<float>(), out.data<float>(), c.T,
-                                           c.heads, c.kv_heads, c.head_dim, nullptr, c.pos0, splits, scale, stream);
+                                           c.heads, c.kv_heads, c.head_dim, nullptr, c.pos0, splits, scale,
+                                           cuda::KvTables{}, stream);
            }));
     for (int variant = 0; variant < cuda::flash_attention_variants(c.head_dim); ++variant) {
       cuda::FlashAttentionTile t = cuda::flash_attention_tile(c.head_dim, variant);

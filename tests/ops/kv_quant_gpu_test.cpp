@@ -244,7 +244,8 @@ TEST_F(KvQuantGpu, DecodeAttentionSpeedByMode) {
     report("bf16", time_ms([&] {
              return cuda::launch_attention(q.data<float>(), k.raw(), v.raw(), DType::bf16, part_m.data<float>(),
                                            part_l.data<float>(), part_o.data<float>(), out.data<float>(), 1, heads,
-                                           kv_heads, d, pos_dev.data<int32_t>(), 0, splits, scale, stream);
+                                           kv_heads, d, pos_dev.data<int32_t>(), 0, splits, scale, cuda::KvTables{},
+                                           stream);
            }),
            2.0 * double(S) * kv_heads * d * 2);
     for (int bits : {8, 4}) {
@@ -260,7 +261,8 @@ TEST_F(KvQuantGpu, DecodeAttentionSpeedByMode) {
       report(bits == 8 ? "affine8" : "affine4", time_ms([&] {
                return cuda::launch_attention_affine(q.data<float>(), kv, part_m.data<float>(), part_l.data<float>(),
                                                     part_o.data<float>(), out.data<float>(), 1, heads, kv_heads, d,
-                                                    pos_dev.data<int32_t>(), 0, splits, scale, stream);
+                                                    pos_dev.data<int32_t>(), 0, splits, scale,
+                                                    cuda::KvTables{}, stream);
              }),
              bytes);
     }

@@ -166,9 +166,10 @@ TEST(KvCacheModesGpu, LongContextDecodeAndBenchRowsForEveryMode) {
   EXPECT_EQ(double(rows[2].kv_bytes) / double(rows[0].kv_bytes), 0.28125);
 }
 
-// CUDA states are contiguous: a fork copies the rows, truncate moves the length
-// back. Both continue exactly as a fresh state given the same tokens, in every mode.
-TEST_P(KvCacheGpu, ContiguousForkAndTruncateOnCuda) {
+// CUDA states are paged: a fork shares the blocks (copying the last partly
+// filled one on write), truncate releases blocks. Both continue exactly as a
+// fresh state given the same tokens, in every mode.
+TEST_P(KvCacheGpu, PagedForkAndTruncateOnCuda) {
   auto model = load_model(dir(), Device::cuda, Levers::from_env().load_options(Device::cuda));
   const std::vector<int32_t> prompt = this->prompt();
   auto close = [](const Tensor& a, const Tensor& b) {
@@ -179,7 +180,7 @@ TEST_P(KvCacheGpu, ContiguousForkAndTruncateOnCuda) {
   };
   for (KvCacheMode mode : {KvCacheMode::bf16, KvCacheMode::affine8, KvCacheMode::affine4}) {
     auto base = model->make_state(200, mode);
-    ASSERT_FALSE(base->is_paged());
+    ASSERT_TRUE(base->is_paged());
     model->forward(prompt, *base, false);
     auto fork = base->fork();
     const Tensor a = model->forward({5}, *fork, false), b = model->forward({9}, *base, false);

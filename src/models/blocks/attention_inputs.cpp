@@ -4,27 +4,57 @@
 
 namespace mere {
 
+namespace {
+
+// The per-head norms and RoPE of the unfused path. A batch's rows are
+// sequences at one position: rotated as one token holding every row's heads.
+void norm_and_rotate(Tensor& q, Tensor& k, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                     const ops::RopeTable& rope, const Tensor& pos, bool rows_are_sequences) {
+  if (q_norm.defined()) {
+    q = ops::rms_norm(q, q_norm, eps);
+    k = ops::rms_norm(k, k_norm, eps);
+  }
+  for (Tensor* x : {&q, &k}) {
+    Tensor view = rows_are_sequences ? x->reshape({1, -1, x->dim(2)}) : *x;
+    ops::rope(view, pos, rope);
+  }
+}
+
+// rotate_and_cache for the rows of `pages` (one sequence's tokens, or a batch's
+// sequences) in `cache`.
+void rotate_and_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                      float eps, const ops::RopeTable& rope, const Tensor& pos, KvCache& cache,
+                      const ops::KvPages& pages, bool fused) {
+  if (fused && cache.quantized()) {
+    ops::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache.quantized_keys_for_write(),
+                            cache.quantized_values_for_write(), pages);
+  } else if (fused) {
+    ops::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache.keys_for_write(), cache.values_for_write(),
+                            pages);
+  } else {
+    Tensor kk = k;  // rotated in place, as the single-sequence path does
+    norm_and_rotate(q, kk, q_norm, k_norm, eps, rope, pos, pages.per_sequence_rows());
+    cache.write(pos, kk, v, pages);
+  }
+}
+
+// Whether a batch's attention can run as one launch over all of it: paged
+// states on one pool (one storage; each sequence's own table).
+bool shares_one_pool(std::span<SeqState* const> states) {
+  for (SeqState* s : states)
+    if (!s->is_paged() || s->pool() != states.front()->pool()) return false;
+  return true;
+}
+
+}  // namespace
+
 void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                       float eps, const ops::RopeTable& rope, const Tensor& pos, SeqState& state, int layer,
                       bool fused) {
-  KvCache* cache = fused ? state.contiguous_kv(layer) : nullptr;
-  if (cache && cache->quantized()) {
-    ops::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache->quantized_keys_for_write(),
-                            cache->quantized_values_for_write());
-    return;
-  }
-  if (cache) {
-    ops::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache->keys_for_write(),
-                            cache->values_for_write());
-    return;
-  }
+  if (fused)
+    return rotate_and_store(q, k, v, q_norm, k_norm, eps, rope, pos, state.storage(layer), state.pages(), true);
   Tensor kk = k;
-  if (q_norm.defined()) {
-    q = ops::rms_norm(q, q_norm, eps);
-    kk = ops::rms_norm(k, k_norm, eps);
-  }
-  ops::rope(q, pos, rope);
-  ops::rope(kk, pos, rope);
+  norm_and_rotate(q, kk, q_norm, k_norm, eps, rope, pos, false);
   state.write_kv(layer, pos, kk, v);
 }
 
@@ -32,8 +62,16 @@ Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q
                      float eps, const ops::RopeTable& rope, const Tensor& pos, std::span<SeqState* const> states,
                      int layer, bool fused_rope_store) {
   const int64_t T = q.shape()[0];
+  const float scale = 1.0f / std::sqrt(float(q.shape()[2]));
   if (states.size() > 1) {  // one token per sequence, each against its own cache
     MERE_CHECK(int64_t(states.size()) == T, "attend_cached: {} rows for a batch of {} sequences", T, states.size());
+    if (shares_one_pool(states)) {  // one write and one attention launch for the whole batch
+      ops::KvPages pages;
+      for (SeqState* s : states) pages.tables.push_back(s->pages().tables.front());
+      KvCache& cache = states.front()->storage(layer);
+      rotate_and_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache, pages, fused_rope_store);
+      return cache.attend(q, pos, states.front()->length(), scale, pages).reshape({T, -1});
+    }
     Tensor out = Tensor::empty({T, q.dim(1) * q.dim(2)}, DType::f32, q.device());
     for (int64_t b = 0; b < T; ++b) {
       Tensor row = out.slice_rows(b, b + 1);  // written on the device's stream (no host copy, no sync)
@@ -44,7 +82,6 @@ Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q
     return out;
   }
   SeqState& state = *states.front();
-  const float scale = 1.0f / std::sqrt(float(q.shape()[2]));
   rotate_and_cache(q, k, v, q_norm, k_norm, eps, rope, pos, state, layer, fused_rope_store);
   Tensor a = state.attend(layer, q, pos, scale);  // [T, n_heads, head_dim]
   return a.reshape({T, -1});

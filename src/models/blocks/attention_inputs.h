@@ -12,9 +12,8 @@ namespace mere {
 
 // q [T, n_heads, head_dim] becomes the normalised, rotated queries; k and v
 // [T, n_kv_heads, head_dim] end up (k normalised and rotated) in the layer's
-// K/V at *pos. Fused: one kernel writing a contiguous cache (dense or
-// quantized); a paged state (the CPU, where the fused op is the composition)
-// takes the composition.
+// K/V at *pos. Fused: one kernel writing the layer's storage (dense or
+// quantized, paged or contiguous; on the CPU the fused op is the composition).
 void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                       float eps, const ops::RopeTable& rope, const Tensor& pos, SeqState& state, int layer,
                       bool fused);
@@ -27,6 +26,8 @@ void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
 //
 // With several states (same-offset batching) row b of q, k, v is one new token of
 // states[b], every sequence at position *pos; each attends to its own cache.
+// States paged on one pool take one K/V write and one attention launch for the
+// whole batch (each sequence through its own block table); others, one per sequence.
 Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                      float eps, const ops::RopeTable& rope, const Tensor& pos, std::span<SeqState* const> states,
                      int layer, bool fused_rope_store);

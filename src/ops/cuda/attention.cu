@@ -9,6 +9,9 @@
 // The GQA kernel also reads groupwise affine caches (KV modes affine8/affine4):
 // it loads the codes and each group's bf16 scale and bias and dequantizes in
 // registers; no dequantized copy of the cache exists.
+// Paged caches (KvTables): key s is read from row table[s / 16] * 16 + s % 16, so
+// a key's lanes still read one contiguous row; in a batch (rows_are_sequences)
+// grid.y indexes the sequence, each reading its own table, all at *pos.
 #include <cstdint>
 
 #include "ops/cuda/common.cuh"
@@ -40,7 +43,7 @@ __device__ __forceinline__ float rescale(float m, float ref) { return m == -INFI
 // GQA kernel, for decode and prefill alike whenever the K/V rows allow aligned
 // 16-byte loads (head_dim a multiple of 16 bytes, 16-byte aligned bases).
 //
-// Grid (kv head x chunk of HB query heads, token, split), 4 warps. The block walks
+// Grid (kv head x chunk of HB query heads, token or sequence, split), 4 warps. The block walks
 // its split once for the HB query heads that share the kv head, so each K/V byte
 // is read from memory once per token rather than once per query head. A sub-group
 // of L lanes takes one key: each lane loads 16-byte pieces of the key's K and V
@@ -173,7 +176,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
                          const typename Storage<KV>::Unit* __restrict__ v, const AffineGroups groups,
                          float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
                          int n_heads, int n_kv_heads, int head_dim, const int32_t* __restrict__ pos_dev,
-                         int64_t pos0, float scale, int n_splits) {
+                         int64_t pos0, float scale, int n_splits, const __grid_constant__ KvTables tables) {
   allow_next_kernel();
   wait_for_previous_kernel();
   using S = Lanes<KV, HD>;
@@ -185,11 +188,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
 
   const int group = n_heads / n_kv_heads, chunks = (group + HB - 1) / HB;
   const int kv_h = blockIdx.x / chunks, head0 = (blockIdx.x % chunks) * HB;  // head0: index within the group
-  const int t = blockIdx.y, split = blockIdx.z;
+  const int t = blockIdx.y, split = blockIdx.z;  // t: the row of q
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int subgroup = threadIdx.x / L, sub_lane = threadIdx.x % L;
+  const int32_t* table = tables.table[tables.rows_are_sequences ? t : 0];
 
-  const int n_keys = int((pos_dev ? *pos_dev : pos0) + t + 1);
+  const int n_keys = int((pos_dev ? *pos_dev : pos0) + (tables.rows_are_sequences ? 0 : t) + 1);
   const KeyRange range = split_range(n_keys, n_splits, split);
   auto head_ok = [&](int g) { return head0 + g < group; };
   auto slot = [&](int g) { return (int64_t(t) * n_heads + kv_h * group + head0 + g) * n_splits + split; };
@@ -241,16 +245,17 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
 #pragma unroll
     for (int j = 0; j < KPI; ++j) {
       const int s = base + j * S::kSubgroups + subgroup;
+      const int64_t row = s < range.end ? paged_row(table, s) : 0;  // the key's storage row
 #pragma unroll
       for (int c = 0; c < C; ++c) {
         kr[j][c] = vr[j][c] = Piece{};
         gr[j][c] = Groups{0, 0, 0, 0};  // dense storage: never read, optimised away
         if (s < range.end && piece_ok[c]) {
-          const int64_t off = St::units(s * row_stride + piece_offset<KV, HD>(c, sub_lane));
+          const int64_t off = St::units(row * row_stride + piece_offset<KV, HD>(c, sub_lane));
           kr[j][c] = __ldg(reinterpret_cast<const Piece*>(k_lane + off));
           vr[j][c] = __ldg(reinterpret_cast<const Piece*>(v_lane + off));
           if constexpr (St::quantized) {
-            const int64_t g = (int64_t(s) * n_kv_heads + kv_h) * groups_per_head + piece_group[c];
+            const int64_t g = (row * n_kv_heads + kv_h) * groups_per_head + piece_group[c];
             gr[j][c] = Groups{__ldg(groups.k_scales + g), __ldg(groups.k_biases + g), __ldg(groups.v_scales + g),
                               __ldg(groups.v_biases + g)};
           }
@@ -389,7 +394,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
 
 // ---------------------------------------------------------------------------
 // Fallback kernel, for K/V rows that 16-byte loads cannot take (head_dim not a
-// multiple of 16 bytes, or an unaligned base). Grid (query head, token, split):
+// multiple of 16 bytes, or an unaligned base). Grid (query head, row, split):
 // each block walks one split, its four warps taking every fourth key, each lane
 // holding head_dim / 32 elements, with an online softmax; the warps merge in
 // shared memory.
@@ -400,13 +405,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     attention_split_kernel(const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
                            float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
                            int n_heads, int n_kv_heads, int head_dim, const int32_t* __restrict__ pos_dev,
-                           int64_t pos0, float scale, int n_splits) {
+                           int64_t pos0, float scale, int n_splits, const __grid_constant__ KvTables tables) {
   allow_next_kernel();
   wait_for_previous_kernel();
   const int h = blockIdx.x, t = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kv_h = h / (n_heads / n_kv_heads);
-  const int n_keys = int((pos_dev ? *pos_dev : pos0) + t + 1);
+  const int32_t* table = tables.table[tables.rows_are_sequences ? t : 0];
+  const int n_keys = int((pos_dev ? *pos_dev : pos0) + (tables.rows_are_sequences ? 0 : t) + 1);
   const KeyRange range = split_range(n_keys, n_splits, split);
   const int64_t slot = (int64_t(t) * n_heads + h) * n_splits + split;
   if (range.begin >= range.end) {
@@ -427,7 +433,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   float m = -INFINITY, l = 0;
   for (int64_t s = range.begin + warp; s < range.end; s += kWarps) {
-    const KV* kr = k + (s * n_kv_heads + kv_h) * head_dim;
+    const int64_t row = paged_row(table, s);
+    const KV* kr = k + (row * n_kv_heads + kv_h) * head_dim;
     float dot = 0;
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
@@ -438,7 +445,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     float m_new = fmaxf(m, score);
     float correction = __expf(m - m_new), p = __expf(score - m_new);
     l = l * correction + p;
-    const KV* vr = v + (s * n_kv_heads + kv_h) * head_dim;
+    const KV* vr = v + (row * n_kv_heads + kv_h) * head_dim;
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       int j = lane + 32 * i;
@@ -541,23 +548,23 @@ template <typename KV, int HD, int HB>
 void launch_gqa(const float* q, const typename Storage<KV>::Unit* k, const typename Storage<KV>::Unit* v,
                 const AffineGroups& groups, float* part_m, float* part_l, float* part_o, int T, int n_heads,
                 int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
-                cudaStream_t stream) {
+                const KvTables& tables, cudaStream_t stream) {
   const int chunks = (n_heads / n_kv_heads + HB - 1) / HB;
   launch_kernel(attention_gqa_kernel<KV, HD, HB>, dim3(n_kv_heads * chunks, T, n_splits), kWarps * 32, 0, stream,
-      q, k, v, groups, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits);
+      q, k, v, groups, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits, tables);
 }
 
 template <typename KV, int HD>
 void launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k, const typename Storage<KV>::Unit* v,
                       const AffineGroups& groups, float* part_m, float* part_l, float* part_o, int T, int n_heads,
                       int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
-                      cudaStream_t stream) {
+                      const KvTables& tables, cudaStream_t stream) {
   // Heads per block: the group rounded up to a power of two, at most 8 (larger
   // groups take several blocks per kv head).
   const int group = n_heads / n_kv_heads;
   auto go = [&]<int HB>() {
     launch_gqa<KV, HD, HB>(q, k, v, groups, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim, pos_dev,
-                           pos0, n_splits, scale, stream);
+                           pos0, n_splits, scale, tables, stream);
   };
   if (group <= 1) go.template operator()<1>();
   else if (group <= 2) go.template operator()<2>();
@@ -572,7 +579,7 @@ int attention_splits(int64_t n_keys) { return ceil_div(n_keys, kKeysPerSplit); }
 cudaError_t launch_attention(const float* q, const void* k, const void* v, DType kv_dtype, float* part_m,
                              float* part_l, float* part_o, float* out, int T, int n_heads, int n_kv_heads,
                              int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
-                             cudaStream_t stream) {
+                             const KvTables& tables, cudaStream_t stream) {
   cudaError_t err = visit_float(kv_dtype, [&]<typename KV>() {
     const KV* kp = static_cast<const KV*>(k);
     const KV* vp = static_cast<const KV*>(v);
@@ -580,11 +587,11 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
                       reinterpret_cast<uintptr_t>(v) % 16 == 0;
     auto go = [&]<int HD>() {
       launch_gqa_heads<KV, HD>(q, kp, vp, AffineGroups{}, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim,
-                               pos_dev, pos0, n_splits, scale, stream);
+                               pos_dev, pos0, n_splits, scale, tables, stream);
     };
     if (!wide)
       launch_kernel(attention_split_kernel<KV>, dim3(n_heads, T, n_splits), kWarps * 32, 0, stream,
-          q, kp, vp, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits);
+          q, kp, vp, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits, tables);
     else if (head_dim <= 32) go.template operator()<32>();
     else if (head_dim <= 64) go.template operator()<64>();
     else if (head_dim <= 128) go.template operator()<128>();
@@ -603,7 +610,7 @@ bool attention_affine_supports(int head_dim) {
 cudaError_t launch_attention_affine(const float* q, const AffineKv& kv, float* part_m, float* part_l, float* part_o,
                                     float* out, int T, int n_heads, int n_kv_heads, int head_dim,
                                     const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
-                                    cudaStream_t stream) {
+                                    const KvTables& tables, cudaStream_t stream) {
   // Pieces of 8 codes: 8-byte loads for 8 bits, 4-byte loads for 4 bits.
   const uintptr_t align = kv.bits == 8 ? 8 : 4;
   const int group = head_dim < kKvQuantGroup ? head_dim : kKvQuantGroup;
@@ -618,7 +625,8 @@ cudaError_t launch_attention_affine(const float* q, const AffineKv& kv, float* p
     auto go = [&]<int HD>() {
       launch_gqa_heads<Affine<kBits>, HD>(q, static_cast<const uint8_t*>(kv.k_codes),
                                           static_cast<const uint8_t*>(kv.v_codes), groups, part_m, part_l, part_o, T,
-                                          n_heads, n_kv_heads, head_dim, pos_dev, pos0, n_splits, scale, stream);
+                                          n_heads, n_kv_heads, head_dim, pos_dev, pos0, n_splits, scale, tables,
+                                          stream);
     };
     if (head_dim <= 32) go.template operator()<32>();
     else if (head_dim <= 64) go.template operator()<64>();

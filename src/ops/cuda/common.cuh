@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/dtype.h"
+#include "ops/cuda/launchers.h"
 
 namespace mere::cuda {
 
@@ -24,6 +25,12 @@ template <> __device__ __forceinline__ __half from_float<__half>(float v) { retu
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
+}
+
+// The storage row of position p of a sequence with block table `table`
+// (launchers.h KvTables), or row p when it has none (a contiguous cache).
+__device__ __forceinline__ int64_t paged_row(const int32_t* table, int64_t p) {
+  return table ? int64_t(__ldg(table + p / kKvPageRows)) * kKvPageRows + p % kKvPageRows : p;
 }
 
 // Calls fn.template operator()<T>() with T the storage type of a float dtype;

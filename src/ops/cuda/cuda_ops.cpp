@@ -115,9 +115,59 @@ void embed(const Tensor& table, const Tensor& ids, Tensor& out) {
                          out.data<float>(), stream()));
 }
 
-void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos) {
-  MERE_CUDA(launch_store_rows(src.data<float>(), dst.raw(), dst.dtype(), start_pos.data<int32_t>(), src.dim(0),
-                              src.numel() / src.dim(0), stream()));
+namespace {
+
+// The block tables of rows [begin, end) of a batch, or the one sequence's table,
+// as the kernels take them (none: a contiguous cache).
+KvTables kv_tables(const KvPages& pages, int64_t begin, int64_t end) {
+  KvTables t;
+  t.rows_are_sequences = pages.per_sequence_rows();
+  if (!pages.paged()) return t;
+  if (!t.rows_are_sequences) {
+    t.table[0] = pages.tables[0].data<int32_t>();
+    return t;
+  }
+  MERE_ASSERT(end - begin <= kMaxPagedSequences);
+  for (int64_t b = begin; b < end; ++b) t.table[b - begin] = pages.tables[size_t(b)].data<int32_t>();
+  return t;
+}
+
+// fn(begin, end, tables) over the rows of a launch: all of them, or a batch's
+// sequences in chunks of at most kMaxPagedSequences.
+template <typename Fn>
+void for_each_launch(const KvPages& pages, int64_t rows, Fn&& fn) {
+  if (!pages.per_sequence_rows()) return fn(int64_t(0), rows, kv_tables(pages, 0, 1));
+  for (int64_t b = 0; b < rows; b += kMaxPagedSequences) {
+    const int64_t e = std::min<int64_t>(rows, b + kMaxPagedSequences);
+    fn(b, e, kv_tables(pages, b, e));
+  }
+}
+
+// Splits of a graph-captured attention: enough shares of the longest a sequence
+// can grow (its table, or the contiguous cache's rows) to fill the GPU at long
+// contexts, at most 64 so short ones waste few blocks.
+int graph_splits(int64_t cache_rows, const KvPages& pages) {
+  int64_t keys = cache_rows;
+  if (pages.paged()) {
+    keys = 0;
+    for (const Tensor& t : pages.tables) keys = std::max(keys, t.numel() * kKvPageRows);
+  }
+  return std::min(attention_splits(keys), 64);
+}
+
+}  // namespace
+
+void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos, const KvPages& pages) {
+  const int64_t row = src.numel() / src.dim(0);
+  for_each_launch(pages, src.dim(0), [&](int64_t b, int64_t e, const KvTables& tables) {
+    MERE_CUDA(launch_store_rows(src.data<float>() + b * row, dst.raw(), dst.dtype(), start_pos.data<int32_t>(), e - b,
+                                row, tables, stream()));
+  });
+}
+
+void gather_pages(const Tensor& storage, const Tensor& table, int64_t n, Tensor& out) {
+  MERE_CUDA(launch_gather_pages(storage.raw(), out.raw(), int64_t(storage.size_bytes() / size_t(storage.dim(0))),
+                                table.data<int32_t>(), n, stream()));
 }
 
 void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
@@ -223,13 +273,18 @@ void rope(Tensor& x, const Tensor& start_pos, const RopeTable& table) {
 }
 
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                        float eps, const RopeTable& rope, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache) {
-  MERE_CUDA(launch_qk_norm_rope_store(q.data<float>(), k.data<float>(), v.data<float>(),
-                                      q_norm.defined() ? q_norm.raw() : nullptr,
-                                      k_norm.defined() ? k_norm.raw() : nullptr,
-                                      q_norm.defined() ? q_norm.dtype() : DType::f32, eps, rope_params(rope),
-                                      start_pos.data<int32_t>(), k_cache.raw(), v_cache.raw(), k_cache.dtype(),
-                                      int(q.dim(0)), int(q.dim(1)), int(k.dim(1)), int(q.dim(2)), stream()));
+                        float eps, const RopeTable& rope, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache,
+                        const KvPages& pages) {
+  const RopeParams params = rope_params(rope);
+  for_each_launch(pages, q.dim(0), [&](int64_t b, int64_t e, const KvTables& tables) {
+    Tensor qb = q.slice_rows(b, e);
+    MERE_CUDA(launch_qk_norm_rope_store(qb.data<float>(), k.slice_rows(b, e).data<float>(),
+                                        v.slice_rows(b, e).data<float>(), q_norm.defined() ? q_norm.raw() : nullptr,
+                                        k_norm.defined() ? k_norm.raw() : nullptr,
+                                        q_norm.defined() ? q_norm.dtype() : DType::f32, eps, params,
+                                        start_pos.data<int32_t>(), k_cache.raw(), v_cache.raw(), k_cache.dtype(),
+                                        int(e - b), int(q.dim(1)), int(k.dim(1)), int(q.dim(2)), tables, stream()));
+  });
 }
 
 void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table) {
@@ -269,13 +324,29 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, 
   Tensor part_o = Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda);
   MERE_CUDA(launch_attention(q.data<float>(), k.raw(), v.raw(), k.dtype(), part_m.data<float>(), part_l.data<float>(),
                              part_o.data<float>(), out.data<float>(), T, n_heads, int(k.dim(1)), head_dim, nullptr,
-                             pos0, splits, scale, stream()));
+                             pos0, splits, scale, KvTables{}, stream()));
 }
 
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale, Tensor& out) {
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale, Tensor& out,
+               const KvPages& pages) {
   const int T = int(q.dim(0)), n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
   MERE_CHECK(head_dim <= kMaxAttentionHeadDim, "attention (CUDA): head_dim {} exceeds {}", head_dim,
              kMaxAttentionHeadDim);
+  if (pages.paged()) {  // split-K through the tables (a prefill gathers first: ops/paged_ops.cpp)
+    const int splits = graph_splits(k.dim(0), pages);
+    for_each_launch(pages, T, [&](int64_t b, int64_t e, const KvTables& tables) {
+      const int rows = int(e - b);
+      Tensor part_m = Tensor::empty({rows, n_heads, splits}, DType::f32, Device::cuda);
+      Tensor part_l = Tensor::empty({rows, n_heads, splits}, DType::f32, Device::cuda);
+      Tensor part_o = Tensor::empty({rows, n_heads, splits, head_dim}, DType::f32, Device::cuda);
+      Tensor out_b = out.slice_rows(b, e);
+      MERE_CUDA(launch_attention(q.slice_rows(b, e).data<float>(), k.raw(), v.raw(), k.dtype(), part_m.data<float>(),
+                                 part_l.data<float>(), part_o.data<float>(), out_b.data<float>(), rows, n_heads,
+                                 int(k.dim(1)), head_dim, start_pos.data<int32_t>(), 0, splits, scale, tables,
+                                 stream()));
+    });
+    return;
+  }
   if (flash_attention_applies(q, k, v)) {
     MERE_CUDA(launch_flash_attention(q.data<float>(), k.raw(), v.raw(), out.data<float>(), T, n_heads, int(k.dim(1)),
                                      head_dim, start_pos.data<int32_t>(), 0, scale, stream()));
@@ -283,13 +354,13 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   }
   // The split count is fixed at capture: enough shares of the whole cache to keep
   // every SM busy at long contexts, at most 64 so short ones waste few blocks.
-  const int splits = std::min(attention_splits(k.dim(0)), 64);
+  const int splits = graph_splits(k.dim(0), pages);
   Tensor part_m = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
   Tensor part_l = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
   Tensor part_o = Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda);
   MERE_CUDA(launch_attention(q.data<float>(), k.raw(), v.raw(), k.dtype(), part_m.data<float>(), part_l.data<float>(),
                              part_o.data<float>(), out.data<float>(), T, n_heads, int(k.dim(1)), head_dim,
-                             start_pos.data<int32_t>(), 0, splits, scale, stream()));
+                             start_pos.data<int32_t>(), 0, splits, scale, KvTables{}, stream()));
 }
 
 static_assert(mere::cuda::kKvQuantGroup == ops::kKvQuantGroup);
@@ -301,25 +372,31 @@ AffineKv affine_kv(const AffineRows& k, const AffineRows& v) {
 }
 
 void attention_affine(const Tensor& q, const AffineRows& k, const AffineRows& v, const int32_t* pos_dev,
-                      int64_t pos0, int splits, float scale, Tensor& out) {
-  const int T = int(q.dim(0)), n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
+                      int64_t pos0, int splits, float scale, Tensor& out, const KvPages& pages = {}) {
+  const int n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
   MERE_CHECK(attention_affine_supports(head_dim),
              "attention (CUDA) over a quantized cache: head_dim {} must be a multiple of 8, at most {}", head_dim,
              kMaxAttentionHeadDim);
-  Tensor part_m = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
-  Tensor part_l = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
-  Tensor part_o = Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda);
-  MERE_CUDA(launch_attention_affine(q.data<float>(), affine_kv(k, v), part_m.data<float>(), part_l.data<float>(),
-                                    part_o.data<float>(), out.data<float>(), T, n_heads, int(k.heads()), head_dim,
-                                    pos_dev, pos0, splits, scale, stream()));
+  for_each_launch(pages, q.dim(0), [&](int64_t b, int64_t e, const KvTables& tables) {
+    const int rows = int(e - b);
+    Tensor part_m = Tensor::empty({rows, n_heads, splits}, DType::f32, Device::cuda);
+    Tensor part_l = Tensor::empty({rows, n_heads, splits}, DType::f32, Device::cuda);
+    Tensor part_o = Tensor::empty({rows, n_heads, splits, head_dim}, DType::f32, Device::cuda);
+    Tensor out_b = out.slice_rows(b, e);
+    MERE_CUDA(launch_attention_affine(q.slice_rows(b, e).data<float>(), affine_kv(k, v), part_m.data<float>(),
+                                      part_l.data<float>(), part_o.data<float>(), out_b.data<float>(), rows, n_heads,
+                                      int(k.heads()), head_dim, pos_dev, pos0, splits, scale, tables, stream()));
+  });
 }
 
 }  // namespace
 
-void store_rows(const Tensor& x, AffineRows& dst, const Tensor& start_pos) {
-  MERE_CUDA(launch_store_rows_affine(x.data<float>(), dst.codes.raw(), dst.scales.raw(), dst.biases.raw(), dst.bits,
-                                     start_pos.data<int32_t>(), int(x.dim(0)), int(x.dim(1)), int(x.dim(2)),
-                                     stream()));
+void store_rows(const Tensor& x, AffineRows& dst, const Tensor& start_pos, const KvPages& pages) {
+  for_each_launch(pages, x.dim(0), [&](int64_t b, int64_t e, const KvTables& tables) {
+    MERE_CUDA(launch_store_rows_affine(x.slice_rows(b, e).data<float>(), dst.codes.raw(), dst.scales.raw(),
+                                       dst.biases.raw(), dst.bits, start_pos.data<int32_t>(), int(e - b),
+                                       int(x.dim(1)), int(x.dim(2)), tables, stream()));
+  });
 }
 
 void dequantize_rows(const AffineRows& src, int64_t n, Tensor& dst) {
@@ -328,9 +405,9 @@ void dequantize_rows(const AffineRows& src, int64_t n, Tensor& dst) {
 }
 
 void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale,
-               Tensor& out) {
-  // As the dense graph form: the split count fixed by the reserved rows.
-  attention_affine(q, k, v, start_pos.data<int32_t>(), 0, std::min(attention_splits(k.rows()), 64), scale, out);
+               Tensor& out, const KvPages& pages) {
+  // As the dense graph form: the split count fixed by the reserved rows (or the tables).
+  attention_affine(q, k, v, start_pos.data<int32_t>(), 0, graph_splits(k.rows(), pages), scale, out, pages);
 }
 
 void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale, Tensor& out) {
@@ -339,15 +416,20 @@ void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_
 
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                         float eps, const RopeTable& rope, const Tensor& start_pos, AffineRows& k_cache,
-                        AffineRows& v_cache) {
+                        AffineRows& v_cache, const KvPages& pages) {
   const AffineKvOut cache{k_cache.codes.raw(),  v_cache.codes.raw(),  k_cache.scales.raw(), k_cache.biases.raw(),
                           v_cache.scales.raw(), v_cache.biases.raw(), k_cache.bits};
-  MERE_CUDA(launch_qk_norm_rope_store_affine(q.data<float>(), k.data<float>(), v.data<float>(),
-                                             q_norm.defined() ? q_norm.raw() : nullptr,
-                                             k_norm.defined() ? k_norm.raw() : nullptr,
-                                             q_norm.defined() ? q_norm.dtype() : DType::f32, eps, rope_params(rope),
-                                             start_pos.data<int32_t>(), cache, int(q.dim(0)), int(q.dim(1)),
-                                             int(k.dim(1)), int(q.dim(2)), stream()));
+  const RopeParams params = rope_params(rope);
+  for_each_launch(pages, q.dim(0), [&](int64_t b, int64_t e, const KvTables& tables) {
+    Tensor qb = q.slice_rows(b, e);
+    MERE_CUDA(launch_qk_norm_rope_store_affine(qb.data<float>(), k.slice_rows(b, e).data<float>(),
+                                               v.slice_rows(b, e).data<float>(),
+                                               q_norm.defined() ? q_norm.raw() : nullptr,
+                                               k_norm.defined() ? k_norm.raw() : nullptr,
+                                               q_norm.defined() ? q_norm.dtype() : DType::f32, eps, params,
+                                               start_pos.data<int32_t>(), cache, int(e - b), int(q.dim(1)),
+                                               int(k.dim(1)), int(q.dim(2)), tables, stream()));
+  });
 }
 
 void set_launch_settings(const LaunchSettings& settings) {
@@ -385,19 +467,24 @@ void copy_columns(const Tensor&, int64_t, Tensor&) { no_cuda(); }
 void add_rms_norm(Tensor&, const Tensor&, const Tensor&, float, Tensor&) { no_cuda(); }
 void embed(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void rope(Tensor&, const Tensor&, const RopeTable&) { no_cuda(); }
-void attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, Tensor&) { no_cuda(); }
-void store_rows(const Tensor&, Tensor&, const Tensor&) { no_cuda(); }
-void qk_norm_rope_store(Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, const RopeTable&,
-                        const Tensor&, Tensor&, Tensor&) {
+void attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, Tensor&, const KvPages&) {
   no_cuda();
 }
+void store_rows(const Tensor&, Tensor&, const Tensor&, const KvPages&) { no_cuda(); }
+void qk_norm_rope_store(Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, const RopeTable&,
+                        const Tensor&, Tensor&, Tensor&, const KvPages&) {
+  no_cuda();
+}
+void gather_pages(const Tensor&, const Tensor&, int64_t, Tensor&) { no_cuda(); }
 void fill_random(Tensor&, uint64_t, float, float) { no_cuda(); }
-void store_rows(const Tensor&, AffineRows&, const Tensor&) { no_cuda(); }
+void store_rows(const Tensor&, AffineRows&, const Tensor&, const KvPages&) { no_cuda(); }
 void dequantize_rows(const AffineRows&, int64_t, Tensor&) { no_cuda(); }
-void attention(const Tensor&, const AffineRows&, const AffineRows&, const Tensor&, float, Tensor&) { no_cuda(); }
+void attention(const Tensor&, const AffineRows&, const AffineRows&, const Tensor&, float, Tensor&, const KvPages&) {
+  no_cuda();
+}
 void attention(const Tensor&, const AffineRows&, const AffineRows&, int64_t, float, Tensor&) { no_cuda(); }
 void qk_norm_rope_store(Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, const RopeTable&,
-                        const Tensor&, AffineRows&, AffineRows&) {
+                        const Tensor&, AffineRows&, AffineRows&, const KvPages&) {
   no_cuda();
 }
 bool rms_norm_linear(const Tensor&, const Tensor&, float, const Tensor&, const Tensor&, Tensor&) { no_cuda(); }

@@ -32,10 +32,14 @@ void convert(const Tensor& src, Tensor& dst);
 // Graph-replayable forms: positions and ids read from device memory.
 void embed(const Tensor& table, const Tensor& ids, Tensor& out);
 void rope(Tensor& x, const Tensor& start_pos, const RopeTable& table);
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale, Tensor& out);
-void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos);
+// Paged forms (KvPages, tables checked): the kernels read the block tables.
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale, Tensor& out,
+               const KvPages& pages = {});
+void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos, const KvPages& pages = {});
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                        float eps, const RopeTable& rope, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache);
+                        float eps, const RopeTable& rope, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache,
+                        const KvPages& pages = {});
+void gather_pages(const Tensor& storage, const Tensor& table, int64_t n, Tensor& out);
 void fill_random(Tensor& t, uint64_t seed, float scale, float offset);
 
 // Mixture of experts (ops.h), arguments checked and outputs allocated.
@@ -45,13 +49,13 @@ void add_gated(Tensor& out, const Tensor& y, const Tensor& gate);
 // Quantized (affine) K/V caches. Below this many new tokens attention reads the
 // codes directly; from it on (prefill) it reads a bf16 copy of the visible rows.
 constexpr int64_t kQuantizedPrefillMinTokens = 16;
-void store_rows(const Tensor& x, AffineRows& dst, const Tensor& start_pos);
+void store_rows(const Tensor& x, AffineRows& dst, const Tensor& start_pos, const KvPages& pages = {});
 void dequantize_rows(const AffineRows& src, int64_t n, Tensor& dst);
 void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale,
-               Tensor& out);
+               Tensor& out, const KvPages& pages = {});
 void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale, Tensor& out);
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                         float eps, const RopeTable& rope, const Tensor& start_pos, AffineRows& k_cache,
-                        AffineRows& v_cache);
+                        AffineRows& v_cache, const KvPages& pages = {});
 
 }  // namespace mere::ops::cuda

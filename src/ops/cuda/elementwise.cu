@@ -60,20 +60,25 @@ __global__ void copy_columns_kernel(const float* x, float* dst, int64_t T, int64
 }
 
 template <typename D>
-__global__ void store_rows_kernel(const float* src, D* dst, const int32_t* pos_dev, int64_t n, int64_t row) {
+__global__ void store_rows_kernel(const float* src, D* dst, const int32_t* pos_dev, int64_t n, int64_t row,
+                                  const __grid_constant__ KvTables tables) {
   allow_next_kernel();
   wait_for_previous_kernel();
-  const int64_t offset = int64_t(*pos_dev) * row;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    dst[offset + i] = from_float<D>(src[i]);
+  const bool per_sequence = tables.rows_are_sequences;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / row;
+    const int64_t r = paged_row(tables.table[per_sequence ? t : 0], int64_t(*pos_dev) + (per_sequence ? 0 : t));
+    dst[r * row + i % row] = from_float<D>(src[i]);
+  }
 }
 
 }  // namespace
 
 cudaError_t launch_store_rows(const float* src, void* dst, DType dst_dtype, const int32_t* pos_dev, int64_t T,
-                              int64_t row, cudaStream_t stream) {
+                              int64_t row, const KvTables& tables, cudaStream_t stream) {
   return visit_float(dst_dtype, [&]<typename D>() {
-    launch_kernel(store_rows_kernel<D>, grid_for(T * row), 256, 0, stream, src, static_cast<D*>(dst), pos_dev, T * row, row);
+    launch_kernel(store_rows_kernel<D>, grid_for(T * row), 256, 0, stream, src, static_cast<D*>(dst), pos_dev, T * row,
+                  row, tables);
   });
 }
 

@@ -15,7 +15,7 @@ constexpr int kWarps = 4;
 __global__ void __launch_bounds__(kWarps * 32)
     store_rows_affine_kernel(const float* __restrict__ x, uint8_t* __restrict__ codes, uint16_t* __restrict__ scales,
                              uint16_t* __restrict__ biases, int bits, const int32_t* __restrict__ pos_dev, int T,
-                             int heads, int head_dim) {
+                             int heads, int head_dim, const __grid_constant__ KvTables tables) {
   allow_next_kernel();
   wait_for_previous_kernel();
   __shared__ float staged[kWarps][kMaxAttentionHeadDim];
@@ -26,7 +26,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const float* src = x + int64_t(row) * head_dim;
   for (int j = lane; j < head_dim; j += 32) staged[warp][j] = src[j];
   __syncwarp();
-  quantize_row_warp(staged[warp], head_dim, bits, (int64_t(*pos_dev) + t) * heads + h, codes, scales, biases, lane);
+  const bool per_sequence = tables.rows_are_sequences;
+  const int64_t dst = paged_row(tables.table[per_sequence ? t : 0], int64_t(*pos_dev) + (per_sequence ? 0 : t));
+  quantize_row_warp(staged[warp], head_dim, bits, dst * heads + h, codes, scales, biases, lane);
 }
 
 __global__ void dequantize_rows_kernel(const uint8_t* __restrict__ codes, const uint16_t* __restrict__ scales,
@@ -46,12 +48,13 @@ __global__ void dequantize_rows_kernel(const uint8_t* __restrict__ codes, const 
 }  // namespace
 
 cudaError_t launch_store_rows_affine(const float* x, void* codes, void* scales, void* biases, int bits,
-                                     const int32_t* pos_dev, int T, int heads, int head_dim, cudaStream_t stream) {
+                                     const int32_t* pos_dev, int T, int heads, int head_dim, const KvTables& tables,
+                                     cudaStream_t stream) {
   const int group = head_dim < kKvQuantGroup ? head_dim : kKvQuantGroup;
   if ((bits != 8 && bits != 4) || head_dim > kMaxAttentionHeadDim || group % 2 || head_dim % group) return cudaErrorInvalidValue;
   return launch_kernel(store_rows_affine_kernel, dim3(ceil_div(int64_t(T) * heads, kWarps)), kWarps * 32, 0, stream, x,
                        static_cast<uint8_t*>(codes), static_cast<uint16_t*>(scales), static_cast<uint16_t*>(biases),
-                       bits, pos_dev, T, heads, head_dim);
+                       bits, pos_dev, T, heads, head_dim, tables);
 }
 
 cudaError_t launch_dequantize_rows(const void* codes, const void* scales, const void* biases, int bits, void* out,

@@ -83,13 +83,27 @@ struct RopeParams {
 cudaError_t launch_rope(float* x, const int32_t* positions, const int32_t* start_pos, int32_t pos0, int64_t T,
                         int64_t heads, int64_t head_dim, const RopeParams& params, cudaStream_t stream);
 
+// Paged K/V (ops.h KvPages). Position p of sequence b sits in storage row
+// table[b][p / kKvPageRows] * kKvPageRows + p % kKvPageRows, or row p when the
+// sequence has no table (a contiguous cache). With rows_are_sequences, row r of
+// q, k and v is the one new token of sequence r, every sequence at *pos;
+// otherwise the rows are tokens t of sequence 0 at *pos + t. Passed by value
+// (a graph bakes in the table addresses, never their contents).
+constexpr int kKvPageRows = 16;         // = state/block_pool.h kKvBlockSize
+constexpr int kMaxPagedSequences = 64;  // sequences per launch; larger batches launch in chunks
+struct KvTables {
+  const int32_t* table[kMaxPagedSequences] = {};
+  bool rows_are_sequences = false;
+};
+
 // One warp per head row of one token: q rows get (optional) RMSNorm and RoPE in
-// place, k rows the same and then go to k_cache row *start_pos + t, v rows go
-// to v_cache unchanged. q_norm / k_norm may be null (no q/k norm).
+// place, k rows the same and then go to k_cache at the token's position, v rows
+// go to v_cache unchanged. q_norm / k_norm may be null (no q/k norm).
 cudaError_t launch_qk_norm_rope_store(float* q, const float* k, const float* v, const void* q_norm,
                                       const void* k_norm, DType norm_dtype, float eps, const RopeParams& rope,
                                       const int32_t* start_pos, void* k_cache, void* v_cache, DType cache_dtype,
-                                      int T, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream);
+                                      int T, int n_heads, int n_kv_heads, int head_dim, const KvTables& tables,
+                                      cudaStream_t stream);
 
 // Split-K flash attention over n_splits shares of the visible keys (at least 256
 // keys a share, so short contexts leave the last splits empty); the partial
@@ -100,7 +114,7 @@ constexpr int kMaxAttentionHeadDim = 256;
 cudaError_t launch_attention(const float* q, const void* k, const void* v, DType kv_dtype, float* part_m,
                              float* part_l, float* part_o, float* out, int T, int n_heads, int n_kv_heads,
                              int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
-                             cudaStream_t stream);
+                             const KvTables& tables, cudaStream_t stream);
 
 // The same attention for prefill on the tensor cores (flash_attention.cu): q f32
 // [T, n_heads, head_dim], a bf16 K/V cache, head_dim 64, 128 or 256, 16-byte
@@ -123,9 +137,14 @@ cudaError_t launch_flash_attention(const float* q, const void* k, const void* v,
                                    int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, float scale,
                                    cudaStream_t stream, int variant = -1);
 
-// dst rows [*pos_dev, *pos_dev + T) = src [T, row] converted to dst's dtype.
+// src [T, row] converted to dst's dtype into the rows of positions *pos_dev + t
+// (through the tables when paged).
 cudaError_t launch_store_rows(const float* src, void* dst, DType dst_dtype, const int32_t* pos_dev, int64_t T,
-                              int64_t row, cudaStream_t stream);
+                              int64_t row, const KvTables& tables, cudaStream_t stream);
+// dst [n, row_bytes] = storage rows of positions [0, n) of one sequence (table
+// of kKvPageRows-row blocks): a paged cache's visible rows made contiguous.
+cudaError_t launch_gather_pages(const void* storage, void* dst, int64_t row_bytes, const int32_t* table, int64_t n,
+                                cudaStream_t stream);
 
 // Groupwise affine K/V caches (ops.h AffineRows): codes u8 [rows, heads,
 // head_dim * bits / 8], bf16 scales and biases [rows, heads, head_dim / group],
@@ -139,9 +158,11 @@ struct AffineKvOut {
   void *k_codes, *v_codes, *k_scales, *k_biases, *v_scales, *v_biases;
   int bits;
 };
-// x [T, heads, head_dim] f32 quantized into rows *pos_dev .. + T - 1, one warp a row.
+// x [T, heads, head_dim] f32 quantized into the rows of positions *pos_dev + t
+// (through the tables when paged), one warp a row.
 cudaError_t launch_store_rows_affine(const float* x, void* codes, void* scales, void* biases, int bits,
-                                     const int32_t* pos_dev, int T, int heads, int head_dim, cudaStream_t stream);
+                                     const int32_t* pos_dev, int T, int heads, int head_dim, const KvTables& tables,
+                                     cudaStream_t stream);
 // Rows [0, rows) dequantized to bf16 out [rows, heads, head_dim].
 cudaError_t launch_dequantize_rows(const void* codes, const void* scales, const void* biases, int bits, void* out,
                                    int64_t rows, int heads, int head_dim, cudaStream_t stream);
@@ -151,11 +172,12 @@ bool attention_affine_supports(int head_dim);
 cudaError_t launch_attention_affine(const float* q, const AffineKv& kv, float* part_m, float* part_l, float* part_o,
                                     float* out, int T, int n_heads, int n_kv_heads, int head_dim,
                                     const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
-                                    cudaStream_t stream);
+                                    const KvTables& tables, cudaStream_t stream);
 // launch_qk_norm_rope_store writing an affine cache: each k and v row quantized by its warp.
 cudaError_t launch_qk_norm_rope_store_affine(float* q, const float* k, const float* v, const void* q_norm,
                                              const void* k_norm, DType norm_dtype, float eps, const RopeParams& rope,
                                              const int32_t* start_pos, const AffineKvOut& cache, int T, int n_heads,
-                                             int n_kv_heads, int head_dim, cudaStream_t stream);
+                                             int n_kv_heads, int head_dim, const KvTables& tables,
+                                             cudaStream_t stream);
 
 }  // namespace mere::cuda
