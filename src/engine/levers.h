@@ -50,8 +50,9 @@ struct Levers {
   // both. Off: measured no faster (Qwen3-30B-A3B shape, H200), bit-identical.
   bool fused_moe_gate_up = false;
   // A new prompt reuses the K/V blocks of the longest prefix an earlier sequence
-  // ran (paged state, so the CPU only for now; `text chat` keeps one cache for
-  // the conversation). Default: logits after a hit bit-identical to a fresh
+  // ran on the same block pool (CPU and CUDA states are paged; `text chat` keeps
+  // one cache for the conversation, on the CPU). On CUDA a 4,096-token prompt
+  // sharing all but 8 tokens prefills in 8.8 ms instead of 124.6 (Llama-3-8B shape). Default: logits after a hit bit-identical to a fresh
   // prefill (f32 and affine8), greedy output identical; demo model, CPU: a
   // 306-token prompt sharing 300 tokens prefills 15 tokens (33 ms vs 1,031 ms).
   bool prefix_cache = true;
