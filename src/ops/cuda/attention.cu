@@ -241,11 +241,21 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
   struct Groups {
     uint16_t ks, kb, vs, vb;
   };
-  auto load = [&](int base, Piece (&kr)[KPI][C], Piece (&vr)[KPI][C], Groups (&gr)[KPI][C]) {
+  // The storage rows of the keys a sub-group takes in the step at `base`. They
+  // are looked up a step before their K/V loads are issued, so a paged cache's
+  // table load is not on the loads' critical path.
+  auto rows_at = [&](int base, int (&rows)[KPI]) {
 #pragma unroll
     for (int j = 0; j < KPI; ++j) {
       const int s = base + j * S::kSubgroups + subgroup;
-      const int64_t row = s < range.end ? paged_row(table, s) : 0;  // the key's storage row
+      rows[j] = s < range.end ? int(paged_row(table, s)) : 0;
+    }
+  };
+  auto load = [&](int base, const int (&rows)[KPI], Piece (&kr)[KPI][C], Piece (&vr)[KPI][C], Groups (&gr)[KPI][C]) {
+#pragma unroll
+    for (int j = 0; j < KPI; ++j) {
+      const int s = base + j * S::kSubgroups + subgroup;
+      const int64_t row = rows[j];  // the key's storage row
 #pragma unroll
       for (int c = 0; c < C; ++c) {
         kr[j][c] = vr[j][c] = Piece{};
@@ -270,7 +280,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
 
   Piece k_next[KPI][C], v_next[KPI][C];
   Groups g_next[KPI][C];
-  load(range.begin, k_next, v_next, g_next);
+  int rows[KPI];
+  rows_at(range.begin, rows);
+  load(range.begin, rows, k_next, v_next, g_next);
+  rows_at(range.begin + kStep, rows);
   // The loop bounds are the same for every thread of the block, so every lane
   // reaches every shuffle.
   for (int base = range.begin; base < range.end; base += kStep) {
@@ -283,7 +296,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
         k_cur[j][c] = k_next[j][c], v_cur[j][c] = v_next[j][c];
         g_cur[j][c] = g_next[j][c];
       }
-    load(base + kStep, k_next, v_next, g_next);
+    load(base + kStep, rows, k_next, v_next, g_next);
+    rows_at(base + 2 * kStep, rows);
 
     float score[KPI][HB];
 #pragma unroll
