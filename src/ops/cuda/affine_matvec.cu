@@ -100,8 +100,8 @@ __device__ __forceinline__ void rotate_quads(uint32_t (&w)[4], int k) {
 // rotated by k quads.
 template <int kBits, typename S, int T, int R, bool kStaged>
 __device__ __forceinline__ void accumulate_chunk_f32(float (&acc)[R][T], const uint4 (&wq)[R], const S (&ws)[R],
-                                                 const S (&wb)[R], const Problem& p, int64_t cc, int k,
-                                                 const float4* staged, int q4) {
+                                                     const S (&wb)[R], const Problem& p, int64_t cc, int k,
+                                                     const float4* staged, int q4) {
   constexpr int kQuads = 32 / kBits;
   uint32_t w[R][4];
   float s[R], c0[R], s16[R], c16[R];
@@ -179,8 +179,8 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
   return d;
 }
 
-// Int8 staging: the int8 copy of x (XMode::kInt8), per token: the codes (in bytes), then per
-// chunk a float2 {d, d * sum of the chunk's codes}. The codes of a chunk are in
+// Int8 staging: the int8 copy of x (XMode::kInt8), per token: the codes (in
+// bytes), then per chunk a float2 {d, d * sum of the chunk's codes}. The codes of a chunk are in
 // the order its packed weights unpack: 8-bit, as stored; 4-bit, per word w the
 // low nibbles (elements 0, 2, 4, 6 of its 8) then the high ones (1, 3, 5, 7),
 // and the chunk's first two words' codes in one plane, the last two in a second
