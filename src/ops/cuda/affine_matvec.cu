@@ -180,11 +180,11 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
 }
 
 // Int8 staging: the int8 copy of x (XMode::kInt8), per token: the codes (in
-// bytes), then per chunk a float2 {d, d * sum of the chunk's codes}. The codes of a chunk are in
-// the order its packed weights unpack: 8-bit, as stored; 4-bit, per word w the
-// low nibbles (elements 0, 2, 4, 6 of its 8) then the high ones (1, 3, 5, 7),
-// and the chunk's first two words' codes in one plane, the last two in a second
-// (so each lane reads 16 consecutive bytes twice, free of bank conflicts).
+// bytes), then per chunk a float2 {d, d * sum of the chunk's codes}. A chunk's
+// codes are in the order its packed weights unpack: 8-bit, as stored; 4-bit,
+// per word the low nibbles (elements 0, 2, 4, 6 of its 8) then the high ones
+// (1, 3, 5, 7), the chunk's first two words' codes in one plane and the last
+// two in a second (each lane reads 16 consecutive bytes twice: no bank conflicts).
 __host__ __device__ inline int64_t int8_token_bytes(int64_t in, int64_t n_chunks) {
   return (in + 8 * n_chunks + 15) / 16 * 16;
 }
