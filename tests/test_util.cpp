@@ -13,6 +13,10 @@ namespace mere::test {
 std::filesystem::path source_dir() { return MERE_SOURCE_DIR; }
 std::filesystem::path fixtures_dir() { return source_dir() / "tests" / "fixtures"; }
 
+std::filesystem::path model_dir(const std::string& name) {
+  return name == "demo" ? source_dir() / "models" / "demo" : fixtures_dir() / name;
+}
+
 std::filesystem::path temp_dir(const std::string& name) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::string id = info ? std::string(info->test_suite_name()) + "." + info->name() : "mere";

@@ -11,6 +11,8 @@ namespace mere::test {
 
 std::filesystem::path source_dir();
 std::filesystem::path fixtures_dir();
+// The directory of a test model by name: "demo" (models/demo) or a fixture.
+std::filesystem::path model_dir(const std::string& name);
 // A fresh empty directory under the system temp dir, unique to this test.
 std::filesystem::path temp_dir(const std::string& name);
 

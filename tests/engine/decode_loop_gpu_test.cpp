@@ -121,7 +121,7 @@ class DecodeLoopGpu : public ::testing::TestWithParam<std::string> {
     if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
   }
   std::filesystem::path dir() const {
-    return GetParam() == "demo" ? test::source_dir() / "models" / "demo" : test::fixtures_dir() / GetParam();
+    return test::model_dir(GetParam());
   }
   std::vector<int32_t> prompt() const {
     if (GetParam() == "demo") return Tokenizer::load(dir()).encode("And God said unto Moses", false);

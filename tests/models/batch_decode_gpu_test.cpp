@@ -37,7 +37,7 @@ class BatchDecodeLoopGpu : public ::testing::TestWithParam<std::string> {
   }
   std::unique_ptr<Model> load() const {
     const auto dir =
-        GetParam() == "demo" ? test::source_dir() / "models" / "demo" : test::fixtures_dir() / GetParam();
+        test::model_dir(GetParam());
     return load_model(dir, Device::cuda, Levers{}.load_options(Device::cuda));
   }
 };

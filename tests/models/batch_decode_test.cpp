@@ -18,7 +18,7 @@ using test::compare_batch_with_alone;
 class BatchDecode : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BatchDecode, EachSequenceGetsItsTokensAlone) {
-  const auto dir = GetParam() == "demo" ? test::source_dir() / "models" / "demo" : test::fixtures_dir() / GetParam();
+  const auto dir = test::model_dir(GetParam());
   auto model = load_model(dir);
   const BatchComparison c = compare_batch_with_alone(*model, 3, 12);
   for (int b = 0; b < 3; ++b) EXPECT_EQ(c.batched[size_t(b)], c.alone[size_t(b)]) << "sequence " << b;
@@ -27,7 +27,7 @@ TEST_P(BatchDecode, EachSequenceGetsItsTokensAlone) {
 // The engine's batched loop on the CPU (eager, host sampler per row): each
 // sequence's tokens and final length as generate_from gives it alone.
 TEST_P(BatchDecode, GenerateBatchGivesEachSequenceItsTokensAlone) {
-  const auto dir = GetParam() == "demo" ? test::source_dir() / "models" / "demo" : test::fixtures_dir() / GetParam();
+  const auto dir = test::model_dir(GetParam());
   auto model = load_model(dir);
   for (const SamplingParams& sampling :
        {SamplingParams{.temperature = 0}, SamplingParams{.temperature = 0.8f, .top_k = 40, .repetition_penalty = 1.2f, .seed = 3}}) {
