@@ -77,6 +77,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "matvec_split_k"      ? &l.matvec_split_k
                 : name == "fp8_activation_gemm" ? &l.fp8_activation_gemm
                 : name == "int8_activation_matvec" ? &l.int8_activation_matvec
+                : name == "tensor_core_kv_attention" ? &l.tensor_core_kv_attention
                                                 : nullptr;
   MERE_CHECK(field != nullptr, "--lever {}=...: unknown engine lever", name);
   *field = on;
@@ -175,9 +176,9 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections, lo.fuse_rope_store,
+    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections, lo.fuse_rope_store,
                                         lo.fuse_norm_matvec, lo.programmatic_launch, lo.matvec_split_k,
-                                        lo.fp8_activation_gemm, lo.int8_activation_matvec);
+                                        lo.fp8_activation_gemm, lo.int8_activation_matvec, lo.tensor_core_kv_attention);
     auto it = models_.find(key);
     if (it == models_.end()) {
       std::fprintf(stderr, "loading %s\n", dir.c_str());

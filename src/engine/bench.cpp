@@ -69,6 +69,7 @@ std::string layout_levers(const LoadOptions& o) {
          " fused_norm_matvec=" + on(o.fuse_norm_matvec) + " programmatic_launch=" + on(o.programmatic_launch) +
          " matvec_split_k=" + on(o.matvec_split_k) + " fp8_activation_gemm=" + on(o.fp8_activation_gemm) +
          (o.int8_activation_matvec ? " int8_activation_matvec=on" : "") +
+         (o.tensor_core_kv_attention ? " tensor_core_kv_attention=on" : "") +
          (o.fuse_moe_gate_up ? " fused_moe_gate_up=on" : "");
 }
 

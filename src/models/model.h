@@ -29,6 +29,8 @@ struct LoadOptions {
   bool fp8_activation_gemm = false;
   // MLX affine weights' decode matvecs on int8-quantized activations (lever int8_activation_matvec).
   bool int8_activation_matvec = false;
+  // Decode attention over affine KV caches on the tensor cores (lever tensor_core_kv_attention).
+  bool tensor_core_kv_attention = false;
   // MoE experts' gate and up stacked into one matrix per expert (lever fused_moe_gate_up).
   bool fuse_moe_gate_up = false;
 };

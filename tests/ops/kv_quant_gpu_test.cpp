@@ -196,6 +196,41 @@ TEST_F(KvQuantGpu, AttentionReadsTheCodesLikeTheCpuReadsDequantizedRows) {
     }
 }
 
+// Lever tensor_core_kv_attention: the same cases on the tensor-core kernel where
+// head_dim is 64 or 128 (the rest fall back to the CUDA-core kernel, bit for
+// bit). q and p s are rounded to f16 (11 bits against the codes' 8 or 4), so the
+// bound is 2e-3 rather than 1e-4. Poisoned rows past the visible ones stay unread.
+TEST_F(KvQuantGpu, TensorCoreAttentionReadsTheCodesLikeTheCpu) {
+  struct Case { int64_t T, pos0, heads, kv_heads, head_dim; };
+  for (int bits : {8, 4})
+    for (Case c : {Case{1, 0, 8, 2, 64}, Case{1, 300, 32, 8, 128}, Case{1, 4100, 32, 8, 128}, Case{1, 1000, 16, 2, 128},
+                   Case{1, 5, 40, 8, 128}, Case{3, 600, 6, 2, 256}, Case{5, 37, 4, 2, 16}, Case{4, 70, 8, 8, 64},
+                   Case{1, 9000, 64, 8, 128}, Case{1, 2047, 28, 4, 128}, Case{40, 300, 32, 8, 128}}) {
+      const int64_t S = c.pos0 + c.T;
+      Tensor q = random({c.T, c.heads, c.head_dim}, DType::f32, uint64_t(c.T * 11 + c.pos0), 3.0f);
+      ops::AffineRows k = poisoned_quantized(S, c.kv_heads, c.head_dim, bits, 4);
+      ops::AffineRows v = poisoned_quantized(S, c.kv_heads, c.head_dim, bits, 5);
+      const float scale = 1.0f / std::sqrt(float(c.head_dim));
+      Tensor want = ops::attention(q, ops::dequantize_kv_rows(k, S, c.head_dim),
+                                   ops::dequantize_kv_rows(v, S, c.head_dim), c.pos0, scale);
+      ops::AffineRows kd = to_device(k, Device::cuda), vd = to_device(v, Device::cuda);
+      Tensor pos = Tensor::empty({1}, DType::i32);
+      pos.data<int32_t>()[0] = int32_t(c.pos0);
+      const std::string label = fmt::format("tensor-core attention affine{} T={} pos0={} {}/{}x{}", bits, c.T, c.pos0,
+                                            c.heads, c.kv_heads, c.head_dim);
+      const Tensor cuda_cores = ops::attention(gpu(q), kd, vd, gpu(pos), scale).to_device(Device::cpu);
+      ops::set_launch_settings({.tensor_core_kv_attention = true});
+      const Tensor tensor_cores = ops::attention(gpu(q), kd, vd, gpu(pos), scale).to_device(Device::cpu);
+      ops::set_launch_settings({});
+      EXPECT_LE(relative_error(tensor_cores, want, label), 2e-3f);
+      // Structural: the lever changes the kernel exactly where it applies (with
+      // more than one key: one key's output is its V row on either kernel).
+      const bool applies = cuda::attention_affine_mma_supports(int(c.head_dim), bits);
+      const bool same = std::memcmp(tensor_cores.raw(), cuda_cores.raw(), tensor_cores.size_bytes()) == 0;
+      if (S > 1) EXPECT_EQ(same, !applies) << label;
+    }
+}
+
 float time_ms(const std::function<cudaError_t()>& launch, int reps = 20) {
   cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
   EXPECT_EQ(launch(), cudaSuccess);
@@ -235,7 +270,7 @@ TEST_F(KvQuantGpu, DecodeAttentionSpeedByMode) {
     pos.data<int32_t>()[0] = pos_host;
     Tensor pos_dev = gpu(pos);
     auto report = [&](const char* mode, float ms, double bytes) {
-      std::printf("[ gpu      ] decode attention 32/8x128 S=%-6lld kv %-8s %8.1f us  %7.0f GB/s of K/V\n",
+      std::printf("[ gpu      ] decode attention 32/8x128 S=%-6lld kv %-11s %8.1f us  %7.0f GB/s of K/V\n",
                   (long long)S, mode, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
     };
     Tensor k = Tensor::empty({S, kv_heads, d}, DType::bf16, Device::cuda), v = k.clone();
@@ -258,13 +293,18 @@ TEST_F(KvQuantGpu, DecodeAttentionSpeedByMode) {
       const cuda::AffineKv kv{kq.codes.raw(), vq.codes.raw(), kq.scales.raw(), kq.biases.raw(),
                               vq.scales.raw(), vq.biases.raw(), bits};
       const double bytes = 2.0 * (kq.codes.size_bytes() + kq.scales.size_bytes() + kq.biases.size_bytes());
-      report(bits == 8 ? "affine8" : "affine4", time_ms([&] {
-               return cuda::launch_attention_affine(q.data<float>(), kv, part_m.data<float>(), part_l.data<float>(),
-                                                    part_o.data<float>(), out.data<float>(), 1, heads, kv_heads, d,
-                                                    pos_dev.data<int32_t>(), 0, splits, scale,
-                                                    cuda::KvTables{}, stream);
-             }),
-             bytes);
+      for (bool tensor_cores : {false, true}) {
+        cuda::set_tensor_core_kv_attention(tensor_cores);
+        const char* mode = bits == 8 ? (tensor_cores ? "affine8 mma" : "affine8") : (tensor_cores ? "affine4 mma" : "affine4");
+        report(mode, time_ms([&] {
+                 return cuda::launch_attention_affine(q.data<float>(), kv, part_m.data<float>(), part_l.data<float>(),
+                                                      part_o.data<float>(), out.data<float>(), 1, heads, kv_heads, d,
+                                                      pos_dev.data<int32_t>(), 0, splits, scale,
+                                                      cuda::KvTables{}, stream);
+               }),
+               bytes);
+      }
+      cuda::set_tensor_core_kv_attention(false);
     }
   }
 }

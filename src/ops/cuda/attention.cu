@@ -14,6 +14,7 @@
 // grid.y indexes the sequence, each reading its own table, all at *pos.
 #include <cstdint>
 
+#include "ops/cuda/attention_split.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kv_quant.cuh"
 #include "ops/cuda/launchers.h"
@@ -22,22 +23,7 @@ namespace mere::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kKeysPerSplit = 256;     // eager launches: one split per 256 visible keys
-constexpr int kMinKeysPerSplit = 256;  // no tiny splits: prefill and short contexts use few
-
-struct KeyRange {
-  int begin, end;  // empty when begin >= end
-};
-
-// The keys [begin, end) of `split` among the n_keys a token sees.
-__device__ __forceinline__ KeyRange split_range(int n_keys, int n_splits, int split) {
-  const int per_split = max(kMinKeysPerSplit, (n_keys + n_splits - 1) / n_splits);
-  const int begin = int(min(int64_t(split) * per_split, int64_t(n_keys)));
-  return {begin, min(begin + per_split, n_keys)};
-}
-
-// exp(m - ref) that is 0 for m = -inf even when ref is -inf too.
-__device__ __forceinline__ float rescale(float m, float ref) { return m == -INFINITY ? 0.0f : __expf(m - ref); }
+constexpr int kKeysPerSplit = 256;  // eager launches: one split per 256 visible keys
 
 // ---------------------------------------------------------------------------
 // GQA kernel, for decode and prefill alike whenever the K/V rows allow aligned
@@ -632,6 +618,14 @@ cudaError_t launch_attention_affine(const float* q, const AffineKv& kv, float* p
       (kv.bits != 8 && kv.bits != 4) || reinterpret_cast<uintptr_t>(kv.k_codes) % align ||
       reinterpret_cast<uintptr_t>(kv.v_codes) % align)
     return cudaErrorInvalidValue;
+  cudaError_t err = cudaSuccess;
+  if (tensor_core_kv_attention_enabled() && attention_affine_mma_supports(head_dim, kv.bits)) {
+    err = launch_attention_affine_mma(q, kv, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim, pos_dev, pos0,
+                                      n_splits, scale, tables, stream);
+    if (err != cudaSuccess) return err;
+    return launch_kernel(attention_merge_kernel, dim3(n_heads, T), kMergeThreads, 0, stream, part_m, part_l, part_o,
+                         out, n_heads, head_dim, n_splits);
+  }
   const AffineGroups groups{static_cast<const uint16_t*>(kv.k_scales), static_cast<const uint16_t*>(kv.k_biases),
                             static_cast<const uint16_t*>(kv.v_scales), static_cast<const uint16_t*>(kv.v_biases),
                             group};
@@ -649,7 +643,7 @@ cudaError_t launch_attention_affine(const float* q, const AffineKv& kv, float* p
   };
   if (kv.bits == 8) go_bits.template operator()<8>();
   else go_bits.template operator()<4>();
-  cudaError_t err = cudaGetLastError();
+  err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   launch_kernel(attention_merge_kernel, dim3(n_heads, T), kMergeThreads, 0, stream, part_m, part_l, part_o, out,
                 n_heads, head_dim, n_splits);

@@ -1,5 +1,6 @@
 // Launch settings the kernel launchers share (levers programmatic_launch,
-// matvec_split_k, fp8_activation_gemm and int8_activation_matvec).
+// matvec_split_k, fp8_activation_gemm, int8_activation_matvec and
+// tensor_core_kv_attention).
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -9,6 +10,7 @@ bool programmatic_launch = false;
 bool matvec_split_k = false;
 bool fp8_activation_gemm = false;
 bool int8_activation_matvec = false;
+bool tensor_core_kv_attention = false;
 }
 
 bool programmatic_launch_enabled() { return programmatic_launch; }
@@ -19,5 +21,7 @@ bool fp8_activation_gemm_enabled() { return fp8_activation_gemm; }
 void set_fp8_activation_gemm(bool on) { fp8_activation_gemm = on; }
 bool int8_activation_matvec_enabled() { return int8_activation_matvec; }
 void set_int8_activation_matvec(bool on) { int8_activation_matvec = on; }
+bool tensor_core_kv_attention_enabled() { return tensor_core_kv_attention; }
+void set_tensor_core_kv_attention(bool on) { tensor_core_kv_attention = on; }
 
 }  // namespace mere::cuda

@@ -30,6 +30,10 @@ bool fp8_activation_gemm_enabled();
 // MLX affine decode matvecs quantize x to int8 per 32 values and use dp4a (lever
 // int8_activation_matvec); off: f32 x. Off by default.
 void set_int8_activation_matvec(bool on);
+// Decode attention over affine8/affine4 caches on the tensor cores (lever
+// tensor_core_kv_attention, attention_affine_mma.cu); off: the CUDA-core kernel.
+void set_tensor_core_kv_attention(bool on);
+bool tensor_core_kv_attention_enabled();
 
 // y[T, out] = x'[T, in] w[out, in]^T (+ bias[out]), x' the input as `input` forms
 // it; T <= kMaxMatvecTokens, rows 16-byte aligned (in * sizeof(w) % 16 == 0).
@@ -173,6 +177,13 @@ cudaError_t launch_attention_affine(const float* q, const AffineKv& kv, float* p
                                     float* out, int T, int n_heads, int n_kv_heads, int head_dim,
                                     const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
                                     const KvTables& tables, cudaStream_t stream);
+// The split kernel of launch_attention_affine on the tensor cores (q and p s
+// rounded to f16; the partials only, no merge): head_dim 64 or 128.
+bool attention_affine_mma_supports(int head_dim, int bits);
+cudaError_t launch_attention_affine_mma(const float* q, const AffineKv& kv, float* part_m, float* part_l,
+                                        float* part_o, int T, int n_heads, int n_kv_heads, int head_dim,
+                                        const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
+                                        const KvTables& tables, cudaStream_t stream);
 // launch_qk_norm_rope_store writing an affine cache: each k and v row quantized by its warp.
 cudaError_t launch_qk_norm_rope_store_affine(float* q, const float* k, const float* v, const void* q_norm,
                                              const void* k_norm, DType norm_dtype, float eps, const RopeParams& rope,
