@@ -8,7 +8,9 @@
 // is left unwritten; the merge skips it).
 // The GQA kernel also reads groupwise affine caches (KV modes affine8/affine4):
 // it loads the codes and each group's bf16 scale and bias and dequantizes in
-// registers; no dequantized copy of the cache exists.
+// registers; no dequantized copy of the cache exists. By default (lever
+// tensor_core_kv_attention) launch_attention_affine runs the tensor-core kernel
+// of attention_affine_mma.cu instead, where it applies (head_dim 64 or 128).
 // Paged caches (KvTables): key s is read from row table[s / 16] * 16 + s % 16, so
 // a key's lanes still read one contiguous row; in a batch (rows_are_sequences)
 // grid.y indexes the sequence, each reading its own table, all at *pos.
@@ -622,9 +624,10 @@ cudaError_t launch_attention_affine(const float* q, const AffineKv& kv, float* p
   if (tensor_core_kv_attention_enabled() && attention_affine_mma_supports(head_dim, kv.bits)) {
     err = launch_attention_affine_mma(q, kv, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim, pos_dev, pos0,
                                       n_splits, scale, tables, stream);
-    if (err != cudaSuccess) return err;
-    return launch_kernel(attention_merge_kernel, dim3(n_heads, T), kMergeThreads, 0, stream, part_m, part_l, part_o,
-                         out, n_heads, head_dim, n_splits);
+    if (err == cudaSuccess)
+      return launch_kernel(attention_merge_kernel, dim3(n_heads, T), kMergeThreads, 0, stream, part_m, part_l, part_o,
+                           out, n_heads, head_dim, n_splits);
+    if (err != cudaErrorInvalidValue) return err;  // else rows off its alignment: the CUDA-core kernel below
   }
   const AffineGroups groups{static_cast<const uint16_t*>(kv.k_scales), static_cast<const uint16_t*>(kv.k_biases),
                             static_cast<const uint16_t*>(kv.v_scales), static_cast<const uint16_t*>(kv.v_biases),
