@@ -169,29 +169,44 @@ ops::AffineRows poisoned_quantized(int64_t rows, int64_t kv_heads, int64_t d, in
   return q;
 }
 
+struct AttentionCase {
+  int64_t T, pos0, heads, kv_heads, head_dim;
+};
+
+// q and poisoned affine K/V of a case (on the GPU), and the CPU's attention over
+// the dequantized rows.
+struct AffineAttentionInputs {
+  Tensor q, pos, want;
+  ops::AffineRows k, v;
+  float scale;
+};
+AffineAttentionInputs affine_attention_inputs(const AttentionCase& c, int bits, uint64_t seed) {
+  const int64_t S = c.pos0 + c.T;
+  Tensor q = random({c.T, c.heads, c.head_dim}, DType::f32, uint64_t(c.T * seed + c.pos0), 3.0f);
+  ops::AffineRows k = poisoned_quantized(S, c.kv_heads, c.head_dim, bits, seed);
+  ops::AffineRows v = poisoned_quantized(S, c.kv_heads, c.head_dim, bits, seed + 1);
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  Tensor want = ops::attention(q, ops::dequantize_kv_rows(k, S, c.head_dim),
+                               ops::dequantize_kv_rows(v, S, c.head_dim), c.pos0, scale);
+  Tensor pos = Tensor::empty({1}, DType::i32);
+  pos.data<int32_t>()[0] = int32_t(c.pos0);
+  return {gpu(q), gpu(pos), want, to_device(k, Device::cuda), to_device(v, Device::cuda), scale};
+}
+
 TEST_F(KvQuantGpu, AttentionReadsTheCodesLikeTheCpuReadsDequantizedRows) {
-  struct Case { int64_t T, pos0, heads, kv_heads, head_dim; };
   for (int bits : {8, 4})
-    for (Case c : {Case{1, 0, 8, 2, 64}, Case{1, 300, 32, 8, 128}, Case{1, 4100, 32, 8, 128}, Case{1, 1000, 16, 2, 128},
-                   Case{3, 600, 6, 2, 256}, Case{5, 37, 4, 2, 16}, Case{1, 100, 4, 1, 32}, Case{4, 70, 8, 8, 64},
-                   Case{1, 9000, 64, 8, 128}, Case{17, 0, 4, 1, 32}, Case{24, 100, 4, 2, 64}, Case{40, 300, 32, 8, 128}}) {
-      const int64_t S = c.pos0 + c.T;
-      Tensor q = random({c.T, c.heads, c.head_dim}, DType::f32, uint64_t(c.T * 7 + c.pos0), 3.0f);
-      ops::AffineRows k = poisoned_quantized(S, c.kv_heads, c.head_dim, bits, 2);
-      ops::AffineRows v = poisoned_quantized(S, c.kv_heads, c.head_dim, bits, 3);
-      const float scale = 1.0f / std::sqrt(float(c.head_dim));
-      Tensor want = ops::attention(q, ops::dequantize_kv_rows(k, S, c.head_dim),
-                                   ops::dequantize_kv_rows(v, S, c.head_dim), c.pos0, scale);
-      ops::AffineRows kd = to_device(k, Device::cuda), vd = to_device(v, Device::cuda);
-      Tensor pos = Tensor::empty({1}, DType::i32);
-      pos.data<int32_t>()[0] = int32_t(c.pos0);
+    for (AttentionCase c : {AttentionCase{1, 0, 8, 2, 64}, {1, 300, 32, 8, 128}, {1, 4100, 32, 8, 128},
+                            {1, 1000, 16, 2, 128}, {3, 600, 6, 2, 256}, {5, 37, 4, 2, 16}, {1, 100, 4, 1, 32},
+                            {4, 70, 8, 8, 64}, {1, 9000, 64, 8, 128}, {17, 0, 4, 1, 32}, {24, 100, 4, 2, 64},
+                            {40, 300, 32, 8, 128}}) {
+      const AffineAttentionInputs in = affine_attention_inputs(c, bits, 7);
       const std::string label = fmt::format("attention affine{} T={} pos0={} {}/{}x{}", bits, c.T, c.pos0, c.heads,
                                             c.kv_heads, c.head_dim);
       // The device-position form always reads the codes; the host form copies
       // the visible rows to bf16 for a prefill (T >= 16: bf16 rounding and the
       // tensor cores, as the dense prefill test allows).
-      EXPECT_LE(relative_error(ops::attention(gpu(q), kd, vd, gpu(pos), scale), want, label + " codes"), 1e-4f);
-      EXPECT_LE(relative_error(ops::attention(gpu(q), kd, vd, c.pos0, scale), want, label + " host pos"),
+      EXPECT_LE(relative_error(ops::attention(in.q, in.k, in.v, in.pos, in.scale), in.want, label + " codes"), 1e-4f);
+      EXPECT_LE(relative_error(ops::attention(in.q, in.k, in.v, c.pos0, in.scale), in.want, label + " host pos"),
                 c.T >= 16 ? 2e-2f : 1e-4f);
     }
 }
@@ -201,33 +216,26 @@ TEST_F(KvQuantGpu, AttentionReadsTheCodesLikeTheCpuReadsDequantizedRows) {
 // bit). q and p s are rounded to f16 (11 bits against the codes' 8 or 4), so the
 // bound is 2e-3 rather than 1e-4. Poisoned rows past the visible ones stay unread.
 TEST_F(KvQuantGpu, TensorCoreAttentionReadsTheCodesLikeTheCpu) {
-  struct Case { int64_t T, pos0, heads, kv_heads, head_dim; };
   for (int bits : {8, 4})
-    for (Case c : {Case{1, 0, 8, 2, 64}, Case{1, 300, 32, 8, 128}, Case{1, 4100, 32, 8, 128}, Case{1, 1000, 16, 2, 128},
-                   Case{1, 5, 40, 8, 128}, Case{3, 600, 6, 2, 256}, Case{5, 37, 4, 2, 16}, Case{4, 70, 8, 8, 64},
-                   Case{1, 9000, 64, 8, 128}, Case{1, 2047, 28, 4, 128}, Case{40, 300, 32, 8, 128}}) {
-      const int64_t S = c.pos0 + c.T;
-      Tensor q = random({c.T, c.heads, c.head_dim}, DType::f32, uint64_t(c.T * 11 + c.pos0), 3.0f);
-      ops::AffineRows k = poisoned_quantized(S, c.kv_heads, c.head_dim, bits, 4);
-      ops::AffineRows v = poisoned_quantized(S, c.kv_heads, c.head_dim, bits, 5);
-      const float scale = 1.0f / std::sqrt(float(c.head_dim));
-      Tensor want = ops::attention(q, ops::dequantize_kv_rows(k, S, c.head_dim),
-                                   ops::dequantize_kv_rows(v, S, c.head_dim), c.pos0, scale);
-      ops::AffineRows kd = to_device(k, Device::cuda), vd = to_device(v, Device::cuda);
-      Tensor pos = Tensor::empty({1}, DType::i32);
-      pos.data<int32_t>()[0] = int32_t(c.pos0);
+    for (AttentionCase c : {AttentionCase{1, 0, 8, 2, 64}, {1, 300, 32, 8, 128}, {1, 4100, 32, 8, 128},
+                            {1, 1000, 16, 2, 128}, {1, 5, 40, 8, 128}, {3, 600, 6, 2, 256}, {5, 37, 4, 2, 16},
+                            {4, 70, 8, 8, 64}, {1, 9000, 64, 8, 128}, {1, 2047, 28, 4, 128}, {40, 300, 32, 8, 128}}) {
+      const AffineAttentionInputs in = affine_attention_inputs(c, bits, 11);
       const std::string label = fmt::format("tensor-core attention affine{} T={} pos0={} {}/{}x{}", bits, c.T, c.pos0,
                                             c.heads, c.kv_heads, c.head_dim);
-      const Tensor cuda_cores = ops::attention(gpu(q), kd, vd, gpu(pos), scale).to_device(Device::cpu);
-      ops::set_launch_settings({.tensor_core_kv_attention = true});
-      const Tensor tensor_cores = ops::attention(gpu(q), kd, vd, gpu(pos), scale).to_device(Device::cpu);
       ops::set_launch_settings({});
-      EXPECT_LE(relative_error(tensor_cores, want, label), 2e-3f);
+      const Tensor cuda_cores = ops::attention(in.q, in.k, in.v, in.pos, in.scale).to_device(Device::cpu);
+      ops::set_launch_settings({.tensor_core_kv_attention = true});
+      const Tensor tensor_cores = ops::attention(in.q, in.k, in.v, in.pos, in.scale).to_device(Device::cpu);
+      ops::set_launch_settings({});
+      EXPECT_LE(relative_error(tensor_cores, in.want, label), 2e-3f);
       // Structural: the lever changes the kernel exactly where it applies (with
       // more than one key: one key's output is its V row on either kernel).
       const bool applies = cuda::attention_affine_mma_supports(int(c.head_dim), bits);
       const bool same = std::memcmp(tensor_cores.raw(), cuda_cores.raw(), tensor_cores.size_bytes()) == 0;
-      if (S > 1) EXPECT_EQ(same, !applies) << label;
+      if (c.pos0 + c.T > 1) {
+        EXPECT_EQ(same, !applies) << label;
+      }
     }
 }
 

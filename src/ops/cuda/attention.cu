@@ -372,26 +372,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < HB * HD; i += kWarps * 32) {
-    const int g = i / HD, j = i % HD;
-    if (!head_ok(g) || j >= head_dim) continue;
-    float block_m = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) block_m = fmaxf(block_m, warp_m[w][g]);
-    float acc = 0, sum = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      if (warp_m[w][g] == -INFINITY) continue;
-      const float a = __expf(warp_m[w][g] - block_m);
-      acc += warp_o[w][g][j] * a;
-      sum += warp_l[w][g] * a;
-    }
-    part_o[slot(g) * head_dim + j] = acc;
-    if (j == 0) {
-      part_m[slot(g)] = block_m;
-      part_l[slot(g)] = sum;
-    }
-  }
+  write_block_partials(warp_m, warp_l, warp_o, head_dim, head_ok, slot, part_m, part_l, part_o);
 }
 
 // ---------------------------------------------------------------------------

@@ -347,27 +347,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     }
   }
   __syncthreads();
-  // Merge the warps: rescale each to the block maximum.
-  for (int i = threadIdx.x; i < kHeadsPerBlock * HD; i += kWarps * 32) {
-    const int r = i / HD, d = i % HD;
-    if (!head_ok(r)) continue;
-    float block_m = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) block_m = fmaxf(block_m, warp_m[w][r]);
-    float out = 0, sum = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      if (warp_m[w][r] == -INFINITY) continue;
-      const float a = __expf(warp_m[w][r] - block_m);
-      out += warp_o[w][r][d] * a;
-      sum += warp_l[w][r] * a;
-    }
-    part_o[slot(r) * HD + d] = out;
-    if (d == 0) {
-      part_m[slot(r)] = block_m;
-      part_l[slot(r)] = sum;
-    }
-  }
+  write_block_partials(warp_m, warp_l, warp_o, HD, head_ok, slot, part_m, part_l, part_o);
 }
 
 }  // namespace

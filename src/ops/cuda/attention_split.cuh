@@ -1,6 +1,7 @@
 // How split-K decode attention divides a token's visible keys among the splits,
-// shared by the CUDA-core kernels (attention.cu) and the tensor-core affine
-// kernel (attention_affine_mma.cu), which both write partials for the same merge.
+// and how a block writes its split's partials: shared by the CUDA-core kernels
+// (attention.cu) and the tensor-core affine kernel (attention_affine_mma.cu),
+// whose partials go to the same merge.
 #pragma once
 
 #include <cstdint>
@@ -22,5 +23,36 @@ __device__ __forceinline__ KeyRange split_range(int n_keys, int n_splits, int sp
 
 // exp(m - ref) that is 0 for m = -inf even when ref is -inf too.
 __device__ __forceinline__ float rescale(float m, float ref) { return m == -INFINITY ? 0.0f : __expf(m - ref); }
+
+// A block's split partials from its warps' (max, sum, out) in shared memory:
+// each warp rescaled to the block maximum, rows of heads `head_ok` rejects and
+// elements past head_dim skipped, slot(r) the partial's index. Every thread of
+// the block calls it after a __syncthreads.
+template <int kWarps, int HB, int HD, typename HeadOk, typename Slot>
+__device__ __forceinline__ void write_block_partials(const float (&warp_m)[kWarps][HB], const float (&warp_l)[kWarps][HB],
+                                                     const float (&warp_o)[kWarps][HB][HD], int head_dim,
+                                                     HeadOk head_ok, Slot slot, float* part_m, float* part_l,
+                                                     float* part_o) {
+  for (int i = threadIdx.x; i < HB * HD; i += blockDim.x) {
+    const int r = i / HD, d = i % HD;
+    if (!head_ok(r) || d >= head_dim) continue;
+    float block_m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) block_m = fmaxf(block_m, warp_m[w][r]);
+    float out = 0, sum = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (warp_m[w][r] == -INFINITY) continue;
+      const float a = __expf(warp_m[w][r] - block_m);
+      out += warp_o[w][r][d] * a;
+      sum += warp_l[w][r] * a;
+    }
+    part_o[slot(r) * head_dim + d] = out;
+    if (d == 0) {
+      part_m[slot(r)] = block_m;
+      part_l[slot(r)] = sum;
+    }
+  }
+}
 
 }  // namespace mere::cuda
