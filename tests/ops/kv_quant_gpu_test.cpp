@@ -239,6 +239,25 @@ TEST_F(KvQuantGpu, TensorCoreAttentionReadsTheCodesLikeTheCpu) {
     }
 }
 
+// V groups wider than f16 can carry through p s (a range above 2.6e5) saturate
+// on the tensor-core kernel: the output stays finite, never inf or NaN.
+TEST_F(KvQuantGpu, TensorCoreAttentionStaysFiniteOnHugeValues) {
+  const int64_t S = 300, heads = 8, kv_heads = 2, d = 128;
+  for (int bits : {8, 4}) {
+    Tensor q = random({1, heads, d}, DType::f32, 3, 1.0f);
+    ops::AffineRows k = to_device(ops::quantize_kv_rows(random({S, kv_heads, d}, DType::f32, 4, 1.0f), bits),
+                                  Device::cuda);
+    ops::AffineRows v = to_device(ops::quantize_kv_rows(random({S, kv_heads, d}, DType::f32, 5, 1e6f), bits),
+                                  Device::cuda);
+    Tensor pos = Tensor::empty({1}, DType::i32);
+    pos.data<int32_t>()[0] = int32_t(S - 1);
+    ops::set_launch_settings({.tensor_core_kv_attention = true});
+    const Tensor out = ops::attention(gpu(q), k, v, gpu(pos), 1.0f / std::sqrt(float(d))).to_device(Device::cpu);
+    ops::set_launch_settings({});
+    for (int64_t i = 0; i < out.numel(); ++i) ASSERT_TRUE(std::isfinite(out.at(i))) << "affine" << bits << " " << i;
+  }
+}
+
 float time_ms(const std::function<cudaError_t()>& launch, int reps = 20) {
   cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
   EXPECT_EQ(launch(), cudaSuccess);

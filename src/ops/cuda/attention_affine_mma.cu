@@ -44,7 +44,8 @@ constexpr int kTileKeys = 8;                 // keys per warp per step
 constexpr int kHeadsPerBlock = 8;            // query heads a block takes (rows 0-7)
 constexpr int kGroup = 64;                   // dims per scale/bias group (= kKvQuantGroup)
 // p s is stored x64: small weights stay out of f16's subnormals, and V groups
-// with a range up to 2.6e5 (scale 1023) still fit under f16's largest value.
+// with a range up to 2.6e5 (scale 1023) still fit under f16's largest value
+// (wider ones saturate: a bounded error, never an infinity).
 constexpr float kWeightScale = 64.0f;
 
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
@@ -58,9 +59,10 @@ __device__ __forceinline__ void mma_m16n8k8(float (&d)[4], uint32_t a0, uint32_t
       : "r"(a0), "r"(a1), "r"(b0));
 }
 
+// Rounded to f16, saturating at +-65504 rather than overflowing to infinity.
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   uint32_t r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
 __device__ __forceinline__ float2 unpack_f16x2(uint32_t r) {
