@@ -14,6 +14,7 @@ rm -rf "$pack" && mkdir -p "$pack"
 # Compressed: the carried pack must stay under the device's 64 MiB transfer limit.
 tar -cJf "$pack/bin.tar.xz" -C "$build" mere -C "$PWD/$build/tests" mere_gpu_tests
 pwd > "$pack/source_dir"
+echo "$build" > "$pack/build_dir"  # where the tests look for the mere binary (MERE_BINARY)
 libs=$(ldd "$build/mere" | awk '/libfmt|libpcre2|libicu/ {print $3}')
 tar -cJhf "$pack/libs.tar.xz" -C / $(for l in $libs; do echo "${l#/}"; done) --transform 's|.*/||'
 grep -qs '^/.devrun\*/' .git/info/exclude || echo "/.devrun*/" >> .git/info/exclude

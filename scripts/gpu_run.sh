@@ -16,6 +16,11 @@ export LD_LIBRARY_PATH=/tmp/mere_libs:/usr/local/cuda/lib64:/usr/local/cuda/lib:
 # The binaries look for fixtures under the source dir they were built in.
 src=$(cat "$pack/source_dir")
 if [ -n "$src" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"; fi
+# Tests that run the CLI find it where it was built (MERE_BINARY).
+if [ -f "$pack/build_dir" ]; then
+  build=$root/$(cat "$pack/build_dir")
+  [ -e "$build/mere" ] || { mkdir -p "$build" && ln -s "$bin/mere" "$build/mere"; }
+fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 for what in "${@:-tests bench}"; do
   case $what in

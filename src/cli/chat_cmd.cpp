@@ -2,11 +2,13 @@
 // answers streamed to stdout), or one turn with --prompt for scripts.
 //
 // Each turn renders the whole conversation with the model's chat template; with
-// the prefix_cache lever (the CPU) the turn reuses the K/V of the conversation so
-// far and prefills only what is new, bit-identically to a prefill from scratch.
+// the prefix_cache lever the turn reuses the K/V of the conversation so far and
+// prefills only what is new (on the CPU bit-identically to a prefill from
+// scratch; on CUDA the same tokens).
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -19,6 +21,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/levers.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "engine/generate.h"
 #include "engine/text_stream.h"
@@ -28,6 +31,10 @@
 
 namespace mere {
 namespace {
+
+// The share of the GPU's free memory a conversation's K/V pool may take (the
+// pool is allocated whole on CUDA; the model's context caps it first).
+constexpr double kChatPoolMemoryFraction = 0.5;
 
 struct ChatFlags {
   std::string model, system, prompt, device = "auto", chat_template, template_name = "default", reasoning = "show";
@@ -112,9 +119,14 @@ class ChatSession {
     options_.max_new_tokens = f.max_new_tokens;
     options_.sampling = sampling_from(f.sampling, gen);
     options_.eos_ids = chat_stop_ids(tokenizer_, gen.eos_token_ids);
-    if (device == Device::cpu && options_.levers.prefix_cache) {
-      prefix_cache_ = std::make_unique<PrefixCache>(std::make_shared<BlockPool>(
-          model_->kv_layout(options_.kv_cache_mode), BlockPool::blocks_for_tokens(model_->info().max_positions)));
+    if (options_.levers.prefix_cache) {
+      // One pool for the conversation: the model's context, and on CUDA (where a
+      // pool is allocated whole) at most half the free memory.
+      const KvLayout layout = model_->kv_layout(options_.kv_cache_mode);
+      int64_t blocks = BlockPool::blocks_for_tokens(model_->info().max_positions);
+      if (device == Device::cuda)
+        blocks = std::min(blocks, BlockPool::blocks_for_memory(kChatPoolMemoryFraction, device_bytes_available(), layout));
+      prefix_cache_ = std::make_unique<PrefixCache>(std::make_shared<BlockPool>(layout, blocks));
       options_.prefix_cache = prefix_cache_.get();
     }
     reset();

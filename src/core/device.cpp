@@ -151,6 +151,15 @@ size_t device_bytes_cached() {
   return cache.cached_bytes;
 }
 
+size_t device_bytes_available() {
+  size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return free_bytes + device_bytes_cached();
+}
+
 void release_cached_device_memory() {
   BlockCache& cache = block_cache();
   std::lock_guard lock(cache.mutex);
@@ -300,6 +309,7 @@ void device_synchronize() {}
 
 size_t device_bytes_reserved() { return 0; }
 size_t device_bytes_cached() { return 0; }
+size_t device_bytes_available() { return 0; }
 void release_cached_device_memory() {}
 void* cuda_stream() { return nullptr; }
 void copy_to_device_async(void*, const void*, size_t) {

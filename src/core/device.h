@@ -25,6 +25,8 @@ void device_synchronize();
 // Bytes the process holds on the GPU (in use plus cached), and the cached part.
 size_t device_bytes_reserved();
 size_t device_bytes_cached();
+// Bytes the driver has free on the GPU, plus what our cache holds unused (0 without CUDA).
+size_t device_bytes_available();
 // Returns the cached (unused) blocks to the driver, e.g. after loading a model,
 // whose temporaries would otherwise stay reserved.
 void release_cached_device_memory();
