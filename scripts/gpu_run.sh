@@ -81,7 +81,8 @@ for what in "${@:-tests bench}"; do
       "$m" bench --device cuda --shape llama3-8b -p 0 -n 128 -r 3 2>&1 | tee -a "$out/kv.log"
       "$m" bench --device cuda --shape llama3-8b -p 0 -n 128 -d 1024,8192,32768 -r 3 \
         --kv-cache-mode bf16,affine8,affine4 2>&1 | tee -a "$out/kv.log"
-      MERERUN_TENSOR_CORE_KV_ATTENTION=1 "$m" bench --device cuda --shape llama3-8b -p 0 -n 128 -d 1024,8192,32768 \
+      # The affine modes on the CUDA-core kernel (lever tensor_core_kv_attention off), for comparison.
+      MERERUN_TENSOR_CORE_KV_ATTENTION=0 "$m" bench --device cuda --shape llama3-8b -p 0 -n 128 -d 1024,8192,32768 \
         -r 3 --kv-cache-mode affine8,affine4 2>&1 | tee -a "$out/kv.log" ;;
     quant)  # the weight formats side by side on the Llama-3-8B shape
       m="$bin/mere"

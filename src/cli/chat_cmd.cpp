@@ -125,7 +125,8 @@ class ChatSession {
       const KvLayout layout = model_->kv_layout(options_.kv_cache_mode);
       int64_t blocks = BlockPool::blocks_for_tokens(model_->info().max_positions);
       if (device == Device::cuda)
-        blocks = std::min(blocks, BlockPool::blocks_for_memory(kChatPoolMemoryFraction, device_bytes_available(), layout));
+        blocks = std::min(blocks,
+                          BlockPool::blocks_for_memory(kChatPoolMemoryFraction, device_bytes_available(), layout));
       prefix_cache_ = std::make_unique<PrefixCache>(std::make_shared<BlockPool>(layout, blocks));
       options_.prefix_cache = prefix_cache_.get();
     }

@@ -46,7 +46,7 @@ std::string Levers::describe(Device device) const {
          " programmatic_launch=" + on(programmatic_launch) + " matvec_split_k=" + on(matvec_split_k) +
          " fp8_activation_gemm=" + on(fp8_activation_gemm) + " int8_activation_matvec=" + on(int8_activation_matvec) +
          " tensor_core_kv_attention=" + on(tensor_core_kv_attention) +
-         " fused_moe_gate_up=" + on(fused_moe_gate_up) + " prefix_cache=off (text chat uses it on the CPU only)";
+         " fused_moe_gate_up=" + on(fused_moe_gate_up) + " prefix_cache=" + on(prefix_cache);
 }
 
 LoadOptions Levers::load_options(Device device) const {

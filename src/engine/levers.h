@@ -60,10 +60,11 @@ struct Levers {
   bool fused_moe_gate_up = false;
   // A new prompt reuses the K/V blocks of the longest prefix an earlier sequence
   // ran on the same block pool (CPU and CUDA states are paged; `text chat` keeps
-  // one cache for the conversation, on the CPU). On CUDA a 4,096-token prompt
-  // sharing all but 8 tokens prefills in 8.8 ms instead of 124.6 (Llama-3-8B shape). Default: logits after a hit bit-identical to a fresh
-  // prefill (f32 and affine8), greedy output identical; demo model, CPU: a
-  // 306-token prompt sharing 300 tokens prefills 15 tokens (33 ms vs 1,031 ms).
+  // one cache for the conversation). On CUDA a 4,096-token prompt sharing all but
+  // 8 tokens prefills in 8.8 ms instead of 124.6 (Llama-3-8B shape). Default:
+  // logits after a hit bit-identical to a fresh prefill (f32 and affine8), greedy
+  // output identical; demo model, CPU: a 306-token prompt sharing 300 tokens
+  // prefills 15 tokens (33 ms vs 1,031 ms).
   bool prefix_cache = true;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,

@@ -322,7 +322,8 @@ TEST_F(KvQuantGpu, DecodeAttentionSpeedByMode) {
       const double bytes = 2.0 * (kq.codes.size_bytes() + kq.scales.size_bytes() + kq.biases.size_bytes());
       for (bool tensor_cores : {false, true}) {
         cuda::set_tensor_core_kv_attention(tensor_cores);
-        const char* mode = bits == 8 ? (tensor_cores ? "affine8 mma" : "affine8") : (tensor_cores ? "affine4 mma" : "affine4");
+        const char* mode = bits == 8 ? (tensor_cores ? "affine8 mma" : "affine8")
+                                     : (tensor_cores ? "affine4 mma" : "affine4");
         report(mode, time_ms([&] {
                  return cuda::launch_attention_affine(q.data<float>(), kv, part_m.data<float>(), part_l.data<float>(),
                                                       part_o.data<float>(), out.data<float>(), 1, heads, kv_heads, d,

@@ -29,7 +29,8 @@ __device__ __forceinline__ float rescale(float m, float ref) { return m == -INFI
 // elements past head_dim skipped, slot(r) the partial's index. Every thread of
 // the block calls it after a __syncthreads.
 template <int kWarps, int HB, int HD, typename HeadOk, typename Slot>
-__device__ __forceinline__ void write_block_partials(const float (&warp_m)[kWarps][HB], const float (&warp_l)[kWarps][HB],
+__device__ __forceinline__ void write_block_partials(const float (&warp_m)[kWarps][HB],
+                                                     const float (&warp_l)[kWarps][HB],
                                                      const float (&warp_o)[kWarps][HB][HD], int head_dim,
                                                      HeadOk head_ok, Slot slot, float* part_m, float* part_l,
                                                      float* part_o) {
