@@ -153,7 +153,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("-n,--gen-tokens", f->gen, "Decode lengths, comma-separated (tg rows; 0: none)");
   cmd->add_option("-d,--depth", f->depth, "Tokens already in the cache, comma-separated");
   cmd->add_option("--kv-cache-mode", f->kv_cache_mode,
-                  "KV cache modes, comma-separated: default, bf16, affine8, affine4 (quantized ones: CPU only for now)");
+                  "KV cache modes, comma-separated: default, bf16, affine8, affine4");
   cmd->add_option("-r,--reps", f->reps, "Repetitions per row, after one warm-up")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", f->json, "Print the rows as JSON");
   cmd->add_flag("--baseline", f->baseline, "Also run every row with all levers off, for comparison");
