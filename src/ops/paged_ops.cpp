@@ -193,24 +193,31 @@ void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   compose_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, start_pos, k_cache, v_cache, pages);
 }
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
-                 const KvPages& pages) {
+namespace {
+
+// Dense or affine rows alike: the CPU gathers each sequence's rows (`gather`) for
+// the contiguous reference, CUDA reads through the tables.
+template <typename Rows, typename Gather>
+Tensor attend(const Tensor& q, const Rows& k, const Rows& v, const Tensor& start_pos, float scale,
+              const KvPages& pages, Gather gather) {
   check_pages("attention", pages, q.dim(0), k.device());
   if (q.device() == Device::cpu)
-    return attention_gathered(q, k, v, host_position(start_pos, "attention"), scale, pages, gather_dense_f32);
+    return attention_gathered(q, k, v, host_position(start_pos, "attention"), scale, pages, gather);
   Tensor out = Tensor::empty(q.shape(), DType::f32, q.device());
   cuda::attention(q, k, v, start_pos, scale, out, pages);
   return out;
 }
 
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
+                 const KvPages& pages) {
+  return attend(q, k, v, start_pos, scale, pages, gather_dense_f32);
+}
+
 Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale,
                  const KvPages& pages) {
-  check_pages("attention", pages, q.dim(0), k.device());
-  if (q.device() == Device::cpu)
-    return attention_gathered(q, k, v, host_position(start_pos, "attention"), scale, pages, gather_affine);
-  Tensor out = Tensor::empty(q.shape(), DType::f32, q.device());
-  cuda::attention(q, k, v, start_pos, scale, out, pages);
-  return out;
+  return attend(q, k, v, start_pos, scale, pages, gather_affine);
 }
 
 }  // namespace paged
