@@ -175,22 +175,30 @@ void store_rows(const Tensor& x, AffineRows& dst, const Tensor& start_pos, const
   }
 }
 
-void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                        float eps, const RopeTable& rope, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache,
-                        const KvPages& pages) {
+namespace {
+
+// Dense or affine caches alike: the fused kernel on CUDA, the composition on the CPU.
+template <typename Cache>
+void rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                const RopeTable& rope, const Tensor& start_pos, Cache& k_cache, Cache& v_cache, const KvPages& pages) {
   check_pages("qk_norm_rope_store", pages, q.dim(0), k_cache.device());
   if (q.device() == Device::cuda)
     return cuda::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, start_pos, k_cache, v_cache, pages);
   compose_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, start_pos, k_cache, v_cache, pages);
 }
 
+}  // namespace
+
+void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                        float eps, const RopeTable& rope, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache,
+                        const KvPages& pages) {
+  rope_store(q, k, v, q_norm, k_norm, eps, rope, start_pos, k_cache, v_cache, pages);
+}
+
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                         float eps, const RopeTable& rope, const Tensor& start_pos, AffineRows& k_cache,
                         AffineRows& v_cache, const KvPages& pages) {
-  check_pages("qk_norm_rope_store", pages, q.dim(0), k_cache.device());
-  if (q.device() == Device::cuda)
-    return cuda::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, start_pos, k_cache, v_cache, pages);
-  compose_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, rope, start_pos, k_cache, v_cache, pages);
+  rope_store(q, k, v, q_norm, k_norm, eps, rope, start_pos, k_cache, v_cache, pages);
 }
 
 namespace {
