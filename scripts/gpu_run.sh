@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere
 # (the device machine of our workplace has no Debian packages): .devrun/ holds
 # bin.tar.xz (mere, mere_gpu_tests) and libs.tar.xz (libfmt, libpcre2, ICU). Logs go to $OUT.
-# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [moe] [quant] [quant_moe] [kv]; MERE_DEVRUN names the pack
+# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [moe] [quant] [quant_moe] [kv] [tc_matvec]; MERE_DEVRUN names the pack
 # (default .devrun), GTEST_FILTER picks tests.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -95,6 +95,16 @@ for what in "${@:-tests bench}"; do
       for q in int8 int4; do  # lever int8_activation_matvec (decode only)
         MERERUN_INT8_ACTIVATION_MATVEC=1 "$m" bench --device cuda --shape llama3-8b --quant $q -p 0 -n 128 -r 3 2>&1 |
           tee -a "$out/quant.log"
+      done ;;
+    tc_matvec)  # lever tensor_core_affine_matvec off and on: int8/int4 decode at batch 1, 2, 4 and 8
+      m="$bin/mere"
+      for shape in llama3-8b qwen3-0.6b; do
+        for q in int8 int4; do
+          for on in 0 1; do
+            MERERUN_TENSOR_CORE_AFFINE_MATVEC=$on "$m" bench --device cuda --shape $shape --quant $q -p 0 -n 128 \
+              --batch 1,2,4,8 -r 3 2>&1 | tee -a "$out/tc_matvec.log"
+          done
+        done
       done ;;
     quant_moe)  # the Qwen3-30B-A3B shape's int8/int4 decode, lever int8_activation_matvec off and on
       m="$bin/mere"

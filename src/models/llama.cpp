@@ -169,7 +169,8 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* cons
                               .matvec_split_k = info_.options.matvec_split_k,
                               .fp8_activation_gemm = info_.options.fp8_activation_gemm,
                               .int8_activation_matvec = info_.options.int8_activation_matvec,
-                              .tensor_core_kv_attention = info_.options.tensor_core_kv_attention});
+                              .tensor_core_kv_attention = info_.options.tensor_core_kv_attention,
+                              .tensor_core_affine_matvec = info_.options.tensor_core_affine_matvec});
   const bool fold_norms = info_.options.fuse_norm_matvec;
 
   Tensor h = ops::embed(tok_embed_, ids);                                      // [T, d_model], the residual

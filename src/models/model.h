@@ -31,6 +31,8 @@ struct LoadOptions {
   bool int8_activation_matvec = false;
   // Decode attention over affine KV caches on the tensor cores (lever tensor_core_kv_attention).
   bool tensor_core_kv_attention = false;
+  // MLX affine decode matvecs on the tensor cores (lever tensor_core_affine_matvec).
+  bool tensor_core_affine_matvec = false;
   // MoE experts' gate and up stacked into one matrix per expert (lever fused_moe_gate_up).
   bool fuse_moe_gate_up = false;
 };

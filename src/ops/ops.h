@@ -64,6 +64,7 @@ struct LaunchSettings {
   bool fp8_activation_gemm = false;  // lever fp8_activation_gemm: FP8 prefill with E4M3 activations
   bool int8_activation_matvec = false;  // lever int8_activation_matvec: affine decode matvecs on int8 x
   bool tensor_core_kv_attention = false;  // lever tensor_core_kv_attention: affine8/affine4 KV attention on mma
+  bool tensor_core_affine_matvec = false;  // lever tensor_core_affine_matvec: affine decode matvecs on mma
 };
 void set_launch_settings(const LaunchSettings& settings);
 

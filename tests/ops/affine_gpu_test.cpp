@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "core/device.h"
@@ -94,6 +95,86 @@ TEST_F(Affine, MatvecAndPrefillMatchTheDequantizedReference) {
                         1e-5f)
                   << label << " L1";
           }
+}
+
+// Lever tensor_core_affine_matvec: the tensor-core matvec (x as f16 hi + lo
+// scaled per group, f32 sums) against the f32 reference: T 1-8, int4/int8,
+// groups 32/64/128, scale dtypes, with and without bias, rows off the 16-row
+// tiles, more tiles than blocks (9000 rows) and split-K (4096 wide). ops::linear
+// runs it, under the lever, from 2 tokens where it applies (bit for bit the
+// direct launch); elsewhere (one token, T > 8, a row not a whole number of
+// group pairs) the other kernels, bit for bit.
+TEST_F(Affine, TensorCoreMatvecMatchesTheDequantizedReference) {
+  struct Shape2 { int64_t in, out; };
+  const Shape2 shapes[] = {{512, 77}, {1024, 131}, {4096, 40}, {256, 9000}, {384, 33}};
+  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
+  int n = 0;
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (DType dt : {DType::bf16, DType::f16, DType::f32})
+        for (int64_t T : {1, 2, 3, 5, 8, 17})
+          for (bool with_bias : {false, true}) {
+            const Shape2 s = shapes[n++ % 5];
+            if (s.in % group) continue;
+            const uint64_t seed = uint64_t(n) * 104729;
+            Weight w(random_affine(s.out, s.in, bits, group, dt, seed), s.in);
+            Tensor x = random({T, s.in}, DType::f32, seed + 3);
+            Tensor b = with_bias ? random({s.out}, DType::f32, seed + 4, 0.1f) : Tensor();
+            Tensor want = ops::linear(x, w.dequantize(DType::f32), b);
+            const Weight wg = w.to_device(Device::cuda);
+            const Tensor xg = gpu(x), bg = with_bias ? gpu(b) : Tensor();
+            const std::string label = fmt::format("tensor-core int{} g{} {} T={} {}x{}{}", bits, group, dtype_name(dt),
+                                                  T, s.out, s.in, with_bias ? " +bias" : "");
+            const mere::cuda::AffineArgs a = args_of(wg);
+            const bool supported = mere::cuda::affine_matvec_mma_supports(a, T);
+            const bool whole_pairs = s.in % (2 * group) == 0;  // and x fits in shared memory (T x in up to ~32k)
+            if (T <= 4 && whole_pairs) EXPECT_TRUE(supported) << label;
+            if (T > 8 || !whole_pairs) EXPECT_FALSE(supported) << label;
+            Tensor direct;
+            if (supported) {
+              direct = Tensor::empty({T, s.out}, DType::f32, Device::cuda);
+              Tensor scratch = Tensor::empty({mere::cuda::affine_matvec_mma_scratch_bytes(a, T)}, DType::u8, Device::cuda);
+              ASSERT_EQ(mere::cuda::launch_affine_matvec_mma(a, xg.data<float>(), with_bias ? bg.data<float>() : nullptr,
+                                                             direct.data<float>(), T, scratch.raw(), stream),
+                        cudaSuccess);
+              EXPECT_LE(relative_error(direct, want, label), 1e-5f) << label;
+              direct = direct.to_device(Device::cpu);
+            }
+            ops::set_launch_settings({});
+            const Tensor cuda_cores = ops::linear(xg, wg, bg).to_device(Device::cpu);
+            ops::set_launch_settings({.tensor_core_affine_matvec = true});
+            const Tensor got = ops::linear(xg, wg, bg).to_device(Device::cpu);
+            ops::set_launch_settings({});
+            const bool applies = supported && T >= 2;
+            const Tensor& expected = applies ? direct : cuda_cores;
+            EXPECT_EQ(std::memcmp(got.raw(), expected.raw(), got.size_bytes()), 0) << label;
+            if (applies) EXPECT_NE(std::memcmp(got.raw(), cuda_cores.raw(), got.size_bytes()), 0) << label;
+          }
+}
+
+// x far outside f16's range, in both directions and in one row: each group of
+// each token is scaled by its own power of two before the f16 split, so huge
+// values do not overflow and tiny ones keep their digits.
+TEST_F(Affine, TensorCoreMatvecKeepsHugeAndTinyInputs) {
+  const int64_t in = 1024, out = 96;
+  for (int bits : {4, 8}) {
+    Weight w(random_affine(out, in, bits, 64, DType::bf16, 77 + bits), in);
+    Tensor x = random({3, in}, DType::f32, 5);
+    float* v = x.data<float>();
+    for (int64_t i = 0; i < in; ++i) {
+      v[i] *= 3e5f;                                         // token 0: beyond f16's 65504
+      v[in + i] *= 1e-7f;                                   // token 1: below f16's normal range
+      v[2 * in + i] *= float(1 << ((i / 64) % 16)) * 1e-3f;  // token 2: each group at its own scale
+    }
+    const Tensor want = ops::linear(x, w.dequantize(DType::f32), Tensor());
+    ops::set_launch_settings({.tensor_core_affine_matvec = true});
+    const Tensor got = ops::linear(gpu(x), w.to_device(Device::cuda), Tensor()).to_device(Device::cpu);
+    ops::set_launch_settings({});
+    for (int64_t t = 0; t < 3; ++t) {
+      const std::string label = fmt::format("int{} token {}", bits, t);
+      EXPECT_LE(relative_error(got.slice_rows(t, t + 1), want.slice_rows(t, t + 1), label), 1e-5f) << label;
+    }
+  }
 }
 
 // More rows than one wave of blocks: staged blocks loop over row blocks, also
@@ -302,6 +383,7 @@ TEST_F(Affine, TimingOnLlama3Matrices) {
         mere::cuda::AffineArgs a{packed.data<uint32_t>(), scales.raw(), biases.raw(), DType::bf16, bits, group, m.in,
                                  m.out};
         const double bytes = double(packed.size_bytes() + scales.size_bytes() + biases.size_bytes());
+        Tensor scratch = Tensor::empty({mere::cuda::affine_matvec_mma_scratch_bytes(a, 8)}, DType::u8, Device::cuda);
         auto run = [&](int64_t T, mere::cuda::AffineMatvecPlan hint) {
           const mere::cuda::AffineMatvecPlan plan = mere::cuda::affine_matvec_plan(a, T, hint);
           report(fmt::format("{:8s} {}x{} int{} g{} T={} R{} B{} split{} {}", m.name, m.out, m.in, bits, group, T,
@@ -313,6 +395,13 @@ TEST_F(Affine, TimingOnLlama3Matrices) {
         };
         run(1, {});
         run(1, {.stage = 2});
+        for (int64_t T : {1, 2, 4, 8})  // lever tensor_core_affine_matvec
+          if (T == 1 || group == 64)
+            report(fmt::format("{:8s} {}x{} int{} g{} T={} tensor cores", m.name, m.out, m.in, bits, group, T), bytes,
+                   seconds_per_launch([&] {
+                     mere::cuda::launch_affine_matvec_mma(a, x.data<float>(), nullptr, y.data<float>(), T,
+                                                          scratch.raw(), stream);
+                   }));
         if (group != 64) continue;
         for (int64_t T : {2, 4, 8}) run(T, {});
         for (int64_t T : {2, 4, 8}) run(T, {.stage = 2});

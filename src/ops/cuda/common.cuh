@@ -57,7 +57,6 @@ __device__ __forceinline__ void allow_next_kernel() { asm volatile("griddepcontr
 
 bool programmatic_launch_enabled();  // launch.cu
 bool matvec_split_k_enabled();        // launch.cu
-bool int8_activation_matvec_enabled();  // launch.cu
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), with the programmatic
 // launch attribute when the lever is on.

@@ -1,6 +1,6 @@
 // Launch settings the kernel launchers share (levers programmatic_launch,
-// matvec_split_k, fp8_activation_gemm, int8_activation_matvec and
-// tensor_core_kv_attention).
+// matvec_split_k, fp8_activation_gemm, int8_activation_matvec,
+// tensor_core_kv_attention and tensor_core_affine_matvec).
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -11,6 +11,7 @@ bool matvec_split_k = false;
 bool fp8_activation_gemm = false;
 bool int8_activation_matvec = false;
 bool tensor_core_kv_attention = false;
+bool tensor_core_affine_matvec = false;
 }
 
 bool programmatic_launch_enabled() { return programmatic_launch; }
@@ -23,5 +24,7 @@ bool int8_activation_matvec_enabled() { return int8_activation_matvec; }
 void set_int8_activation_matvec(bool on) { int8_activation_matvec = on; }
 bool tensor_core_kv_attention_enabled() { return tensor_core_kv_attention; }
 void set_tensor_core_kv_attention(bool on) { tensor_core_kv_attention = on; }
+bool tensor_core_affine_matvec_enabled() { return tensor_core_affine_matvec; }
+void set_tensor_core_affine_matvec(bool on) { tensor_core_affine_matvec = on; }
 
 }  // namespace mere::cuda

@@ -30,10 +30,15 @@ bool fp8_activation_gemm_enabled();
 // MLX affine decode matvecs quantize x to int8 per 32 values and use dp4a (lever
 // int8_activation_matvec); off: f32 x. Off by default.
 void set_int8_activation_matvec(bool on);
+bool int8_activation_matvec_enabled();
 // Decode attention over affine8/affine4 caches on the tensor cores (lever
 // tensor_core_kv_attention, attention_affine_mma.cu); off: the CUDA-core kernel.
 void set_tensor_core_kv_attention(bool on);
 bool tensor_core_kv_attention_enabled();
+// MLX affine decode matvecs (T <= 8) on the tensor cores (lever
+// tensor_core_affine_matvec, affine_matvec_mma.cu); off: the CUDA-core kernels.
+void set_tensor_core_affine_matvec(bool on);
+bool tensor_core_affine_matvec_enabled();
 
 // y[T, out] = x'[T, in] w[out, in]^T (+ bias[out]), x' the input as `input` forms
 // it; T <= kMaxMatvecTokens, rows 16-byte aligned (in * sizeof(w) % 16 == 0).

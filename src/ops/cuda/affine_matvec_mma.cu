@@ -1,0 +1,495 @@
+// MLX affine decode matvecs (T <= 8 tokens) on the tensor cores: lever
+// tensor_core_affine_matvec.
+//
+// Why: the CUDA-core matvec (affine_matvec.cu) spends about three instructions
+// per weight and token (unpack, convert, FMA), so int4 is bound by instructions
+// at T = 1 and every T costs another pass of FMAs. Here a 16-row tile of codes
+// is the mma's A operand and x its B operand, so T = 8 costs the weight reads
+// of T = 1 plus one more mma per step.
+//
+// Exactness: a code c enters A as the f16 value kOffset + c (8 bits: 1024 + c,
+// one byte permute for two codes; 4 bits: 16 + c, a shift and a mask). x enters
+// B as two f16 halves, hi = f16(x') and lo = f16(x' - hi), x' = x 2^k with a
+// power of two k per group and token that puts the group's largest |x'| in
+// [2^14, 2^15) (22 significant bits, no overflow). hi and lo are two columns
+// of B, so for T <= 4 one m16n8k16 mma sums both for all tokens. Per group and
+// token, with S = sum(hi + lo) over the group (staged with x):
+//   sum w x = 2^-k (scale (C_hi + C_lo - kOffset S) + bias S)
+// in f32, C the mma's f32 sums.
+//
+// Shape: a first kernel converts x once into a scratch buffer, the image of
+// what every block stages in shared memory: rows (t, hi|lo) of f16 in each
+// group's order of the codes (4 bits: runs of 8 as 0 4 1 5 2 6 3 7, the pairs a
+// shift and mask unpack), then {S, 2^-k} per token and group. Each matvec block
+// copies it with cp.async (converting it in every block cost more than the
+// weights of a small matrix). Each warp streams its 16-row tiles' codes, two
+// groups a stage with their scales and biases, through a ring of cp.async
+// stages in shared memory (several KB in flight per warp, none in registers);
+// `split` warps share a tile's groups and add their sums in a fixed order.
+// Lane (g, q) = (lane / 4, lane % 4) owns rows g and g + 8 of a tile and the
+// codes [q G / 4, (q + 1) G / 4) of each group G: mma step s takes 4 of them,
+// whose x sit at the same place in the staged row, so the k order inside a
+// group is the lanes', and each group's sums stay apart.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "ops/cuda/affine_launchers.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/launchers.h"
+
+namespace mere::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kTileRows = 16;
+constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight
+constexpr int kRowPad = 16;           // bytes after each staged row of codes: no bank conflicts
+constexpr int kXPad = 4;              // halves after each staged row of x: the same
+
+template <int kBits, int kGroup, typename S>
+struct Shape {
+  static constexpr int kRowBytes = 2 * kGroup * kBits / 8;  // a stage: two groups of a row
+  static constexpr int kRowStride = kRowBytes + kRowPad;
+  static constexpr int kCodeBytes = kTileRows * kRowStride;
+  static constexpr int kScaleBytes = kTileRows * 2 * 2 * int(sizeof(S));  // scales [16][2], biases [16][2]
+  static constexpr int kStageBytes = (kCodeBytes + kScaleBytes + 15) / 16 * 16;
+  static constexpr int kStages = std::max(3, kRingBytes / kStageBytes);
+  static constexpr int kLaneWords = kGroup * kBits / 32 / 4;  // a lane's codes of one group of a row
+  static constexpr int kSteps = kGroup / 16;                  // k16 steps per group
+  static constexpr float kOffset = kBits == 8 ? 1024.0f : 16.0f;
+};
+
+struct Problem {
+  const uint8_t* packed;
+  const void* scales;
+  const void* biases;
+  const float* x;
+  const uint8_t* staged;  // x converted (prepare kernel): the image of a block's x and sums
+  const float* bias;
+  float* y;
+  int in, out, T;
+  int n_groups;  // per row
+  int split;     // warps per tile
+  int n_units;   // units of kWarps / split tiles
+};
+
+// The converted x, and the start of a block's shared memory: rows (t, hi|lo)
+// [2T][in + kXPad] f16, then {S, 2^-k} [T][n_groups]; then the warps' rings
+// and their partial sums [kWarps][32] float4.
+struct Layout {
+  int x_stride;  // halves
+  int64_t x_bytes, staged_bytes, ring_bytes, total;
+};
+Layout layout(int in, int n_groups, int T, int stage_bytes, int stages) {
+  Layout l;
+  l.x_stride = in + kXPad;
+  l.x_bytes = int64_t(2) * T * l.x_stride * 2;  // a multiple of 16: in % 64 == 0
+  l.staged_bytes = l.x_bytes + (int64_t(T) * n_groups * 8 + 15) / 16 * 16;
+  l.ring_bytes = int64_t(kWarps) * stages * stage_bytes;
+  l.total = l.staged_bytes + l.ring_bytes + kWarps * 32 * 16;
+  return l;
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src));
+}
+template <int kBytes>
+__device__ __forceinline__ void cp_async_small(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src),
+               "n"(kBytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint2 b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+}
+
+// Two codes as the f16 pair (kOffset + c, kOffset + c') for A slots (2q, 2q+1)
+// or (2q+8, 2q+9). 8 bits: codes 2i and 2i + 1 of the word. 4 bits: nibbles i
+// and i + 4 (a shift puts them at bits 6-9 and 22-25, where the exponent of 16
+// gives them a weight of 1).
+template <int kBits>
+__device__ __forceinline__ uint32_t code_pair(uint32_t word, int i) {
+  if constexpr (kBits == 8) {
+    return __byte_perm(word, 0x64u, i == 0 ? 0x4140 : 0x4342);
+  } else {
+    const uint32_t shifted = i == 0 ? word << 6 : i == 1 ? word << 2 : i == 2 ? word >> 2 : word >> 6;
+    return (shifted & 0x03C003C0u) | 0x4C004C00u;
+  }
+}
+
+__device__ __forceinline__ uint32_t f16x2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// x [T, in] into the staged image: a thread takes a run of 8 values (4 bits:
+// stored as 0 4 1 5 2 6 3 7), G / 8 threads a group (aligned within the warp).
+template <int kBits, int kGroup>
+__global__ void affine_mma_prepare_kernel(const float* x, int T, int in, int x_stride, uint8_t* staged,
+                                          int64_t x_bytes) {
+  constexpr int kLanes = kGroup / 8;
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int runs = in / 8, i = blockIdx.x * blockDim.x + threadIdx.x;  // T * runs is a multiple of kLanes
+  if (i - int(threadIdx.x % 32) >= T * runs) return;                    // the whole warp is past the end
+  const bool active = i < T * runs;
+  const int t = active ? i / runs : 0, e = active ? 8 * (i - t * runs) : 0;
+  const float4* src = reinterpret_cast<const float4*>(x + int64_t(t) * in + e);
+  const float4 a = active ? __ldg(src) : make_float4(0, 0, 0, 0), b = active ? __ldg(src + 1) : a;
+  float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  float amax = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+#pragma unroll
+  for (int o = 1; o < kLanes; o *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  int exponent = 0;
+  frexpf(amax, &exponent);  // amax in [2^(exponent-1), 2^exponent)
+  const bool scaled = amax > 0 && amax <= 3.0e38f;
+  exponent = max(exponent, -100);
+  const float up = scaled ? ldexpf(1.0f, 15 - exponent) : 1.0f, down = scaled ? ldexpf(1.0f, exponent - 15) : 1.0f;
+  float sum = 0;
+  uint32_t hi[4], lo[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    // The pair (v[j0], v[j1]) in staged order: 8 bits in place, 4 bits (k, k + 4).
+    const int j0 = kBits == 8 ? 2 * k : k, j1 = kBits == 8 ? 2 * k + 1 : k + 4;
+    const float x0 = v[j0] * up, x1 = v[j1] * up;
+    hi[k] = f16x2(x0, x1);
+    const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&hi[k]));
+    lo[k] = f16x2(x0 - h.x, x1 - h.y);
+    const float2 l = __half22float2(*reinterpret_cast<const __half2*>(&lo[k]));
+    sum += (h.x + l.x) + (h.y + l.y);
+  }
+#pragma unroll
+  for (int o = 1; o < kLanes; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (!active) return;
+  // Rows start 8 bytes apart from 16-byte alignment (the padding): 8-byte stores.
+  uint2* row = reinterpret_cast<uint2*>(staged + int64_t(2 * t) * x_stride * 2 + int64_t(e) * 2);
+  uint2* row_lo = reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(row) + int64_t(x_stride) * 2);
+  row[0] = make_uint2(hi[0], hi[1]), row[1] = make_uint2(hi[2], hi[3]);
+  row_lo[0] = make_uint2(lo[0], lo[1]), row_lo[1] = make_uint2(lo[2], lo[3]);
+  if (threadIdx.x % kLanes == 0)
+    reinterpret_cast<float2*>(staged + x_bytes)[t * (in / kGroup) + e / kGroup] = make_float2(sum, down);
+}
+
+template <int kWords>
+__device__ __forceinline__ void load_words(uint32_t (&w)[kWords], const uint8_t* src) {
+  if constexpr (kWords == 1) {
+    w[0] = *reinterpret_cast<const uint32_t*>(src);
+  } else if constexpr (kWords == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(src);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kWords / 4; ++k) {
+      const uint4 v = reinterpret_cast<const uint4*>(src)[k];
+      w[4 * k] = v.x, w[4 * k + 1] = v.y, w[4 * k + 2] = v.z, w[4 * k + 3] = v.w;
+    }
+  }
+}
+
+// The two groups' values of a stage's row (scales or biases [16][2]).
+template <typename S>
+__device__ __forceinline__ float2 load_pair(const S* p) {
+  if constexpr (sizeof(S) == 4) {
+    return *reinterpret_cast<const float2*>(p);
+  } else {
+    using S2 = std::conditional_t<std::is_same_v<S, __half>, __half2, __nv_bfloat162>;
+    const S2 v = *reinterpret_cast<const S2*>(p);
+    return make_float2(to_float(v.x), to_float(v.y));
+  }
+}
+
+// Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
+// 16 rows, warp w its tile w / split and the share w % split of its stages
+// (pairs of groups).
+template <int kBits, int kGroup, typename S, bool kTwoMma>
+__global__ void __launch_bounds__(kWarps * 32)
+    affine_matvec_mma_kernel(const __grid_constant__ Problem p, int x_stride, int64_t x_bytes, int64_t staged_bytes) {
+  using Sh = Shape<kBits, kGroup, S>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const __half* xs = reinterpret_cast<const __half*>(smem);
+  const float2* sums = reinterpret_cast<const float2*>(smem + x_bytes);
+  uint8_t* ring = smem + staged_bytes + int64_t(threadIdx.x / 32) * Sh::kStages * Sh::kStageBytes;
+  float4* partial = reinterpret_cast<float4*>(smem + staged_bytes + int64_t(kWarps) * Sh::kStages * Sh::kStageBytes);
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
+  const int tiles_per_unit = kWarps / p.split, part = warp % p.split;
+  const int n_pairs = p.n_groups / 2;
+  const int pair_begin = part * n_pairs / p.split, pair_end = (part + 1) * n_pairs / p.split;
+  const int my_units = (p.n_units - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
+  const int n_stages = my_units * (pair_end - pair_begin);
+  const int64_t row_bytes = int64_t(p.in) * kBits / 8;
+  constexpr int kChunks = Sh::kRowBytes / 16;           // 16-byte chunks of a stage's row
+  constexpr int kCopies = kTileRows * kChunks / 32;     // of them per lane and stage
+  constexpr int kSb = 2 * int(sizeof(S));               // a row's two scales (or biases) of a stage
+
+  // The stage to issue next: its tile's first row and its pair, advanced in
+  // order (no divisions in the loop).
+  int issue_row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, issue_pair = pair_begin;
+  const int unit_rows = int(gridDim.x) * tiles_per_unit * kTileRows;
+  const uint8_t* copy_src[kCopies];  // per copy: its row's bytes of this pair's stage
+  const uint8_t* scale_src;          // this lane's row's scales (lanes 0-15) or biases (16-31)
+  auto point_at_tile = [&]() {
+#pragma unroll
+    for (int u = 0; u < kCopies; ++u) {
+      const int c = lane + 32 * u, row = min(issue_row0 + c / kChunks, p.out - 1);
+      copy_src[u] = p.packed + row * row_bytes + (c % kChunks) * 16;
+    }
+    const int row = min(issue_row0 + lane % kTileRows, p.out - 1);
+    scale_src = static_cast<const uint8_t*>(lane < kTileRows ? p.scales : p.biases) + int64_t(row) * p.n_groups * sizeof(S);
+  };
+  point_at_tile();
+  int issue_slot = 0;
+  auto issue = [&]() {
+    uint8_t* slot = ring + issue_slot * Sh::kStageBytes;
+#pragma unroll
+    for (int u = 0; u < kCopies; ++u) {
+      const int c = lane + 32 * u;
+      cp_async16(slot + (c / kChunks) * Sh::kRowStride + (c % kChunks) * 16, copy_src[u] + issue_pair * Sh::kRowBytes);
+    }
+    cp_async_small<kSb>(slot + Sh::kCodeBytes + lane * kSb, scale_src + issue_pair * kSb);
+    issue_slot = issue_slot + 1 == Sh::kStages ? 0 : issue_slot + 1;
+    if (++issue_pair == pair_end) {
+      issue_pair = pair_begin;
+      issue_row0 += unit_rows;
+      point_at_tile();
+    }
+  };
+
+  // Weights never change during a forward: the first stages load before the wait.
+#pragma unroll
+  for (int i = 0; i < Sh::kStages - 1; ++i) {
+    if (i < n_stages) issue();
+    cp_async_commit();
+  }
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  for (int64_t b = int64_t(threadIdx.x) * 16; b < staged_bytes; b += int64_t(blockDim.x) * 16)
+    cp_async16(smem + b, p.staged + b);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  float acc[2][2] = {};  // [token q, 4 + q][row g, g + 8]
+  const int t0 = min(q, p.T - 1), t1 = min(4 + q, p.T - 1);
+  // B rows: column n = lane / 4 is token n / 2 (n / 2 + 4), half n % 2.
+  const int col_t0 = min(g / 2, p.T - 1), col_t1 = min(4 + g / 2, p.T - 1);
+  const __half* b_row0 = xs + (2 * col_t0 + g % 2) * x_stride + q * (kGroup / 4);
+  const __half* b_row1 = xs + (2 * col_t1 + g % 2) * x_stride + q * (kGroup / 4);
+  int row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, pair = pair_begin, slot_index = 0;
+
+  for (int i = 0; i < n_stages; ++i) {
+    if (i + Sh::kStages - 1 < n_stages) issue();
+    cp_async_commit();
+    cp_async_wait<Sh::kStages - 1>();
+    __syncwarp();
+    const uint8_t* slot = ring + slot_index * Sh::kStageBytes;
+    slot_index = slot_index + 1 == Sh::kStages ? 0 : slot_index + 1;
+    const S* st_scales = reinterpret_cast<const S*>(slot + Sh::kCodeBytes);
+    const S* st_biases = st_scales + kTileRows * 2;
+    const float2 s_top = load_pair(st_scales + g * 2), s_bottom = load_pair(st_scales + (g + 8) * 2);
+    const float2 b_top = load_pair(st_biases + g * 2), b_bottom = load_pair(st_biases + (g + 8) * 2);
+#pragma unroll
+    for (int gi = 0; gi < 2; ++gi) {
+      const int group = 2 * pair + gi;
+      uint32_t top[Sh::kLaneWords], bottom[Sh::kLaneWords];  // rows g and g + 8
+      const int at = gi * (Sh::kRowBytes / 2) + q * Sh::kLaneWords * 4;
+      load_words(top, slot + g * Sh::kRowStride + at);
+      load_words(bottom, slot + (g + 8) * Sh::kRowStride + at);
+      float c0[4] = {}, c1[4] = {};
+#pragma unroll
+      for (int s = 0; s < Sh::kSteps; ++s) {
+        uint32_t a[4];
+        if constexpr (kBits == 8) {
+          a[0] = code_pair<8>(top[s], 0), a[1] = code_pair<8>(bottom[s], 0);
+          a[2] = code_pair<8>(top[s], 1), a[3] = code_pair<8>(bottom[s], 1);
+        } else {
+          const int n = 2 * (s % 2);
+          a[0] = code_pair<4>(top[s / 2], n), a[1] = code_pair<4>(bottom[s / 2], n);
+          a[2] = code_pair<4>(top[s / 2], n + 1), a[3] = code_pair<4>(bottom[s / 2], n + 1);
+        }
+        const int x_at = group * kGroup + 4 * s;
+        mma(c0, a, *reinterpret_cast<const uint2*>(b_row0 + x_at));
+        if constexpr (kTwoMma) mma(c1, a, *reinterpret_cast<const uint2*>(b_row1 + x_at));
+      }
+      const float st = gi ? s_top.y : s_top.x, sb = gi ? s_bottom.y : s_bottom.x;
+      const float bt = (gi ? b_top.y : b_top.x) - Sh::kOffset * st, bb = (gi ? b_bottom.y : b_bottom.x) - Sh::kOffset * sb;
+      const float2 m0 = sums[t0 * p.n_groups + group];
+      acc[0][0] += m0.y * fmaf(st, c0[0] + c0[1], bt * m0.x);
+      acc[0][1] += m0.y * fmaf(sb, c0[2] + c0[3], bb * m0.x);
+      if constexpr (kTwoMma) {
+        const float2 m1 = sums[t1 * p.n_groups + group];
+        acc[1][0] += m1.y * fmaf(st, c1[0] + c1[1], bt * m1.x);
+        acc[1][1] += m1.y * fmaf(sb, c1[2] + c1[3], bb * m1.x);
+      }
+    }
+    __syncwarp();  // the slot is refilled next iteration
+    if (++pair != pair_end) continue;
+
+    // The tile's last stage: the split warps' sums meet, in a fixed order.
+    if (p.split > 1) {
+      partial[warp * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[1][0], acc[1][1]);
+      __syncthreads();
+      if (part == 0)
+        for (int w = warp + 1; w < warp + p.split; ++w) {
+          const float4 o = partial[w * 32 + lane];
+          acc[0][0] += o.x, acc[0][1] += o.y, acc[1][0] += o.z, acc[1][1] += o.w;
+        }
+      __syncthreads();
+    }
+    if (part == 0) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int t = 4 * u + q, row = row0 + g + 8 * r;
+          if (t < p.T && row < p.out) p.y[int64_t(t) * p.out + row] = acc[u][r] + (p.bias ? p.bias[row] : 0.0f);
+        }
+    }
+    acc[0][0] = acc[0][1] = acc[1][0] = acc[1][1] = 0;
+    pair = pair_begin;
+    row0 += unit_rows;
+  }
+  cp_async_wait<0>();
+}
+
+// ---- host side ----
+
+int sm_count() {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+    return n;
+  }();
+  return sms;
+}
+int max_smem() {
+  static const int bytes = [] {
+    int device = 0, n = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    return n;
+  }();
+  return bytes;
+}
+
+template <int kBits, int kGroup, typename S, bool kTwoMma>
+struct Variant {
+  using Sh = Shape<kBits, kGroup, S>;
+  static constexpr auto kernel = affine_matvec_mma_kernel<kBits, kGroup, S, kTwoMma>;
+
+  static Layout layout_for(const AffineArgs& w, int64_t T) {
+    return layout(int(w.in), int(w.in / kGroup), int(T), Sh::kStageBytes, Sh::kStages);
+  }
+  static int blocks_per_sm(int64_t smem) {
+    static const cudaError_t raised = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
+    (void)raised;
+    int blocks = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, size_t(smem));
+    return blocks;
+  }
+
+  static cudaError_t launch(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T, void* scratch,
+                            cudaStream_t stream) {
+    const Layout l = layout_for(w, T);
+    if (l.total > max_smem()) return cudaErrorInvalidValue;
+    const int per_sm = blocks_per_sm(l.total);
+    if (per_sm < 1) return cudaErrorInvalidValue;
+    const int64_t slots = int64_t(per_sm) * sm_count();
+    const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), n_pairs = int(w.in / kGroup / 2);
+    // Split-K: the fewest warps per tile whose units fill the slots as well as
+    // any, each warp keeping its ring full.
+    int split = 1;
+    double best = 0;
+    for (int s = 1; s <= kWarps && n_pairs / s >= 1; s *= 2) {
+      const int64_t units = (n_tiles + kWarps / s - 1) / (kWarps / s);
+      const double waves = double((units + slots - 1) / slots);
+      const double fill = double(units) / (waves * double(slots));
+      if (fill > best * 1.05 && (s == 1 || n_pairs / s >= Sh::kStages - 1)) best = fill, split = s;
+    }
+    Problem p{};
+    p.packed = reinterpret_cast<const uint8_t*>(w.packed);
+    p.scales = w.scales;
+    p.biases = w.biases;
+    p.x = x;
+    p.staged = static_cast<const uint8_t*>(scratch);
+    p.bias = bias;
+    p.y = y;
+    p.in = int(w.in);
+    p.out = int(w.out);
+    p.T = int(T);
+    p.n_groups = int(w.in / kGroup);
+    p.split = split;
+    p.n_units = (n_tiles + kWarps / split - 1) / (kWarps / split);
+    const int threads = int(T * w.in / 8);
+    cudaError_t status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup>, dim3(ceil_div(threads, 256)),
+                                       dim3(256), 0, stream, x, int(T), int(w.in), l.x_stride,
+                                       static_cast<uint8_t*>(scratch), l.x_bytes);
+    if (status != cudaSuccess) return status;
+    const int grid = int(std::min<int64_t>(p.n_units, slots));
+    return launch_kernel(kernel, dim3(grid), dim3(kWarps * 32), size_t(l.total), stream, p, l.x_stride, l.x_bytes,
+                         l.staged_bytes);
+  }
+};
+
+// Calls fn with the Variant for the weight's bits, group, scale type and T.
+template <typename Fn>
+cudaError_t visit_variant(const AffineArgs& w, int64_t T, Fn&& fn) {
+  return visit_float(w.scale_dtype, [&]<typename S>() {
+    auto by_group = [&]<int kBits, bool kTwo>() {
+      if (w.group_size == 32) fn(Variant<kBits, 32, S, kTwo>{});
+      else if (w.group_size == 64) fn(Variant<kBits, 64, S, kTwo>{});
+      else fn(Variant<kBits, 128, S, kTwo>{});
+    };
+    const bool two = T > 4;
+    if (w.bits == 4)
+      two ? by_group.template operator()<4, true>() : by_group.template operator()<4, false>();
+    else
+      two ? by_group.template operator()<8, true>() : by_group.template operator()<8, false>();
+  });
+}
+
+bool shape_supported(const AffineArgs& w, int64_t T) {
+  if (T < 1 || T > 8 || (w.bits != 4 && w.bits != 8)) return false;
+  if (w.group_size != 32 && w.group_size != 64 && w.group_size != 128) return false;
+  if (w.in <= 0 || w.out <= 0 || w.in % (2 * w.group_size) != 0 || w.in > (1 << 20) || w.out > (1 << 30)) return false;
+  const size_t scale_size = w.scale_dtype == DType::f32 ? 4 : 2;
+  const auto aligned = [](const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+  return aligned(w.packed, 16) && aligned(w.scales, 2 * scale_size) && aligned(w.biases, 2 * scale_size);
+}
+
+}  // namespace
+
+bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T) {
+  if (!shape_supported(w, T)) return false;
+  bool fits = false;
+  visit_variant(w, T, [&](auto variant) { fits = decltype(variant)::layout_for(w, T).total <= max_smem(); });
+  return fits;
+}
+
+int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T) {
+  return layout(int(w.in), int(w.in / w.group_size), int(T), 0, 0).staged_bytes;
+}
+
+cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,
+                                     void* scratch, cudaStream_t stream) {
+  if (!shape_supported(w, T) || reinterpret_cast<uintptr_t>(x) % 16 || reinterpret_cast<uintptr_t>(scratch) % 16)
+    return cudaErrorInvalidValue;
+  cudaError_t status = cudaSuccess;
+  const cudaError_t dispatch =
+      visit_variant(w, T, [&](auto variant) { status = decltype(variant)::launch(w, x, bias, y, T, scratch, stream); });
+  return status != cudaSuccess ? status : dispatch;
+}
+
+}  // namespace mere::cuda
