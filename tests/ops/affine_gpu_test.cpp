@@ -395,8 +395,8 @@ TEST_F(Affine, TimingOnLlama3Matrices) {
         };
         run(1, {});
         run(1, {.stage = 2});
-        for (int64_t T : {1, 2, 4, 8})  // lever tensor_core_affine_matvec
-          if (T == 1 || group == 64)
+        for (int64_t T : {1, 2, 4, 8})  // lever tensor_core_affine_matvec, where x fits in shared memory
+          if ((T == 1 || group == 64) && mere::cuda::affine_matvec_mma_supports(a, T))
             report(fmt::format("{:8s} {}x{} int{} g{} T={} tensor cores", m.name, m.out, m.in, bits, group, T), bytes,
                    seconds_per_launch([&] {
                      mere::cuda::launch_affine_matvec_mma(a, x.data<float>(), nullptr, y.data<float>(), T,
