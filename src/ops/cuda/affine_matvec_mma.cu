@@ -45,14 +45,14 @@ constexpr int kWarps = 8;
 constexpr int kTileRows = 16;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight
 constexpr int kRowPad = 16;           // bytes after each staged row of codes: no bank conflicts
-constexpr int kXPad = 4;              // halves after each staged row of x: the same
+constexpr int kXPad = 8;              // halves after each staged row of x: 16-byte B loads free of bank conflicts (groups of 64)
 
 template <int kBits, int kGroup, typename S>
 struct Shape {
   static constexpr int kRowBytes = 2 * kGroup * kBits / 8;  // a stage: two groups of a row
   static constexpr int kRowStride = kRowBytes + kRowPad;
   static constexpr int kCodeBytes = kTileRows * kRowStride;
-  static constexpr int kScaleBytes = kTileRows * 2 * 2 * int(sizeof(S));  // scales [16][2], biases [16][2]
+  static constexpr int kScaleBytes = kTileRows * 2 * 2 * int(sizeof(S));  // per row: 2 scales, 2 biases
   static constexpr int kStageBytes = (kCodeBytes + kScaleBytes + 15) / 16 * 16;
   static constexpr int kStages = std::max(3, kRingBytes / kStageBytes);
   static constexpr int kLaneWords = kGroup * kBits / 32 / 4;  // a lane's codes of one group of a row
@@ -172,11 +172,9 @@ __global__ void affine_mma_prepare_kernel(const float* x, int T, int in, int x_s
 #pragma unroll
   for (int o = 1; o < kLanes; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   if (!active) return;
-  // Rows start 8 bytes apart from 16-byte alignment (the padding): 8-byte stores.
-  uint2* row = reinterpret_cast<uint2*>(staged + int64_t(2 * t) * x_stride * 2 + int64_t(e) * 2);
-  uint2* row_lo = reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(row) + int64_t(x_stride) * 2);
-  row[0] = make_uint2(hi[0], hi[1]), row[1] = make_uint2(hi[2], hi[3]);
-  row_lo[0] = make_uint2(lo[0], lo[1]), row_lo[1] = make_uint2(lo[2], lo[3]);
+  uint8_t* row = staged + int64_t(2 * t) * x_stride * 2 + int64_t(e) * 2;
+  *reinterpret_cast<uint4*>(row) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  *reinterpret_cast<uint4*>(row + int64_t(x_stride) * 2) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
   if (threadIdx.x % kLanes == 0)
     reinterpret_cast<float2*>(staged + x_bytes)[t * (in / kGroup) + e / kGroup] = make_float2(sum, down);
 }
@@ -197,15 +195,16 @@ __device__ __forceinline__ void load_words(uint32_t (&w)[kWords], const uint8_t*
   }
 }
 
-// The two groups' values of a stage's row (scales or biases [16][2]).
+// A stage's row of scales and biases: {scale 0, scale 1, bias 0, bias 1}, one load.
 template <typename S>
-__device__ __forceinline__ float2 load_pair(const S* p) {
+__device__ __forceinline__ float4 load_scales(const S* p) {
   if constexpr (sizeof(S) == 4) {
-    return *reinterpret_cast<const float2*>(p);
+    return *reinterpret_cast<const float4*>(p);
   } else {
     using S2 = std::conditional_t<std::is_same_v<S, __half>, __half2, __nv_bfloat162>;
-    const S2 v = *reinterpret_cast<const S2*>(p);
-    return make_float2(to_float(v.x), to_float(v.y));
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    const S2 s = *reinterpret_cast<const S2*>(&v.x), b = *reinterpret_cast<const S2*>(&v.y);
+    return make_float4(to_float(s.x), to_float(s.y), to_float(b.x), to_float(b.y));
   }
 }
 
@@ -257,7 +256,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int c = lane + 32 * u;
       cp_async16(slot + (c / kChunks) * Sh::kRowStride + (c % kChunks) * 16, copy_src[u] + issue_pair * Sh::kRowBytes);
     }
-    cp_async_small<kSb>(slot + Sh::kCodeBytes + lane * kSb, scale_src + issue_pair * kSb);
+    cp_async_small<kSb>(slot + Sh::kCodeBytes + (lane % kTileRows) * 2 * kSb + (lane / kTileRows) * kSb,
+                        scale_src + issue_pair * kSb);
     issue_slot = issue_slot + 1 == Sh::kStages ? 0 : issue_slot + 1;
     if (++issue_pair == pair_end) {
       issue_pair = pair_begin;
@@ -296,9 +296,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     const uint8_t* slot = ring + slot_index * Sh::kStageBytes;
     slot_index = slot_index + 1 == Sh::kStages ? 0 : slot_index + 1;
     const S* st_scales = reinterpret_cast<const S*>(slot + Sh::kCodeBytes);
-    const S* st_biases = st_scales + kTileRows * 2;
-    const float2 s_top = load_pair(st_scales + g * 2), s_bottom = load_pair(st_scales + (g + 8) * 2);
-    const float2 b_top = load_pair(st_biases + g * 2), b_bottom = load_pair(st_biases + (g + 8) * 2);
+    const float4 sb_top = load_scales(st_scales + g * 4), sb_bottom = load_scales(st_scales + (g + 8) * 4);
+    // {S, 2^-k} of both groups, per token.
+    const float4 m0 = *reinterpret_cast<const float4*>(sums + t0 * p.n_groups + 2 * pair);
+    float4 m1 = m0;
+    if constexpr (kTwoMma) m1 = *reinterpret_cast<const float4*>(sums + t1 * p.n_groups + 2 * pair);
 #pragma unroll
     for (int gi = 0; gi < 2; ++gi) {
       const int group = 2 * pair + gi;
@@ -306,6 +308,13 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int at = gi * (Sh::kRowBytes / 2) + q * Sh::kLaneWords * 4;
       load_words(top, slot + g * Sh::kRowStride + at);
       load_words(bottom, slot + (g + 8) * Sh::kRowStride + at);
+      // B for the group's steps: 8 halves (two steps) per 16-byte load.
+      uint4 b0[Sh::kSteps / 2], b1[Sh::kSteps / 2];
+#pragma unroll
+      for (int k = 0; k < Sh::kSteps / 2; ++k) {
+        b0[k] = *reinterpret_cast<const uint4*>(b_row0 + group * kGroup + 8 * k);
+        if constexpr (kTwoMma) b1[k] = *reinterpret_cast<const uint4*>(b_row1 + group * kGroup + 8 * k);
+      }
       float c0[4] = {}, c1[4] = {};
 #pragma unroll
       for (int s = 0; s < Sh::kSteps; ++s) {
@@ -318,19 +327,23 @@ __global__ void __launch_bounds__(kWarps * 32)
           a[0] = code_pair<4>(top[s / 2], n), a[1] = code_pair<4>(bottom[s / 2], n);
           a[2] = code_pair<4>(top[s / 2], n + 1), a[3] = code_pair<4>(bottom[s / 2], n + 1);
         }
-        const int x_at = group * kGroup + 4 * s;
-        mma(c0, a, *reinterpret_cast<const uint2*>(b_row0 + x_at));
-        if constexpr (kTwoMma) mma(c1, a, *reinterpret_cast<const uint2*>(b_row1 + x_at));
+        const uint4& v0 = b0[s / 2];
+        mma(c0, a, s % 2 ? make_uint2(v0.z, v0.w) : make_uint2(v0.x, v0.y));
+        if constexpr (kTwoMma) {
+          const uint4& v1 = b1[s / 2];
+          mma(c1, a, s % 2 ? make_uint2(v1.z, v1.w) : make_uint2(v1.x, v1.y));
+        }
       }
-      const float st = gi ? s_top.y : s_top.x, sb = gi ? s_bottom.y : s_bottom.x;
-      const float bt = (gi ? b_top.y : b_top.x) - Sh::kOffset * st, bb = (gi ? b_bottom.y : b_bottom.x) - Sh::kOffset * sb;
-      const float2 m0 = sums[t0 * p.n_groups + group];
-      acc[0][0] += m0.y * fmaf(st, c0[0] + c0[1], bt * m0.x);
-      acc[0][1] += m0.y * fmaf(sb, c0[2] + c0[3], bb * m0.x);
+      const float st = gi ? sb_top.y : sb_top.x, sb = gi ? sb_bottom.y : sb_bottom.x;
+      const float bt = (gi ? sb_top.w : sb_top.z) - Sh::kOffset * st;
+      const float bb = (gi ? sb_bottom.w : sb_bottom.z) - Sh::kOffset * sb;
+      const float sum0 = gi ? m0.z : m0.x, down0 = gi ? m0.w : m0.y;
+      acc[0][0] += down0 * fmaf(st, c0[0] + c0[1], bt * sum0);
+      acc[0][1] += down0 * fmaf(sb, c0[2] + c0[3], bb * sum0);
       if constexpr (kTwoMma) {
-        const float2 m1 = sums[t1 * p.n_groups + group];
-        acc[1][0] += m1.y * fmaf(st, c1[0] + c1[1], bt * m1.x);
-        acc[1][1] += m1.y * fmaf(sb, c1[2] + c1[3], bb * m1.x);
+        const float sum1 = gi ? m1.z : m1.x, down1 = gi ? m1.w : m1.y;
+        acc[1][0] += down1 * fmaf(st, c1[0] + c1[1], bt * sum1);
+        acc[1][1] += down1 * fmaf(sb, c1[2] + c1[3], bb * sum1);
       }
     }
     __syncwarp();  // the slot is refilled next iteration
