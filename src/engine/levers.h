@@ -58,7 +58,7 @@ struct Levers {
   // decode) on the tensor cores: codes as f16 operands, x as two f16 halves
   // (hi + lo, so the sums stay those of f32 x), scales and biases applied per
   // group outside the sums. Audit of the demo: KL 8.5e-8, greedy 100%;
-  // Llama-3-8B int4 batch 4 / 8 +36% / +61% (docs/levers.md). One token keeps
+  // Llama-3-8B int4 batch 4 / 8 +40% / +68% (docs/levers.md). One token keeps
   // the CUDA-core kernel, which is as fast there.
   bool tensor_core_affine_matvec = true;
   // MoE experts' gate and up projections stacked into one matrix per expert at
