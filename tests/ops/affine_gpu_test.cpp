@@ -102,8 +102,8 @@ TEST_F(Affine, MatvecAndPrefillMatchTheDequantizedReference) {
 // groups 32/64/128, scale dtypes, with and without bias, rows off the 16-row
 // tiles, more tiles than blocks (9000 rows) and split-K (4096 wide). ops::linear
 // runs it, under the lever, from 2 tokens where it applies (bit for bit the
-// direct launch); elsewhere (one token, T > 8, a row not a whole number of
-// group pairs) the other kernels, bit for bit.
+// direct launch); elsewhere (one token of these small matrices, T > 8, a row
+// not a whole number of group pairs) the other kernels, bit for bit.
 TEST_F(Affine, TensorCoreMatvecMatchesTheDequantizedReference) {
   struct Shape2 { int64_t in, out; };
   const Shape2 shapes[] = {{512, 77}, {1024, 131}, {4096, 40}, {256, 9000}, {384, 33}};
@@ -150,6 +150,22 @@ TEST_F(Affine, TensorCoreMatvecMatchesTheDequantizedReference) {
             EXPECT_EQ(std::memcmp(got.raw(), expected.raw(), got.size_bytes()), 0) << label;
             if (applies) EXPECT_NE(std::memcmp(got.raw(), cuda_cores.raw(), got.size_bytes()), 0) << label;
           }
+}
+
+// One token of a matrix of 2^25 weights or more goes to the tensor cores under
+// the lever (one of fewer stays on the CUDA cores: the test above).
+TEST_F(Affine, TensorCoreMatvecTakesOneTokenOfALargeMatrix) {
+  const int64_t in = 4096, out = 8192;
+  Weight w(random_affine(out, in, 4, 64, DType::bf16, 91), in);
+  const Tensor x = random({1, in}, DType::f32, 92);
+  const Tensor want = ops::linear(x, w.dequantize(DType::f32), Tensor());
+  const Weight wg = w.to_device(Device::cuda);
+  const Tensor cuda_cores = ops::linear(gpu(x), wg, Tensor()).to_device(Device::cpu);
+  ops::set_launch_settings({.tensor_core_affine_matvec = true});
+  const Tensor got = ops::linear(gpu(x), wg, Tensor()).to_device(Device::cpu);
+  ops::set_launch_settings({});
+  EXPECT_LE(relative_error(got, want, "tensor-core int4 g64 T=1 8192x4096"), 1e-5f);
+  EXPECT_NE(std::memcmp(got.raw(), cuda_cores.raw(), got.size_bytes()), 0);
 }
 
 // x far outside f16's range, in both directions and in one row: each group of

@@ -378,22 +378,18 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // ---- host side ----
 
+int device_attribute(cudaDeviceAttr attribute) {  // of the current device
+  int device = 0, value = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&value, attribute, device);
+  return value;
+}
 int sm_count() {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
-    return n;
-  }();
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   return sms;
 }
 int max_smem() {
-  static const int bytes = [] {
-    int device = 0, n = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    return n;
-  }();
+  static const int bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   return bytes;
 }
 

@@ -20,8 +20,16 @@ cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Lever tensor_core_affine_matvec applies from this many tokens (docs/levers.md).
+// Lever tensor_core_affine_matvec applies from 2 tokens, and to one token of a
+// matrix this large (Llama-3-8B's gate_up, down and lm_head), where its wider
+// reads beat the CUDA-core kernel; smaller matrices at one token pay more for its
+// extra launch than they gain (docs/levers.md).
 constexpr int64_t kMinTensorCoreTokens = 2;
+constexpr int64_t kMinTensorCoreWeightsAtOneToken = int64_t(1) << 25;
+
+bool tensor_cores_pay(const AffineArgs& a, int64_t T) {
+  return T >= kMinTensorCoreTokens || a.out * a.in >= kMinTensorCoreWeightsAtOneToken;
+}
 
 // The raw form of the weight, checked for what every kernel needs.
 AffineArgs affine_args(const AffineWeight& w, int64_t in, const char* op) {
@@ -51,10 +59,8 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
              dtype_name(bias.dtype()));
   const AffineArgs a = affine_args(w, x.dim(1), "linear");
   const int64_t T = x.dim(0);
-  // The tensor cores from 2 tokens (one token: as fast on the CUDA cores, without
-  // the extra launch that converts x); int8_activation_matvec, an explicit
-  // accuracy trade, wins over this exact form.
-  if (tensor_core_affine_matvec_enabled() && !int8_activation_matvec_enabled() && T >= kMinTensorCoreTokens &&
+  // int8_activation_matvec, an explicit accuracy trade, wins over this exact form.
+  if (tensor_core_affine_matvec_enabled() && !int8_activation_matvec_enabled() && tensor_cores_pay(a, T) &&
       affine_matvec_mma_supports(a, T) && aligned16(x.raw())) {
     Tensor scratch = Tensor::empty({affine_matvec_mma_scratch_bytes(a, T)}, DType::u8, Device::cuda);
     MERE_CUDA(launch_affine_matvec_mma(a, x.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
