@@ -54,12 +54,11 @@ struct Levers {
   // +0.03% against bf16) and Llama-3-8B tg128 goes +8% / +8% / +22% at 1k / 8k
   // / 32k context, now faster than bf16 (docs/levers.md).
   bool tensor_core_kv_attention = true;
-  // Decode matvecs of MLX affine (int8/int4) weights for 2-8 tokens (batched
-  // decode) on the tensor cores: codes as f16 operands, x as two f16 halves
-  // (hi + lo, so the sums stay those of f32 x), scales and biases applied per
-  // group outside the sums. Audit of the demo: KL 8.5e-8, greedy 100%;
-  // Llama-3-8B int4 batch 4 / 8 +40% / +68% (docs/levers.md). One token keeps
-  // the CUDA-core kernel, which is as fast there.
+  // Decode matvecs of MLX affine (int8/int4) weights on the tensor cores, for
+  // 2-8 tokens and for one token of a large matrix: codes as f16 operands, x as
+  // two f16 halves (hi + lo, so the sums stay those of f32 x), scales and biases
+  // applied per group outside the sums. Audit of the demo: KL 8.5e-8, greedy
+  // 100%; Llama-3-8B int8 +12% at batch 1, int4 +68% at batch 8 (docs/levers.md).
   bool tensor_core_affine_matvec = true;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves
