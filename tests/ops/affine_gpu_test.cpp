@@ -133,9 +133,11 @@ TEST_F(Affine, TensorCoreMatvecMatchesTheDequantizedReference) {
             Tensor direct;
             if (supported) {
               direct = Tensor::empty({T, s.out}, DType::f32, Device::cuda);
-              Tensor scratch = Tensor::empty({mere::cuda::affine_matvec_mma_scratch_bytes(a, T)}, DType::u8, Device::cuda);
-              ASSERT_EQ(mere::cuda::launch_affine_matvec_mma(a, xg.data<float>(), with_bias ? bg.data<float>() : nullptr,
-                                                             direct.data<float>(), T, scratch.raw(), stream),
+              Tensor scratch =
+                  Tensor::empty({mere::cuda::affine_matvec_mma_scratch_bytes(a, T)}, DType::u8, Device::cuda);
+              const float* bias = with_bias ? bg.data<float>() : nullptr;
+              ASSERT_EQ(mere::cuda::launch_affine_matvec_mma(a, xg.data<float>(), bias, direct.data<float>(), T,
+                                                             scratch.raw(), stream),
                         cudaSuccess);
               EXPECT_LE(relative_error(direct, want, label), 1e-5f) << label;
               direct = direct.to_device(Device::cpu);

@@ -1,5 +1,6 @@
 // MLX affine decode matvecs (T <= 8 tokens) on the tensor cores: lever
-// tensor_core_affine_matvec.
+// tensor_core_affine_matvec (affine_ops.cpp runs it from 2 tokens, and for one
+// token of a large matrix).
 //
 // Why: the CUDA-core matvec (affine_matvec.cu) spends about three instructions
 // per weight and token (unpack, convert, FMA), so int4 is bound by instructions
@@ -45,7 +46,8 @@ constexpr int kWarps = 8;
 constexpr int kTileRows = 16;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight
 constexpr int kRowPad = 16;           // bytes after each staged row of codes: no bank conflicts
-constexpr int kXPad = 8;              // halves after each staged row of x: 16-byte B loads free of bank conflicts (groups of 64)
+constexpr int kXPad = 8;              // halves after each staged row of x: 16-byte B loads without
+                                      // bank conflicts (groups of 64)
 
 template <int kBits, int kGroup, typename S>
 struct Shape {
@@ -245,7 +247,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       copy_src[u] = p.packed + row * row_bytes + (c % kChunks) * 16;
     }
     const int row = min(issue_row0 + lane % kTileRows, p.out - 1);
-    scale_src = static_cast<const uint8_t*>(lane < kTileRows ? p.scales : p.biases) + int64_t(row) * p.n_groups * sizeof(S);
+    scale_src = static_cast<const uint8_t*>(lane < kTileRows ? p.scales : p.biases) +
+                int64_t(row) * p.n_groups * sizeof(S);
   };
   point_at_tile();
   int issue_slot = 0;
@@ -402,7 +405,8 @@ struct Variant {
     return layout(int(w.in), int(w.in / kGroup), int(T), Sh::kStageBytes, Sh::kStages);
   }
   static int blocks_per_sm(int64_t smem) {
-    static const cudaError_t raised = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
+    static const cudaError_t raised =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
     (void)raised;
     int blocks = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, size_t(smem));
