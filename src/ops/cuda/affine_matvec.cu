@@ -568,20 +568,6 @@ int64_t staged_bytes(XMode kX, const AffineArgs& w, int64_t T) {
   return staged_bytes(kX, w.in, w.in * w.bits / 128, T);
 }
 
-struct DeviceShape {
-  int sms = 0;
-};
-const DeviceShape& device_shape() {
-  static const DeviceShape shape = [] {
-    DeviceShape d;
-    int device = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device);
-    return d;
-  }();
-  return shape;
-}
-
 // One compiled shape of the matvec.
 template <int kBits, typename S, int T, int R, int B, XMode kX>
 struct Variant {
@@ -601,7 +587,7 @@ struct Variant {
 
   static AffineMatvecPlan plan(const Problem& p, int split_hint) {
     const int64_t smem = staged_bytes(kX, p.in, p.n_chunks, T);
-    const int64_t resident_warps = int64_t(blocks_per_sm(smem)) * kWarps * device_shape().sms;
+    const int64_t resident_warps = int64_t(blocks_per_sm(smem)) * kWarps * sm_count();
     int split = split_hint;
     if (split <= 0) {
       // Split-K until the row groups fill one wave of resident warps, keeping
@@ -622,7 +608,7 @@ struct Variant {
     const int64_t n_blocks = (p.out + rows_per_block - 1) / rows_per_block;
     // Staged: a persistent grid of one wave, each block copying x once.
     const int64_t grid = kX != XMode::kGlobal
-                             ? std::min<int64_t>(n_blocks, int64_t(blocks_per_sm(smem)) * device_shape().sms)
+                             ? std::min<int64_t>(n_blocks, int64_t(blocks_per_sm(smem)) * sm_count())
                              : n_blocks;
     return launch_kernel(kernel, dim3(unsigned(grid)), dim3(kWarps * 32), size_t(smem), stream, p, split, n_blocks);
   }

@@ -66,8 +66,9 @@ struct Problem {
   const uint8_t* packed;
   const void* scales;
   const void* biases;
-  const float* x;
   const uint8_t* staged;  // x converted (prepare kernel): the image of a block's x and sums
+  int x_stride;           // halves per staged row of x
+  int64_t x_bytes, staged_bytes;  // the staged rows of x; with the sums after them
   const float* bias;
   float* y;
   int in, out, T;
@@ -93,18 +94,11 @@ Layout layout(int in, int n_groups, int T, int stage_bytes, int stages) {
   return l;
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src));
-}
+// 4 or 8 bytes global -> shared (a row's scales or biases of a stage).
 template <int kBytes>
-__device__ __forceinline__ void cp_async_small(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src),
-               "n"(kBytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
+__device__ __forceinline__ void copy_async_small(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem_address(dst)), "l"(src), "n"(kBytes)
+               : "memory");
 }
 
 __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint2 b) {
@@ -215,13 +209,14 @@ __device__ __forceinline__ float4 load_scales(const S* p) {
 // (pairs of groups).
 template <int kBits, int kGroup, typename S, bool kTwoMma>
 __global__ void __launch_bounds__(kWarps * 32)
-    affine_matvec_mma_kernel(const __grid_constant__ Problem p, int x_stride, int64_t x_bytes, int64_t staged_bytes) {
+    affine_matvec_mma_kernel(const __grid_constant__ Problem p) {
   using Sh = Shape<kBits, kGroup, S>;
   extern __shared__ __align__(16) uint8_t smem[];
   const __half* xs = reinterpret_cast<const __half*>(smem);
-  const float2* sums = reinterpret_cast<const float2*>(smem + x_bytes);
-  uint8_t* ring = smem + staged_bytes + int64_t(threadIdx.x / 32) * Sh::kStages * Sh::kStageBytes;
-  float4* partial = reinterpret_cast<float4*>(smem + staged_bytes + int64_t(kWarps) * Sh::kStages * Sh::kStageBytes);
+  const float2* sums = reinterpret_cast<const float2*>(smem + p.x_bytes);
+  uint8_t* ring = smem + p.staged_bytes + int64_t(threadIdx.x / 32) * Sh::kStages * Sh::kStageBytes;
+  float4* partial =
+      reinterpret_cast<float4*>(smem + p.staged_bytes + int64_t(kWarps) * Sh::kStages * Sh::kStageBytes);
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
   const int tiles_per_unit = kWarps / p.split, part = warp % p.split;
@@ -257,10 +252,11 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int u = 0; u < kCopies; ++u) {
       const int c = lane + 32 * u;
-      cp_async16(slot + (c / kChunks) * Sh::kRowStride + (c % kChunks) * 16, copy_src[u] + issue_pair * Sh::kRowBytes);
+      copy_async_16(smem_address(slot + (c / kChunks) * Sh::kRowStride + (c % kChunks) * 16),
+                    copy_src[u] + issue_pair * Sh::kRowBytes);
     }
-    cp_async_small<kSb>(slot + Sh::kCodeBytes + (lane % kTileRows) * 2 * kSb + (lane / kTileRows) * kSb,
-                        scale_src + issue_pair * kSb);
+    copy_async_small<kSb>(slot + Sh::kCodeBytes + (lane % kTileRows) * 2 * kSb + (lane / kTileRows) * kSb,
+                          scale_src + issue_pair * kSb);
     issue_slot = issue_slot + 1 == Sh::kStages ? 0 : issue_slot + 1;
     if (++issue_pair == pair_end) {
       issue_pair = pair_begin;
@@ -273,28 +269,28 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int i = 0; i < Sh::kStages - 1; ++i) {
     if (i < n_stages) issue();
-    cp_async_commit();
+    copy_async_commit();
   }
   allow_next_kernel();
   wait_for_previous_kernel();
-  for (int64_t b = int64_t(threadIdx.x) * 16; b < staged_bytes; b += int64_t(blockDim.x) * 16)
-    cp_async16(smem + b, p.staged + b);
-  cp_async_commit();
-  cp_async_wait<0>();
+  for (int64_t b = int64_t(threadIdx.x) * 16; b < p.staged_bytes; b += int64_t(blockDim.x) * 16)
+    copy_async_16(smem_address(smem + b), p.staged + b);
+  copy_async_commit();
+  copy_async_wait<0>();
   __syncthreads();
 
   float acc[2][2] = {};  // [token q, 4 + q][row g, g + 8]
   const int t0 = min(q, p.T - 1), t1 = min(4 + q, p.T - 1);
   // B rows: column n = lane / 4 is token n / 2 (n / 2 + 4), half n % 2.
   const int col_t0 = min(g / 2, p.T - 1), col_t1 = min(4 + g / 2, p.T - 1);
-  const __half* b_row0 = xs + (2 * col_t0 + g % 2) * x_stride + q * (kGroup / 4);
-  const __half* b_row1 = xs + (2 * col_t1 + g % 2) * x_stride + q * (kGroup / 4);
+  const __half* b_row0 = xs + (2 * col_t0 + g % 2) * p.x_stride + q * (kGroup / 4);
+  const __half* b_row1 = xs + (2 * col_t1 + g % 2) * p.x_stride + q * (kGroup / 4);
   int row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, pair = pair_begin, slot_index = 0;
 
   for (int i = 0; i < n_stages; ++i) {
     if (i + Sh::kStages - 1 < n_stages) issue();
-    cp_async_commit();
-    cp_async_wait<Sh::kStages - 1>();
+    copy_async_commit();
+    copy_async_wait<Sh::kStages - 1>();
     __syncwarp();
     const uint8_t* slot = ring + slot_index * Sh::kStageBytes;
     slot_index = slot_index + 1 == Sh::kStages ? 0 : slot_index + 1;
@@ -376,21 +372,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     pair = pair_begin;
     row0 += unit_rows;
   }
-  cp_async_wait<0>();
+  copy_async_wait<0>();
 }
 
 // ---- host side ----
 
-int device_attribute(cudaDeviceAttr attribute) {  // of the current device
-  int device = 0, value = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&value, attribute, device);
-  return value;
-}
-int sm_count() {
-  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
-  return sms;
-}
 int max_smem() {
   static const int bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   return bytes;
@@ -435,8 +421,10 @@ struct Variant {
     p.packed = reinterpret_cast<const uint8_t*>(w.packed);
     p.scales = w.scales;
     p.biases = w.biases;
-    p.x = x;
     p.staged = static_cast<const uint8_t*>(scratch);
+    p.x_stride = l.x_stride;
+    p.x_bytes = l.x_bytes;
+    p.staged_bytes = l.staged_bytes;
     p.bias = bias;
     p.y = y;
     p.in = int(w.in);
@@ -451,8 +439,7 @@ struct Variant {
                                        static_cast<uint8_t*>(scratch), l.x_bytes);
     if (status != cudaSuccess) return status;
     const int grid = int(std::min<int64_t>(p.n_units, slots));
-    return launch_kernel(kernel, dim3(grid), dim3(kWarps * 32), size_t(l.total), stream, p, l.x_stride, l.x_bytes,
-                         l.staged_bytes);
+    return launch_kernel(kernel, dim3(grid), dim3(kWarps * 32), size_t(l.total), stream, p);
   }
 };
 

@@ -373,13 +373,7 @@ cudaError_t launch_attention_affine_mma(const float* q, const AffineKv& kv, floa
   const dim3 grid(n_kv_heads * chunks, T, n_splits);
   const auto* k = static_cast<const uint8_t*>(kv.k_codes);
   const auto* v = static_cast<const uint8_t*>(kv.v_codes);
-  static const int sms = [] {
-    int device = 0, count = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    return count;
-  }();
-  const bool wide = int64_t(grid.x) * grid.y * grid.z > 3 * int64_t(sms);
+  const bool wide = int64_t(grid.x) * grid.y * grid.z > 3 * int64_t(sm_count());
   auto go = [&]<int kBits, int HD>() {
     auto kernel = wide ? attention_affine_mma_kernel<kBits, HD, 4> : attention_affine_mma_kernel<kBits, HD, 3>;
     return launch_kernel(kernel, grid, kWarps * 32, 0, stream, q, k, v, kv, part_m, part_l, part_o, n_heads,

@@ -58,6 +58,26 @@ __device__ __forceinline__ void allow_next_kernel() { asm volatile("griddepcontr
 bool programmatic_launch_enabled();  // launch.cu
 bool matvec_split_k_enabled();        // launch.cu
 
+// The current device's attribute, and its SM count (queried once); launch.cu.
+int device_attribute(cudaDeviceAttr attribute);
+int sm_count();
+
+// Asynchronous global -> shared copies (cp.async).
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes, bypassing L1; zero-filled when !valid (src unread).
+__device__ __forceinline__ void copy_async_16(uint32_t dst, const void* src, bool valid = true) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed copy groups are in flight.
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), with the programmatic
 // launch attribute when the lever is on.
 template <typename... Params, typename... Args>

@@ -57,26 +57,10 @@ struct Tile {
   static_assert((BN * kChunks) % kThreads == 0, "K/V tile copies must divide evenly over the threads");
 };
 
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // Element offset of chunk `chunk` (8 elements) of row `row` in a swizzled tile.
 template <int HD>
 __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * HD + ((chunk ^ (row & 7)) << 3);
-}
-
-// 16 bytes global -> shared, bypassing L1; zero-filled when !valid (src unread).
-__device__ __forceinline__ void copy_async_16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's committed copy groups are in flight.
-template <int N>
-__device__ __forceinline__ void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {

@@ -1,6 +1,6 @@
 // Launch settings the kernel launchers share (levers programmatic_launch,
 // matvec_split_k, fp8_activation_gemm, int8_activation_matvec,
-// tensor_core_kv_attention and tensor_core_affine_matvec).
+// tensor_core_kv_attention and tensor_core_affine_matvec), and device queries.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -26,5 +26,16 @@ bool tensor_core_kv_attention_enabled() { return tensor_core_kv_attention; }
 void set_tensor_core_kv_attention(bool on) { tensor_core_kv_attention = on; }
 bool tensor_core_affine_matvec_enabled() { return tensor_core_affine_matvec; }
 void set_tensor_core_affine_matvec(bool on) { tensor_core_affine_matvec = on; }
+
+int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&value, attribute, device);
+  return value;
+}
+int sm_count() {
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  return sms;
+}
 
 }  // namespace mere::cuda

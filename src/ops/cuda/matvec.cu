@@ -176,13 +176,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(const __gri
 // more to the block's reduction than they gain: Qwen3-0.6B ran 12% slower).
 constexpr int64_t kMinChunksPerWarp = 256;
 int split_for(int64_t out, int64_t n_chunks) {
-  static const int64_t resident_warps = [] {
-    int device = 0, sms = 0, threads = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, device);
-    return int64_t(sms) * threads / 32;
-  }();
+  static const int64_t resident_warps =
+      int64_t(sm_count()) * device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor) / 32;
   if (!matvec_split_k_enabled()) return 1;
   int split = 1;
   while (split < 4 && out * split * 2 <= resident_warps && n_chunks / (split * 2) >= kMinChunksPerWarp) split *= 2;
