@@ -5,7 +5,9 @@
 // A timing case prints the matvec's bandwidth on Llama-3-8B's matrices.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 
@@ -103,7 +105,7 @@ TEST_F(Affine, MatvecAndPrefillMatchTheDequantizedReference) {
 // tiles, more tiles than blocks (9000 rows) and split-K (4096 wide). ops::linear
 // runs it, under the lever, from 2 tokens where it applies (bit for bit the
 // direct launch); elsewhere (one token of these small matrices, T > 8, a row
-// not a whole number of group pairs) the other kernels, bit for bit.
+// not a whole number of stages) the other kernels, bit for bit.
 TEST_F(Affine, TensorCoreMatvecMatchesTheDequantizedReference) {
   struct Shape2 { int64_t in, out; };
   const Shape2 shapes[] = {{512, 77}, {1024, 131}, {4096, 40}, {256, 9000}, {384, 33}};
@@ -127,9 +129,15 @@ TEST_F(Affine, TensorCoreMatvecMatchesTheDequantizedReference) {
                                                   T, s.out, s.in, with_bias ? " +bias" : "");
             const mere::cuda::AffineArgs a = args_of(wg);
             const bool supported = mere::cuda::affine_matvec_mma_supports(a, T);
-            const bool whole_pairs = s.in % (2 * group) == 0;  // and x fits in shared memory (T x in up to ~32k)
-            if (T <= 4 && whole_pairs) EXPECT_TRUE(supported) << label;
-            if (T > 8 || !whole_pairs) EXPECT_FALSE(supported) << label;
+            // A stage: 128 bytes of a row and two groups at least; x must fit in shared memory (T x in up to ~32k).
+            const int64_t stage_values = std::max<int64_t>(2 * group, 1024 / bits);
+            const bool whole_stages = s.in % stage_values == 0;
+            if (T <= 4 && whole_stages) {
+              EXPECT_TRUE(supported) << label;
+            }
+            if (T > 8 || !whole_stages) {
+              EXPECT_FALSE(supported) << label;
+            }
             Tensor direct;
             if (supported) {
               direct = Tensor::empty({T, s.out}, DType::f32, Device::cuda);
@@ -379,7 +387,14 @@ TEST_F(Affine, TimingOnLlama3Matrices) {
     std::printf("[ timing   ] %-58s %8.1f us %7.0f GB/s %5.3f of 4.2 TB/s\n", label.c_str(), s * 1e6, bytes / s / 1e9,
                 bytes / s / kCopyBytesPerS);
   };
+  // MERE_AFFINE_TIMING=NAME:BITS:GROUP (e.g. gate_up:4:64) times that case alone, for a profiler.
+  const char* only_env = std::getenv("MERE_AFFINE_TIMING");
+  const std::string only = only_env ? only_env : "";
+  auto wanted = [&](const Matrix& m, int bits, int group) {
+    return only.empty() || only == fmt::format("{}:{}:{}", m.name, bits, group);
+  };
   for (const Matrix& m : matrices) {
+    if (!only.empty() && only.rfind(std::string(m.name) + ":", 0) != 0) continue;
     Tensor x = Tensor::empty({8, m.in}, DType::f32, Device::cuda), y = Tensor::empty({8, m.out}, DType::f32, Device::cuda);
     ops::fill_random(x, 1, 1.0f);
     {
@@ -402,6 +417,7 @@ TEST_F(Affine, TimingOnLlama3Matrices) {
       ASSERT_EQ(mere::cuda::launch_fill_random_bytes(packed.raw(), int64_t(packed.size_bytes()), 3, 0xff, stream),
                 cudaSuccess);
       for (int group : {32, 64, 128}) {
+        if (!wanted(m, bits, group)) continue;
         Tensor scales = Tensor::empty({m.out, m.in / group}, DType::bf16, Device::cuda);
         Tensor biases = Tensor::empty({m.out, m.in / group}, DType::bf16, Device::cuda);
         ops::fill_random(scales, 4, 0.005f, 0.01f);

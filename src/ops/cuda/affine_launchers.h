@@ -47,9 +47,10 @@ cudaError_t launch_affine_matvec(const AffineArgs& w, const float* x, const floa
 // The same product on the tensor cores (affine_matvec_mma.cu, lever
 // tensor_core_affine_matvec): codes as f16 kOffset + c, x as f16 hi + lo, f32
 // sums. T <= 8, bits 4 or 8, groups of 32, 64 or 128, a row a whole number of
-// group pairs, and x's converted copy (4 T in bytes) in one block's shared
-// memory. `scratch` (16-byte aligned, affine_matvec_mma_scratch_bytes) holds
-// that copy; two launches on one stream may share it.
+// stages (256 values; 128 for int8 with groups of 32 or 64), and x's
+// converted copy (4 T in bytes) in one block's shared memory. `scratch`
+// (16-byte aligned, affine_matvec_mma_scratch_bytes) holds that copy; two
+// launches on one stream may share it.
 bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T);
 int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T);
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,

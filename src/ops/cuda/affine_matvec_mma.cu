@@ -23,10 +23,11 @@
 // group's order of the codes (4 bits: runs of 8 as 0 4 1 5 2 6 3 7, the pairs a
 // shift and mask unpack), then {S, 2^-k} per token and group. Each matvec block
 // copies it with cp.async (converting it in every block cost more than the
-// weights of a small matrix). Each warp streams its 16-row tiles' codes, two
-// groups a stage with their scales and biases, through a ring of cp.async
-// stages in shared memory (several KB in flight per warp, none in registers);
-// `split` warps share a tile's groups and add their sums in a fixed order.
+// weights of a small matrix at 8 tokens, and gained nothing at one). Each warp streams its 16-row tiles' codes, at least
+// 128 contiguous bytes of each row a stage, with their scales and biases,
+// through a ring of cp.async stages in shared memory (several KB in flight
+// per warp, none in registers); `split` warps share a tile's stages and add
+// their sums in a fixed order.
 // Lane (g, q) = (lane / 4, lane % 4) owns rows g and g + 8 of a tile and the
 // codes [q G / 4, (q + 1) G / 4) of each group G: mma step s takes 4 of them,
 // whose x sit at the same place in the staged row, so the k order inside a
@@ -44,21 +45,29 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kTileRows = 16;
-constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight
-constexpr int kRowPad = 16;           // bytes after each staged row of codes: no bank conflicts
+constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight (at least 3 stages)
 constexpr int kXPad = 8;              // halves after each staged row of x: 16-byte B loads without
                                       // bank conflicts (groups of 64)
 
 template <int kBits, int kGroup, typename S>
 struct Shape {
-  static constexpr int kRowBytes = 2 * kGroup * kBits / 8;  // a stage: two groups of a row
-  static constexpr int kRowStride = kRowBytes + kRowPad;
+  static constexpr int kGroupBytes = kGroup * kBits / 8;
+  // A stage takes at least 128 contiguous bytes (whole sectors, and fewer
+  // stages) of each row of its tile, and at least two groups.
+  static constexpr int kStageGroups = std::max(2, 128 / kGroupBytes);
+  static constexpr int kStageValues = kStageGroups * kGroup;
+  static constexpr int kRowBytes = kStageGroups * kGroupBytes;
+  static constexpr int kLaneBytes = kGroupBytes / 4;  // a lane's codes of one group of a row
+  static constexpr int kLaneWords = kLaneBytes / 4;
+  // Padding after each staged row: one phase of the lanes' code loads (8, 4 or
+  // 2 rows of 4 lanes for 4-, 8- and 16-byte loads) then hits every bank once.
+  static constexpr int kRowStride = kRowBytes + (kLaneBytes >= 32 ? 16 : 4 * kLaneBytes);
   static constexpr int kCodeBytes = kTileRows * kRowStride;
-  static constexpr int kScaleBytes = kTileRows * 2 * 2 * int(sizeof(S));  // per row: 2 scales, 2 biases
+  static constexpr int kScaleRowBytes = kStageGroups * int(sizeof(S));  // a row's scales (or biases) of a stage
+  static constexpr int kScaleBytes = kTileRows * 2 * kScaleRowBytes;
   static constexpr int kStageBytes = (kCodeBytes + kScaleBytes + 15) / 16 * 16;
   static constexpr int kStages = std::max(3, kRingBytes / kStageBytes);
-  static constexpr int kLaneWords = kGroup * kBits / 32 / 4;  // a lane's codes of one group of a row
-  static constexpr int kSteps = kGroup / 16;                  // k16 steps per group
+  static constexpr int kSteps = kGroup / 16;  // k16 steps per group
   static constexpr float kOffset = kBits == 8 ? 1024.0f : 16.0f;
 };
 
@@ -127,18 +136,14 @@ __device__ __forceinline__ uint32_t f16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// x [T, in] into the staged image: a thread takes a run of 8 values (4 bits:
-// stored as 0 4 1 5 2 6 3 7), G / 8 threads a group (aligned within the warp).
+// One run of 8 values of x [T, in] (token t, values e to e + 8) into the
+// staged image at `staged`: its hi and lo halves (4 bits: stored as 0 4 1 5 2 6 3 7), and with its
+// group's other runs {S, 2^-k}. The G / 8 lanes of a group are consecutive
+// lanes of one warp and all call this, those past the end with active false.
 template <int kBits, int kGroup>
-__global__ void affine_mma_prepare_kernel(const float* x, int T, int in, int x_stride, uint8_t* staged,
-                                          int64_t x_bytes) {
+__device__ __forceinline__ void stage_run(const float* x, int in, int t, int e, bool active, int x_stride,
+                                          uint8_t* staged, int64_t x_bytes) {
   constexpr int kLanes = kGroup / 8;
-  allow_next_kernel();
-  wait_for_previous_kernel();
-  const int runs = in / 8, i = blockIdx.x * blockDim.x + threadIdx.x;  // T * runs is a multiple of kLanes
-  if (i - int(threadIdx.x % 32) >= T * runs) return;                    // the whole warp is past the end
-  const bool active = i < T * runs;
-  const int t = active ? i / runs : 0, e = active ? 8 * (i - t * runs) : 0;
   const float4* src = reinterpret_cast<const float4*>(x + int64_t(t) * in + e);
   const float4 a = active ? __ldg(src) : make_float4(0, 0, 0, 0), b = active ? __ldg(src + 1) : a;
   float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -175,6 +180,19 @@ __global__ void affine_mma_prepare_kernel(const float* x, int T, int in, int x_s
     reinterpret_cast<float2*>(staged + x_bytes)[t * (in / kGroup) + e / kGroup] = make_float2(sum, down);
 }
 
+// x converted once into the scratch buffer, a thread a run.
+template <int kBits, int kGroup>
+__global__ void affine_mma_prepare_kernel(const float* x, int T, int in, int x_stride, uint8_t* staged,
+                                          int64_t x_bytes) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int runs = in / 8, i = blockIdx.x * blockDim.x + threadIdx.x;  // T * runs is a multiple of G / 8
+  if (i - int(threadIdx.x % 32) >= T * runs) return;                    // the whole warp is past the end
+  const bool active = i < T * runs;
+  const int t = active ? i / runs : 0, e = active ? 8 * (i - t * runs) : 0;
+  stage_run<kBits, kGroup>(x, in, t, e, active, x_stride, staged, x_bytes);
+}
+
 template <int kWords>
 __device__ __forceinline__ void load_words(uint32_t (&w)[kWords], const uint8_t* src) {
   if constexpr (kWords == 1) {
@@ -191,26 +209,28 @@ __device__ __forceinline__ void load_words(uint32_t (&w)[kWords], const uint8_t*
   }
 }
 
-// A stage's row of scales and biases: {scale 0, scale 1, bias 0, bias 1}, one load.
+// Scale (or bias) i of a row's words of a stage, as f32.
 template <typename S>
-__device__ __forceinline__ float4 load_scales(const S* p) {
+__device__ __forceinline__ float unpack_scale(const uint32_t* words, int i) {
   if constexpr (sizeof(S) == 4) {
-    return *reinterpret_cast<const float4*>(p);
+    return __uint_as_float(words[i]);
   } else {
-    using S2 = std::conditional_t<std::is_same_v<S, __half>, __half2, __nv_bfloat162>;
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    const S2 s = *reinterpret_cast<const S2*>(&v.x), b = *reinterpret_cast<const S2*>(&v.y);
-    return make_float4(to_float(s.x), to_float(s.y), to_float(b.x), to_float(b.y));
+    const uint32_t w = words[i / 2];
+    const unsigned short h = (unsigned short)(i % 2 ? w >> 16 : w & 0xffffu);
+    if constexpr (std::is_same_v<S, __half>)
+      return __half2float(__ushort_as_half(h));
+    else
+      return __uint_as_float(i % 2 ? w & 0xffff0000u : w << 16);
   }
 }
 
 // Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
-// 16 rows, warp w its tile w / split and the share w % split of its stages
-// (pairs of groups).
+// 16 rows, warp w its tile w / split and the share w % split of its stages.
 template <int kBits, int kGroup, typename S, bool kTwoMma>
 __global__ void __launch_bounds__(kWarps * 32)
     affine_matvec_mma_kernel(const __grid_constant__ Problem p) {
   using Sh = Shape<kBits, kGroup, S>;
+  constexpr int kSg = Sh::kStageGroups;
   extern __shared__ __align__(16) uint8_t smem[];
   const __half* xs = reinterpret_cast<const __half*>(smem);
   const float2* sums = reinterpret_cast<const float2*>(smem + p.x_bytes);
@@ -220,20 +240,21 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
   const int tiles_per_unit = kWarps / p.split, part = warp % p.split;
-  const int n_pairs = p.n_groups / 2;
-  const int pair_begin = part * n_pairs / p.split, pair_end = (part + 1) * n_pairs / p.split;
+  const int row_stages = p.n_groups / kSg;  // stages of a tile
+  const int stage_begin = part * row_stages / p.split, stage_end = (part + 1) * row_stages / p.split;
   const int my_units = (p.n_units - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
-  const int n_stages = my_units * (pair_end - pair_begin);
+  const int n_stages = my_units * (stage_end - stage_begin);
   const int64_t row_bytes = int64_t(p.in) * kBits / 8;
-  constexpr int kChunks = Sh::kRowBytes / 16;           // 16-byte chunks of a stage's row
-  constexpr int kCopies = kTileRows * kChunks / 32;     // of them per lane and stage
-  constexpr int kSb = 2 * int(sizeof(S));               // a row's two scales (or biases) of a stage
+  constexpr int kChunks = Sh::kRowBytes / 16;        // 16-byte chunks of a stage's row
+  constexpr int kCopies = kTileRows * kChunks / 32;  // of them per lane and stage
+  constexpr int kSb = Sh::kScaleRowBytes;
+  constexpr int kSbCopy = kSb < 16 ? kSb : 16;  // bytes per copy of a row's scales (or biases)
 
-  // The stage to issue next: its tile's first row and its pair, advanced in
-  // order (no divisions in the loop).
-  int issue_row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, issue_pair = pair_begin;
+  // The stage to issue next: its tile's first row and its stage in the row,
+  // advanced in order (no divisions in the loop).
+  int issue_row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, issue_stage = stage_begin;
   const int unit_rows = int(gridDim.x) * tiles_per_unit * kTileRows;
-  const uint8_t* copy_src[kCopies];  // per copy: its row's bytes of this pair's stage
+  const uint8_t* copy_src[kCopies];  // per copy: its row's bytes of this tile
   const uint8_t* scale_src;          // this lane's row's scales (lanes 0-15) or biases (16-31)
   auto point_at_tile = [&]() {
 #pragma unroll
@@ -253,13 +274,15 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int u = 0; u < kCopies; ++u) {
       const int c = lane + 32 * u;
       copy_async_16(smem_address(slot + (c / kChunks) * Sh::kRowStride + (c % kChunks) * 16),
-                    copy_src[u] + issue_pair * Sh::kRowBytes);
+                    copy_src[u] + issue_stage * Sh::kRowBytes);
     }
-    copy_async_small<kSb>(slot + Sh::kCodeBytes + (lane % kTileRows) * 2 * kSb + (lane / kTileRows) * kSb,
-                          scale_src + issue_pair * kSb);
+    uint8_t* scale_dst = slot + Sh::kCodeBytes + (lane % kTileRows) * 2 * kSb + (lane / kTileRows) * kSb;
+#pragma unroll
+    for (int o = 0; o < kSb; o += kSbCopy)
+      copy_async_small<kSbCopy>(scale_dst + o, scale_src + issue_stage * kSb + o);
     issue_slot = issue_slot + 1 == Sh::kStages ? 0 : issue_slot + 1;
-    if (++issue_pair == pair_end) {
-      issue_pair = pair_begin;
+    if (++issue_stage == stage_end) {
+      issue_stage = stage_begin;
       issue_row0 += unit_rows;
       point_at_tile();
     }
@@ -285,7 +308,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int col_t0 = min(g / 2, p.T - 1), col_t1 = min(4 + g / 2, p.T - 1);
   const __half* b_row0 = xs + (2 * col_t0 + g % 2) * p.x_stride + q * (kGroup / 4);
   const __half* b_row1 = xs + (2 * col_t1 + g % 2) * p.x_stride + q * (kGroup / 4);
-  int row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, pair = pair_begin, slot_index = 0;
+  int row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, stage = stage_begin, slot_index = 0;
 
   for (int i = 0; i < n_stages; ++i) {
     if (i + Sh::kStages - 1 < n_stages) issue();
@@ -294,17 +317,20 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();
     const uint8_t* slot = ring + slot_index * Sh::kStageBytes;
     slot_index = slot_index + 1 == Sh::kStages ? 0 : slot_index + 1;
-    const S* st_scales = reinterpret_cast<const S*>(slot + Sh::kCodeBytes);
-    const float4 sb_top = load_scales(st_scales + g * 4), sb_bottom = load_scales(st_scales + (g + 8) * 4);
-    // {S, 2^-k} of both groups, per token.
-    const float4 m0 = *reinterpret_cast<const float4*>(sums + t0 * p.n_groups + 2 * pair);
-    float4 m1 = m0;
-    if constexpr (kTwoMma) m1 = *reinterpret_cast<const float4*>(sums + t1 * p.n_groups + 2 * pair);
+    // Rows g and g + 8: the stage's scales, then its biases.
+    uint32_t sb_top[2 * kSb / 4], sb_bottom[2 * kSb / 4];
+    load_words(sb_top, slot + Sh::kCodeBytes + g * 2 * kSb);
+    load_words(sb_bottom, slot + Sh::kCodeBytes + (g + 8) * 2 * kSb);
+    float4 m0, m1;  // {S, 2^-k} of two groups, tokens t0 and t1
 #pragma unroll
-    for (int gi = 0; gi < 2; ++gi) {
-      const int group = 2 * pair + gi;
+    for (int gi = 0; gi < kSg; ++gi) {
+      const int group = stage * kSg + gi;
+      if (gi % 2 == 0) {
+        m0 = *reinterpret_cast<const float4*>(sums + t0 * p.n_groups + group);
+        if constexpr (kTwoMma) m1 = *reinterpret_cast<const float4*>(sums + t1 * p.n_groups + group);
+      }
       uint32_t top[Sh::kLaneWords], bottom[Sh::kLaneWords];  // rows g and g + 8
-      const int at = gi * (Sh::kRowBytes / 2) + q * Sh::kLaneWords * 4;
+      const int at = gi * Sh::kGroupBytes + q * Sh::kLaneBytes;
       load_words(top, slot + g * Sh::kRowStride + at);
       load_words(bottom, slot + (g + 8) * Sh::kRowStride + at);
       // B for the group's steps: 8 halves (two steps) per 16-byte load.
@@ -333,20 +359,20 @@ __global__ void __launch_bounds__(kWarps * 32)
           mma(c1, a, s % 2 ? make_uint2(v1.z, v1.w) : make_uint2(v1.x, v1.y));
         }
       }
-      const float st = gi ? sb_top.y : sb_top.x, sb = gi ? sb_bottom.y : sb_bottom.x;
-      const float bt = (gi ? sb_top.w : sb_top.z) - Sh::kOffset * st;
-      const float bb = (gi ? sb_bottom.w : sb_bottom.z) - Sh::kOffset * sb;
-      const float sum0 = gi ? m0.z : m0.x, down0 = gi ? m0.w : m0.y;
+      const float st = unpack_scale<S>(sb_top, gi), sb = unpack_scale<S>(sb_bottom, gi);
+      const float bt = unpack_scale<S>(sb_top + kSb / 4, gi) - Sh::kOffset * st;
+      const float bb = unpack_scale<S>(sb_bottom + kSb / 4, gi) - Sh::kOffset * sb;
+      const float sum0 = gi % 2 ? m0.z : m0.x, down0 = gi % 2 ? m0.w : m0.y;
       acc[0][0] += down0 * fmaf(st, c0[0] + c0[1], bt * sum0);
       acc[0][1] += down0 * fmaf(sb, c0[2] + c0[3], bb * sum0);
       if constexpr (kTwoMma) {
-        const float sum1 = gi ? m1.z : m1.x, down1 = gi ? m1.w : m1.y;
+        const float sum1 = gi % 2 ? m1.z : m1.x, down1 = gi % 2 ? m1.w : m1.y;
         acc[1][0] += down1 * fmaf(st, c1[0] + c1[1], bt * sum1);
         acc[1][1] += down1 * fmaf(sb, c1[2] + c1[3], bb * sum1);
       }
     }
     __syncwarp();  // the slot is refilled next iteration
-    if (++pair != pair_end) continue;
+    if (++stage != stage_end) continue;
 
     // The tile's last stage: the split warps' sums meet, in a fixed order.
     if (p.split > 1) {
@@ -369,7 +395,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
     }
     acc[0][0] = acc[0][1] = acc[1][0] = acc[1][1] = 0;
-    pair = pair_begin;
+    stage = stage_begin;
     row0 += unit_rows;
   }
   copy_async_wait<0>();
@@ -406,16 +432,16 @@ struct Variant {
     const int per_sm = blocks_per_sm(l.total);
     if (per_sm < 1) return cudaErrorInvalidValue;
     const int64_t slots = int64_t(per_sm) * sm_count();
-    const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), n_pairs = int(w.in / kGroup / 2);
+    const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), row_stages = int(w.in / Sh::kStageValues);
     // Split-K: the fewest warps per tile whose units fill the slots as well as
     // any, each warp keeping its ring full.
     int split = 1;
     double best = 0;
-    for (int s = 1; s <= kWarps && n_pairs / s >= 1; s *= 2) {
+    for (int s = 1; s <= kWarps && row_stages / s >= 1; s *= 2) {
       const int64_t units = (n_tiles + kWarps / s - 1) / (kWarps / s);
       const double waves = double((units + slots - 1) / slots);
       const double fill = double(units) / (waves * double(slots));
-      if (fill > best * 1.05 && (s == 1 || n_pairs / s >= Sh::kStages - 1)) best = fill, split = s;
+      if (fill > best * 1.05 && (s == 1 || row_stages / s >= Sh::kStages - 1)) best = fill, split = s;
     }
     Problem p{};
     p.packed = reinterpret_cast<const uint8_t*>(w.packed);
@@ -434,9 +460,9 @@ struct Variant {
     p.split = split;
     p.n_units = (n_tiles + kWarps / split - 1) / (kWarps / split);
     const int threads = int(T * w.in / 8);
-    cudaError_t status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup>, dim3(ceil_div(threads, 256)),
-                                       dim3(256), 0, stream, x, int(T), int(w.in), l.x_stride,
-                                       static_cast<uint8_t*>(scratch), l.x_bytes);
+    const cudaError_t status =
+        launch_kernel(affine_mma_prepare_kernel<kBits, kGroup>, dim3(ceil_div(threads, 256)), dim3(256), 0, stream,
+                      x, int(T), int(w.in), l.x_stride, static_cast<uint8_t*>(scratch), l.x_bytes);
     if (status != cudaSuccess) return status;
     const int grid = int(std::min<int64_t>(p.n_units, slots));
     return launch_kernel(kernel, dim3(grid), dim3(kWarps * 32), size_t(l.total), stream, p);
@@ -463,10 +489,13 @@ cudaError_t visit_variant(const AffineArgs& w, int64_t T, Fn&& fn) {
 bool shape_supported(const AffineArgs& w, int64_t T) {
   if (T < 1 || T > 8 || (w.bits != 4 && w.bits != 8)) return false;
   if (w.group_size != 32 && w.group_size != 64 && w.group_size != 128) return false;
-  if (w.in <= 0 || w.out <= 0 || w.in % (2 * w.group_size) != 0 || w.in > (1 << 20) || w.out > (1 << 30)) return false;
-  const size_t scale_size = w.scale_dtype == DType::f32 ? 4 : 2;
-  const auto aligned = [](const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
-  return aligned(w.packed, 16) && aligned(w.scales, 2 * scale_size) && aligned(w.biases, 2 * scale_size);
+  if (w.in <= 0 || w.out <= 0 || w.in > (1 << 20) || w.out > (1 << 30)) return false;
+  // A row is a whole number of stages (Shape: 128 bytes and two groups at least).
+  const int64_t group_bytes = w.group_size * w.bits / 8, stage_groups = std::max<int64_t>(2, 128 / group_bytes);
+  if (w.in % (stage_groups * w.group_size) != 0) return false;
+  const int64_t scale_copy = std::min<int64_t>(16, stage_groups * (w.scale_dtype == DType::f32 ? 4 : 2));
+  const auto aligned = [](const void* p, int64_t n) { return reinterpret_cast<uintptr_t>(p) % uintptr_t(n) == 0; };
+  return aligned(w.packed, 16) && aligned(w.scales, scale_copy) && aligned(w.biases, scale_copy);
 }
 
 }  // namespace
