@@ -5,33 +5,35 @@
 // Why: the CUDA-core matvec (affine_matvec.cu) spends about three instructions
 // per weight and token (unpack, convert, FMA), so int4 is bound by instructions
 // at T = 1 and every T costs another pass of FMAs. Here a 16-row tile of codes
-// is the mma's A operand and x its B operand, so T = 8 costs the weight reads
-// of T = 1 plus one more mma per step.
+// is the A operand of an integer mma (m16n8k32, u8 codes times s8 digits of x,
+// s32 sums) and x its B operand: 8-bit codes go in as they are stored, 4-bit
+// ones after one mask (and a shift) per 8 codes, so T = 8 costs the weight
+// reads of T = 1 plus two more mmas per step.
 //
-// Exactness: a code c enters A as the f16 value kOffset + c (8 bits: 1024 + c,
-// one byte permute for two codes; 4 bits: 16 + c, a shift and a mask). x enters
-// B as two f16 halves, hi = f16(x') and lo = f16(x' - hi), x' = x 2^k with a
-// power of two k per group and token that puts the group's largest |x'| in
-// [2^14, 2^15) (22 significant bits, no overflow). hi and lo are two columns
-// of B, so for T <= 4 one m16n8k16 mma sums both for all tokens. Per group and
-// token, with S = sum(hi + lo) over the group (staged with x):
-//   sum w x = 2^-k (scale (C_hi + C_lo - kOffset S) + bias S)
-// in f32, C the mma's f32 sums.
+// Exactness: per group and token, x is scaled by a power of two 2^k that puts
+// its largest |x| in [2^21, 2^22) and rounded to an integer x' (23 significant
+// bits, as f32's 24), which is written as three signed base-256 digits,
+// x' = d0 + 256 d1 + 65536 d2, each in [-128, 128). Each digit of each token is
+// one column of B, so T <= 2 takes one mma per step, T <= 5 two, T <= 8 three.
+// The mma sums C = sum c d exactly in s32; per group, in f32,
+//   sum w x'' = scale 2^-k sum_d 256^d C_d + bias 2^-k sum x',  x'' = x' 2^-k,
+// which is the f32 product with x rounded to 23 bits (the staged table holds
+// 2^-k 256^d and 2^-k sum x' per column; unused columns hold zeros).
 //
 // Shape: a first kernel converts x once into a scratch buffer, the image of
-// what every block stages in shared memory: rows (t, hi|lo) of f16 in each
-// group's order of the codes (4 bits: runs of 8 as 0 4 1 5 2 6 3 7, the pairs a
-// shift and mask unpack), then {S, 2^-k} per token and group. Each matvec block
-// copies it with cp.async (converting it in every block cost more than the
-// weights of a small matrix at 8 tokens, and gained nothing at one). Each warp streams its 16-row tiles' codes, at least
-// 128 contiguous bytes of each row a stage, with their scales and biases,
-// through a ring of cp.async stages in shared memory (several KB in flight
-// per warp, none in registers); `split` warps share a tile's stages and add
-// their sums in a fixed order.
+// what every block stages in shared memory: digit rows (column 3t + d) of s8 in
+// each group's order of the codes (4 bits: runs of 8 as 0 2 4 6 1 3 5 7, the
+// order one mask and one shift unpack), then the per-column factors. Each
+// matvec block copies it with cp.async (converting it in every block cost more
+// than the weights of a small matrix at 8 tokens, and gained nothing at one).
+// Each warp streams its 16-row tiles' codes, at least 128 contiguous bytes of
+// each row a stage, with their scales and biases, through a ring of cp.async
+// stages in shared memory (several KB in flight per warp, none in registers);
+// `split` warps share a tile's stages and add their sums in a fixed order.
 // Lane (g, q) = (lane / 4, lane % 4) owns rows g and g + 8 of a tile and the
-// codes [q G / 4, (q + 1) G / 4) of each group G: mma step s takes 4 of them,
-// whose x sit at the same place in the staged row, so the k order inside a
-// group is the lanes', and each group's sums stay apart.
+// codes [q G / 4, (q + 1) G / 4) of each group G: mma step s takes 8 of them,
+// whose x digits sit at the same place in the staged rows, so the k order
+// inside a group is the lanes', and each group's sums stay apart.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -46,8 +48,13 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kTileRows = 16;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight (at least 3 stages)
-constexpr int kXPad = 8;              // halves after each staged row of x: 16-byte B loads without
-                                      // bank conflicts (groups of 64)
+constexpr int kDigits = 3;            // base-256 digits of x'
+
+// Bytes after each staged row (codes or digits) whose lanes load `lane_bytes`
+// each at q lane_bytes: one phase of the loads (8, 4 or 2 rows of 4 lanes for
+// 4-, 8- and 16-byte loads; 2 rows for two 16-byte loads) hits every bank once,
+// given rows a multiple of 128 bytes long.
+constexpr int row_pad(int lane_bytes) { return lane_bytes >= 32 ? 16 : 4 * lane_bytes; }
 
 template <int kBits, int kGroup, typename S>
 struct Shape {
@@ -59,25 +66,24 @@ struct Shape {
   static constexpr int kRowBytes = kStageGroups * kGroupBytes;
   static constexpr int kLaneBytes = kGroupBytes / 4;  // a lane's codes of one group of a row
   static constexpr int kLaneWords = kLaneBytes / 4;
-  // Padding after each staged row: one phase of the lanes' code loads (8, 4 or
-  // 2 rows of 4 lanes for 4-, 8- and 16-byte loads) then hits every bank once.
-  static constexpr int kRowStride = kRowBytes + (kLaneBytes >= 32 ? 16 : 4 * kLaneBytes);
+  static constexpr int kRowStride = kRowBytes + row_pad(kLaneBytes);
   static constexpr int kCodeBytes = kTileRows * kRowStride;
   static constexpr int kScaleRowBytes = kStageGroups * int(sizeof(S));  // a row's scales (or biases) of a stage
   static constexpr int kScaleBytes = kTileRows * 2 * kScaleRowBytes;
   static constexpr int kStageBytes = (kCodeBytes + kScaleBytes + 15) / 16 * 16;
   static constexpr int kStages = std::max(3, kRingBytes / kStageBytes);
-  static constexpr int kSteps = kGroup / 16;  // k16 steps per group
-  static constexpr float kOffset = kBits == 8 ? 1024.0f : 16.0f;
+  static constexpr int kSteps = kGroup / 32;  // k32 steps per group
 };
+
+int mmas_for(int64_t T) { return int((kDigits * T + 7) / 8); }
 
 struct Problem {
   const uint8_t* packed;
   const void* scales;
   const void* biases;
-  const uint8_t* staged;  // x converted (prepare kernel): the image of a block's x and sums
-  int x_stride;           // halves per staged row of x
-  int64_t x_bytes, staged_bytes;  // the staged rows of x; with the sums after them
+  const uint8_t* staged;  // x converted (prepare kernel): the image of a block's x and factors
+  int x_stride;           // bytes per staged digit row
+  int64_t x_bytes, staged_bytes;  // the staged digit rows; with the factors after them
   const float* bias;
   float* y;
   int in, out, T;
@@ -86,111 +92,113 @@ struct Problem {
   int n_units;   // units of kWarps / split tiles
 };
 
-// The converted x, and the start of a block's shared memory: rows (t, hi|lo)
-// [2T][in + kXPad] f16, then {S, 2^-k} [T][n_groups]; then the warps' rings
-// and their partial sums [kWarps][32] float4.
+// The converted x, and the start of a block's shared memory: digit rows
+// [3 T][in + pad] s8, then per group, mma and lane quad q the float4 {w(2q),
+// w(2q + 1), b(2q), b(2q + 1)} of its two C columns (w = 2^-k 256^d, b = 2^-k
+// sum x' for digit 0, else 0); then the warps' rings and their partial sums
+// [kWarps][mmas][32] float4.
 struct Layout {
-  int x_stride;  // halves
+  int x_stride;  // bytes
   int64_t x_bytes, staged_bytes, ring_bytes, total;
 };
-Layout layout(int in, int n_groups, int T, int stage_bytes, int stages) {
+Layout layout(int in, int group, int T, int stage_bytes, int stages) {
+  const int mmas = mmas_for(T);
   Layout l;
-  l.x_stride = in + kXPad;
-  l.x_bytes = int64_t(2) * T * l.x_stride * 2;  // a multiple of 16: in % 64 == 0
-  l.staged_bytes = l.x_bytes + (int64_t(T) * n_groups * 8 + 15) / 16 * 16;
+  l.x_stride = in + row_pad(group / 4);  // a multiple of 16: in % 128 == 0
+  l.x_bytes = int64_t(kDigits) * T * l.x_stride;
+  l.staged_bytes = l.x_bytes + int64_t(in / group) * mmas * 4 * 16;
   l.ring_bytes = int64_t(kWarps) * stages * stage_bytes;
-  l.total = l.staged_bytes + l.ring_bytes + kWarps * 32 * 16;
+  l.total = l.staged_bytes + l.ring_bytes + int64_t(kWarps) * mmas * 32 * 16;
   return l;
 }
 
-// 4 or 8 bytes global -> shared (a row's scales or biases of a stage).
+// 4 to 16 bytes global -> shared (a row's scales or biases of a stage).
 template <int kBytes>
 __device__ __forceinline__ void copy_async_small(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem_address(dst)), "l"(src), "n"(kBytes)
-               : "memory");
+  if constexpr (kBytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_address(dst)), "l"(src) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem_address(dst)), "l"(src), "n"(kBytes)
+                 : "memory");
 }
 
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint2 b) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+// d += a b: a 16x32 tile of u8 codes, b 32x8 s8 digits, s32 sums.
+__device__ __forceinline__ void mma(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two codes as the f16 pair (kOffset + c, kOffset + c') for A slots (2q, 2q+1)
-// or (2q+8, 2q+9). 8 bits: codes 2i and 2i + 1 of the word. 4 bits: nibbles i
-// and i + 4 (a shift puts them at bits 6-9 and 22-25, where the exponent of 16
-// gives them a weight of 1).
-template <int kBits>
-__device__ __forceinline__ uint32_t code_pair(uint32_t word, int i) {
-  if constexpr (kBits == 8) {
-    return __byte_perm(word, 0x64u, i == 0 ? 0x4140 : 0x4342);
-  } else {
-    const uint32_t shifted = i == 0 ? word << 6 : i == 1 ? word << 2 : i == 2 ? word >> 2 : word >> 6;
-    return (shifted & 0x03C003C0u) | 0x4C004C00u;
-  }
+// The per-column factors of a group at column `col` (mma col / 8, lane quad
+// col % 8 / 2, half col % 2) of the staged table.
+__device__ __forceinline__ float* factor_at(uint8_t* staged, int64_t x_bytes, int group, int mmas, int col) {
+  float4* table = reinterpret_cast<float4*>(staged + x_bytes);
+  return reinterpret_cast<float*>(table + (int64_t(group) * mmas + col / 8) * 4 + col % 8 / 2) + col % 2;
 }
 
-__device__ __forceinline__ uint32_t f16x2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-// One run of 8 values of x [T, in] (token t, values e to e + 8) into the
-// staged image at `staged`: its hi and lo halves (4 bits: stored as 0 4 1 5 2 6 3 7), and with its
-// group's other runs {S, 2^-k}. The G / 8 lanes of a group are consecutive
-// lanes of one warp and all call this, those past the end with active false.
+// x [T, in] into the staged image: a thread takes a run of 8 values (4 bits:
+// stored as 0 2 4 6 1 3 5 7), G / 8 threads a group (aligned within the warp).
 template <int kBits, int kGroup>
-__device__ __forceinline__ void stage_run(const float* x, int in, int t, int e, bool active, int x_stride,
-                                          uint8_t* staged, int64_t x_bytes) {
+__global__ void affine_mma_prepare_kernel(const float* x, int T, int in, int x_stride, uint8_t* staged,
+                                          int64_t x_bytes) {
   constexpr int kLanes = kGroup / 8;
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int runs = in / 8, i = blockIdx.x * blockDim.x + threadIdx.x;  // T * runs is a multiple of kLanes
+  if (i - int(threadIdx.x % 32) >= T * runs) return;                    // the whole warp is past the end
+  const bool active = i < T * runs;
+  const int t = active ? i / runs : 0, e = active ? 8 * (i - t * runs) : 0;
   const float4* src = reinterpret_cast<const float4*>(x + int64_t(t) * in + e);
   const float4 a = active ? __ldg(src) : make_float4(0, 0, 0, 0), b = active ? __ldg(src + 1) : a;
-  float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
   float amax = 0;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+  for (int j = 0; j < 8; ++j) amax = fmaxf(amax, isfinite(v[j]) ? fabsf(v[j]) : INFINITY);  // NaN counts as inf
 #pragma unroll
   for (int o = 1; o < kLanes; o *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   int exponent = 0;
   frexpf(amax, &exponent);  // amax in [2^(exponent-1), 2^exponent)
-  const bool scaled = amax > 0 && amax <= 3.0e38f;
-  exponent = max(exponent, -100);
-  const float up = scaled ? ldexpf(1.0f, 15 - exponent) : 1.0f, down = scaled ? ldexpf(1.0f, exponent - 15) : 1.0f;
-  float sum = 0;
-  uint32_t hi[4], lo[4];
+  const bool finite = amax <= 3.4e38f;
+  exponent = amax > 0 && finite ? max(exponent, -100) : 0;
+  const float up = ldexpf(1.0f, 22 - exponent);
+  // A group holding inf or NaN gives NaN rows, as the f32 product would give inf or NaN.
+  const float down = finite ? ldexpf(1.0f, exponent - 22) : __int_as_float(0x7fc00000);
+  int sum = 0;
+  uint32_t digits[kDigits][2] = {};
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    // The pair (v[j0], v[j1]) in staged order: 8 bits in place, 4 bits (k, k + 4).
-    const int j0 = kBits == 8 ? 2 * k : k, j1 = kBits == 8 ? 2 * k + 1 : k + 4;
-    const float x0 = v[j0] * up, x1 = v[j1] * up;
-    hi[k] = f16x2(x0, x1);
-    const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&hi[k]));
-    lo[k] = f16x2(x0 - h.x, x1 - h.y);
-    const float2 l = __half22float2(*reinterpret_cast<const __half2*>(&lo[k]));
-    sum += (h.x + l.x) + (h.y + l.y);
+  for (int k = 0; k < 8; ++k) {
+    // Staged position k holds value j: 8 bits in place, 4 bits 0 2 4 6 1 3 5 7.
+    const int j = kBits == 8 ? k : (k < 4 ? 2 * k : 2 * (k - 4) + 1);
+    const int xq = finite ? __float2int_rn(v[j] * up) : 0;  // |xq| <= 2^22
+    sum += xq;
+    int rest = xq;
+#pragma unroll
+    for (int d = 0; d < kDigits; ++d) {
+      const int digit = d + 1 < kDigits ? ((rest + 128) & 255) - 128 : rest;  // the last one in [-64, 64]
+      rest = (rest - digit) >> 8;
+      digits[d][k / 4] |= uint32_t(digit & 255) << (8 * (k % 4));
+    }
   }
 #pragma unroll
   for (int o = 1; o < kLanes; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   if (!active) return;
-  uint8_t* row = staged + int64_t(2 * t) * x_stride * 2 + int64_t(e) * 2;
-  *reinterpret_cast<uint4*>(row) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-  *reinterpret_cast<uint4*>(row + int64_t(x_stride) * 2) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-  if (threadIdx.x % kLanes == 0)
-    reinterpret_cast<float2*>(staged + x_bytes)[t * (in / kGroup) + e / kGroup] = make_float2(sum, down);
-}
-
-// x converted once into the scratch buffer, a thread a run.
-template <int kBits, int kGroup>
-__global__ void affine_mma_prepare_kernel(const float* x, int T, int in, int x_stride, uint8_t* staged,
-                                          int64_t x_bytes) {
-  allow_next_kernel();
-  wait_for_previous_kernel();
-  const int runs = in / 8, i = blockIdx.x * blockDim.x + threadIdx.x;  // T * runs is a multiple of G / 8
-  if (i - int(threadIdx.x % 32) >= T * runs) return;                    // the whole warp is past the end
-  const bool active = i < T * runs;
-  const int t = active ? i / runs : 0, e = active ? 8 * (i - t * runs) : 0;
-  stage_run<kBits, kGroup>(x, in, t, e, active, x_stride, staged, x_bytes);
+#pragma unroll
+  for (int d = 0; d < kDigits; ++d)
+    *reinterpret_cast<uint2*>(staged + int64_t(kDigits * t + d) * x_stride + e) = make_uint2(digits[d][0], digits[d][1]);
+  if (threadIdx.x % kLanes != 0) return;
+  const int group = e / kGroup, mmas = (kDigits * T + 7) / 8;
+#pragma unroll
+  for (int d = 0; d < kDigits; ++d) {
+    float* f = factor_at(staged, x_bytes, group, mmas, kDigits * t + d);
+    f[0] = ldexpf(down, 8 * d);
+    f[2] = d == 0 ? float(sum) * down : 0.0f;
+  }
+  if (t == 0)  // columns no token uses
+    for (int col = kDigits * T; col < 8 * mmas; ++col) {
+      float* f = factor_at(staged, x_bytes, group, mmas, col);
+      f[0] = f[2] = 0.0f;
+    }
 }
 
 template <int kWords>
@@ -209,6 +217,13 @@ __device__ __forceinline__ void load_words(uint32_t (&w)[kWords], const uint8_t*
   }
 }
 
+// An mma sum (|v| < 2^22: at most 128 codes of 255 times digits of 128) as
+// f32, exactly, on the integer and FMA pipes: I2F runs at a quarter of their
+// rate, and a group of 8 tokens needs 12 per lane.
+__device__ __forceinline__ float exact_float(int v) {
+  return __int_as_float(v + 0x4B400000) - 12582912.0f;  // 1.5 2^23 + v, then minus 1.5 2^23
+}
+
 // Scale (or bias) i of a row's words of a stage, as f32.
 template <typename S>
 __device__ __forceinline__ float unpack_scale(const uint32_t* words, int i) {
@@ -216,9 +231,8 @@ __device__ __forceinline__ float unpack_scale(const uint32_t* words, int i) {
     return __uint_as_float(words[i]);
   } else {
     const uint32_t w = words[i / 2];
-    const unsigned short h = (unsigned short)(i % 2 ? w >> 16 : w & 0xffffu);
     if constexpr (std::is_same_v<S, __half>)
-      return __half2float(__ushort_as_half(h));
+      return __half2float(__ushort_as_half((unsigned short)(i % 2 ? w >> 16 : w & 0xffffu)));
     else
       return __uint_as_float(i % 2 ? w & 0xffff0000u : w << 16);
   }
@@ -226,14 +240,13 @@ __device__ __forceinline__ float unpack_scale(const uint32_t* words, int i) {
 
 // Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
 // 16 rows, warp w its tile w / split and the share w % split of its stages.
-template <int kBits, int kGroup, typename S, bool kTwoMma>
+template <int kBits, int kGroup, typename S, int kMmas>
 __global__ void __launch_bounds__(kWarps * 32)
     affine_matvec_mma_kernel(const __grid_constant__ Problem p) {
   using Sh = Shape<kBits, kGroup, S>;
   constexpr int kSg = Sh::kStageGroups;
   extern __shared__ __align__(16) uint8_t smem[];
-  const __half* xs = reinterpret_cast<const __half*>(smem);
-  const float2* sums = reinterpret_cast<const float2*>(smem + p.x_bytes);
+  const float4* factors = reinterpret_cast<const float4*>(smem + p.x_bytes);
   uint8_t* ring = smem + p.staged_bytes + int64_t(threadIdx.x / 32) * Sh::kStages * Sh::kStageBytes;
   float4* partial =
       reinterpret_cast<float4*>(smem + p.staged_bytes + int64_t(kWarps) * Sh::kStages * Sh::kStageBytes);
@@ -302,12 +315,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   copy_async_wait<0>();
   __syncthreads();
 
-  float acc[2][2] = {};  // [token q, 4 + q][row g, g + 8]
-  const int t0 = min(q, p.T - 1), t1 = min(4 + q, p.T - 1);
-  // B rows: column n = lane / 4 is token n / 2 (n / 2 + 4), half n % 2.
-  const int col_t0 = min(g / 2, p.T - 1), col_t1 = min(4 + g / 2, p.T - 1);
-  const __half* b_row0 = xs + (2 * col_t0 + g % 2) * p.x_stride + q * (kGroup / 4);
-  const __half* b_row1 = xs + (2 * col_t1 + g % 2) * p.x_stride + q * (kGroup / 4);
+  float acc[kMmas][4] = {};  // per mma: rows g, g, g + 8, g + 8 and columns 2q, 2q + 1, 2q, 2q + 1
+  // B: lane g loads column 8 m + g (the last used one past 3 T - 1), its digits at q G / 4 of each group.
+  const uint8_t* b_row[kMmas];
+#pragma unroll
+  for (int m = 0; m < kMmas; ++m) b_row[m] = smem + min(8 * m + g, kDigits * p.T - 1) * p.x_stride + q * (kGroup / 4);
   int row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, stage = stage_begin, slot_index = 0;
 
   for (int i = 0; i < n_stages; ++i) {
@@ -321,80 +333,81 @@ __global__ void __launch_bounds__(kWarps * 32)
     uint32_t sb_top[2 * kSb / 4], sb_bottom[2 * kSb / 4];
     load_words(sb_top, slot + Sh::kCodeBytes + g * 2 * kSb);
     load_words(sb_bottom, slot + Sh::kCodeBytes + (g + 8) * 2 * kSb);
-    float4 m0, m1;  // {S, 2^-k} of two groups, tokens t0 and t1
 #pragma unroll
     for (int gi = 0; gi < kSg; ++gi) {
       const int group = stage * kSg + gi;
-      if (gi % 2 == 0) {
-        m0 = *reinterpret_cast<const float4*>(sums + t0 * p.n_groups + group);
-        if constexpr (kTwoMma) m1 = *reinterpret_cast<const float4*>(sums + t1 * p.n_groups + group);
-      }
       uint32_t top[Sh::kLaneWords], bottom[Sh::kLaneWords];  // rows g and g + 8
       const int at = gi * Sh::kGroupBytes + q * Sh::kLaneBytes;
       load_words(top, slot + g * Sh::kRowStride + at);
       load_words(bottom, slot + (g + 8) * Sh::kRowStride + at);
-      // B for the group's steps: 8 halves (two steps) per 16-byte load.
-      uint4 b0[Sh::kSteps / 2], b1[Sh::kSteps / 2];
+      // B for the group's steps: the lane's G / 4 digits of its column, 8 a step.
+      uint32_t b[kMmas][kGroup / 16];
 #pragma unroll
-      for (int k = 0; k < Sh::kSteps / 2; ++k) {
-        b0[k] = *reinterpret_cast<const uint4*>(b_row0 + group * kGroup + 8 * k);
-        if constexpr (kTwoMma) b1[k] = *reinterpret_cast<const uint4*>(b_row1 + group * kGroup + 8 * k);
-      }
-      float c0[4] = {}, c1[4] = {};
+      for (int m = 0; m < kMmas; ++m) load_words(b[m], b_row[m] + group * kGroup);
+      int c[kMmas][4] = {};
 #pragma unroll
       for (int s = 0; s < Sh::kSteps; ++s) {
+        // A: k slots 4q..4q+3 (a0 row g, a1 row g + 8) and 16+4q..16+4q+3 (a2, a3).
         uint32_t a[4];
         if constexpr (kBits == 8) {
-          a[0] = code_pair<8>(top[s], 0), a[1] = code_pair<8>(bottom[s], 0);
-          a[2] = code_pair<8>(top[s], 1), a[3] = code_pair<8>(bottom[s], 1);
-        } else {
-          const int n = 2 * (s % 2);
-          a[0] = code_pair<4>(top[s / 2], n), a[1] = code_pair<4>(bottom[s / 2], n);
-          a[2] = code_pair<4>(top[s / 2], n + 1), a[3] = code_pair<4>(bottom[s / 2], n + 1);
+          a[0] = top[2 * s], a[1] = bottom[2 * s], a[2] = top[2 * s + 1], a[3] = bottom[2 * s + 1];
+        } else {  // codes 0 2 4 6 and 1 3 5 7 of the word, as bytes
+          a[0] = top[s] & 0x0F0F0F0Fu, a[1] = bottom[s] & 0x0F0F0F0Fu;
+          a[2] = (top[s] >> 4) & 0x0F0F0F0Fu, a[3] = (bottom[s] >> 4) & 0x0F0F0F0Fu;
         }
-        const uint4& v0 = b0[s / 2];
-        mma(c0, a, s % 2 ? make_uint2(v0.z, v0.w) : make_uint2(v0.x, v0.y));
-        if constexpr (kTwoMma) {
-          const uint4& v1 = b1[s / 2];
-          mma(c1, a, s % 2 ? make_uint2(v1.z, v1.w) : make_uint2(v1.x, v1.y));
-        }
+#pragma unroll
+        for (int m = 0; m < kMmas; ++m) mma(c[m], a, b[m][2 * s], b[m][2 * s + 1]);
       }
       const float st = unpack_scale<S>(sb_top, gi), sb = unpack_scale<S>(sb_bottom, gi);
-      const float bt = unpack_scale<S>(sb_top + kSb / 4, gi) - Sh::kOffset * st;
-      const float bb = unpack_scale<S>(sb_bottom + kSb / 4, gi) - Sh::kOffset * sb;
-      const float sum0 = gi % 2 ? m0.z : m0.x, down0 = gi % 2 ? m0.w : m0.y;
-      acc[0][0] += down0 * fmaf(st, c0[0] + c0[1], bt * sum0);
-      acc[0][1] += down0 * fmaf(sb, c0[2] + c0[3], bb * sum0);
-      if constexpr (kTwoMma) {
-        const float sum1 = gi % 2 ? m1.z : m1.x, down1 = gi % 2 ? m1.w : m1.y;
-        acc[1][0] += down1 * fmaf(st, c1[0] + c1[1], bt * sum1);
-        acc[1][1] += down1 * fmaf(sb, c1[2] + c1[3], bb * sum1);
+      const float bt = unpack_scale<S>(sb_top + kSb / 4, gi), bb = unpack_scale<S>(sb_bottom + kSb / 4, gi);
+#pragma unroll
+      for (int m = 0; m < kMmas; ++m) {
+        const float4 f = factors[(group * kMmas + m) * 4 + q];
+        acc[m][0] = fmaf(st * f.x, exact_float(c[m][0]), fmaf(bt, f.z, acc[m][0]));
+        acc[m][1] = fmaf(st * f.y, exact_float(c[m][1]), fmaf(bt, f.w, acc[m][1]));
+        acc[m][2] = fmaf(sb * f.x, exact_float(c[m][2]), fmaf(bb, f.z, acc[m][2]));
+        acc[m][3] = fmaf(sb * f.y, exact_float(c[m][3]), fmaf(bb, f.w, acc[m][3]));
       }
     }
     __syncwarp();  // the slot is refilled next iteration
     if (++stage != stage_end) continue;
 
-    // The tile's last stage: the split warps' sums meet, in a fixed order.
+    // The tile's last stage: the split warps' sums meet in a fixed order, then
+    // each output adds its token's three digit columns.
+#pragma unroll
+    for (int m = 0; m < kMmas; ++m)
+      partial[(warp * kMmas + m) * 32 + lane] = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
     if (p.split > 1) {
-      partial[warp * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[1][0], acc[1][1]);
       __syncthreads();
       if (part == 0)
-        for (int w = warp + 1; w < warp + p.split; ++w) {
-          const float4 o = partial[w * 32 + lane];
-          acc[0][0] += o.x, acc[0][1] += o.y, acc[1][0] += o.z, acc[1][1] += o.w;
-        }
-      __syncthreads();
+        for (int w = warp + 1; w < warp + p.split; ++w)
+#pragma unroll
+          for (int m = 0; m < kMmas; ++m) {
+            const float4 o = partial[(w * kMmas + m) * 32 + lane];
+            acc[m][0] += o.x, acc[m][1] += o.y, acc[m][2] += o.z, acc[m][3] += o.w;
+          }
+#pragma unroll
+      for (int m = 0; m < kMmas; ++m)
+        if (part == 0) partial[(warp * kMmas + m) * 32 + lane] = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
     }
+    __syncwarp();
     if (part == 0) {
+      const float* mine = reinterpret_cast<const float*>(partial + warp * kMmas * 32);
+      for (int o = lane; o < kTileRows * p.T; o += 32) {
+        const int r = o % kTileRows, t = o / kTileRows, row = row0 + r;
+        float sum = 0;
 #pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int t = 4 * u + q, row = row0 + g + 8 * r;
-          if (t < p.T && row < p.out) p.y[int64_t(t) * p.out + row] = acc[u][r] + (p.bias ? p.bias[row] : 0.0f);
+        for (int d = 0; d < kDigits; ++d) {
+          const int col = kDigits * t + d, m = col / 8, from = (r % 8) * 4 + col % 8 / 2;
+          sum += mine[((m * 32) + from) * 4 + (r / 8) * 2 + col % 2];
         }
+        if (row < p.out) p.y[int64_t(t) * p.out + row] = sum + (p.bias ? p.bias[row] : 0.0f);
+      }
     }
-    acc[0][0] = acc[0][1] = acc[1][0] = acc[1][1] = 0;
+    if (p.split > 1) __syncthreads();  // partial is rewritten at the next tile
+    __syncwarp();
+#pragma unroll
+    for (int m = 0; m < kMmas; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0;
     stage = stage_begin;
     row0 += unit_rows;
   }
@@ -408,13 +421,13 @@ int max_smem() {
   return bytes;
 }
 
-template <int kBits, int kGroup, typename S, bool kTwoMma>
+template <int kBits, int kGroup, typename S, int kMmas>
 struct Variant {
   using Sh = Shape<kBits, kGroup, S>;
-  static constexpr auto kernel = affine_matvec_mma_kernel<kBits, kGroup, S, kTwoMma>;
+  static constexpr auto kernel = affine_matvec_mma_kernel<kBits, kGroup, S, kMmas>;
 
   static Layout layout_for(const AffineArgs& w, int64_t T) {
-    return layout(int(w.in), int(w.in / kGroup), int(T), Sh::kStageBytes, Sh::kStages);
+    return layout(int(w.in), kGroup, int(T), Sh::kStageBytes, Sh::kStages);
   }
   static int blocks_per_sm(int64_t smem) {
     static const cudaError_t raised =
@@ -473,16 +486,18 @@ struct Variant {
 template <typename Fn>
 cudaError_t visit_variant(const AffineArgs& w, int64_t T, Fn&& fn) {
   return visit_float(w.scale_dtype, [&]<typename S>() {
-    auto by_group = [&]<int kBits, bool kTwo>() {
-      if (w.group_size == 32) fn(Variant<kBits, 32, S, kTwo>{});
-      else if (w.group_size == 64) fn(Variant<kBits, 64, S, kTwo>{});
-      else fn(Variant<kBits, 128, S, kTwo>{});
+    auto by_group = [&]<int kBits, int kMmas>() {
+      if (w.group_size == 32) fn(Variant<kBits, 32, S, kMmas>{});
+      else if (w.group_size == 64) fn(Variant<kBits, 64, S, kMmas>{});
+      else fn(Variant<kBits, 128, S, kMmas>{});
     };
-    const bool two = T > 4;
-    if (w.bits == 4)
-      two ? by_group.template operator()<4, true>() : by_group.template operator()<4, false>();
-    else
-      two ? by_group.template operator()<8, true>() : by_group.template operator()<8, false>();
+    auto by_mmas = [&]<int kBits>() {
+      const int mmas = mmas_for(T);
+      if (mmas == 1) by_group.template operator()<kBits, 1>();
+      else if (mmas == 2) by_group.template operator()<kBits, 2>();
+      else by_group.template operator()<kBits, 3>();
+    };
+    w.bits == 4 ? by_mmas.template operator()<4>() : by_mmas.template operator()<8>();
   });
 }
 
@@ -508,7 +523,7 @@ bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T) {
 }
 
 int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T) {
-  return layout(int(w.in), int(w.in / w.group_size), int(T), 0, 0).staged_bytes;
+  return layout(int(w.in), int(w.group_size), int(T), 0, 0).staged_bytes;
 }
 
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,
