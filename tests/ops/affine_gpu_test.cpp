@@ -187,8 +187,9 @@ TEST_F(Affine, TensorCoreMatvecTakesOneTokenOfALargeMatrix) {
 }
 
 // x far outside f16's range, in both directions and in one row: each group of
-// each token is scaled by its own power of two before the f16 split, so huge
-// values do not overflow and tiny ones keep their digits.
+// each token is scaled by its own power of two before it is rounded to digits,
+// so huge values do not overflow and tiny ones keep their digits; a NaN gives
+// NaN outputs.
 TEST_F(Affine, TensorCoreMatvecKeepsHugeAndTinyInputs) {
   const int64_t in = 1024, out = 96;
   for (int bits : {4, 8}) {
@@ -208,6 +209,15 @@ TEST_F(Affine, TensorCoreMatvecKeepsHugeAndTinyInputs) {
       const std::string label = fmt::format("int{} token {}", bits, t);
       EXPECT_LE(relative_error(got.slice_rows(t, t + 1), want.slice_rows(t, t + 1), label), 1e-5f) << label;
     }
+    // A NaN in x makes its token's outputs NaN, as in the f32 product; the other token is untouched.
+    Tensor nan_x = random({2, in}, DType::f32, 6);
+    nan_x.data<float>()[in + 300] = std::nanf("");
+    const Tensor plain = ops::linear(nan_x.slice_rows(0, 1), w.dequantize(DType::f32), Tensor());
+    ops::set_launch_settings({.tensor_core_affine_matvec = true});
+    const Tensor nan_y = ops::linear(gpu(nan_x), w.to_device(Device::cuda), Tensor()).to_device(Device::cpu);
+    ops::set_launch_settings({});
+    for (int64_t r = 0; r < out; ++r) EXPECT_TRUE(std::isnan(nan_y.data<float>()[out + r])) << "int" << bits << " row " << r;
+    EXPECT_LE(relative_error(nan_y.slice_rows(0, 1), plain, "finite token"), 1e-5f);
   }
 }
 
