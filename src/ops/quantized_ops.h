@@ -21,6 +21,13 @@ namespace cuda {
 void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out);  // ops/cuda/affine_ops.cpp
 void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& out);        // ops/cuda/fp8_ops.cpp
 void affine_embed(const AffineWeight& w, const Tensor& ids, Tensor& out);                      // ops/cuda/affine_ops.cpp
+// The fused decode forms (lever fused_norm_matvec) on the tensor-core affine
+// matvec: the input is formed as x is converted, the product added into h.
+// false where that kernel does not apply (the caller composes the steps).
+bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w, const Tensor& bias,
+                            Tensor& out);
+bool affine_linear_add(Tensor& h, const Tensor& x, const AffineWeight& w, const Tensor& bias);
+bool affine_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const AffineWeight& w, const Tensor& bias);
 void fp8_embed(const Fp8Weight& w, const Tensor& ids, Tensor& out);                            // ops/cuda/fp8_ops.cpp
 }  // namespace cuda
 

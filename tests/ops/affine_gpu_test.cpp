@@ -15,6 +15,7 @@
 #include "ops/cuda/affine_launchers.h"
 #include "ops/cuda/launchers.h"
 #include "ops/ops.h"
+#include "ops/quantized_ops.h"
 #include "gpu_test_util.h"
 #include "test_util.h"
 
@@ -184,6 +185,56 @@ TEST_F(Affine, TensorCoreMatvecTakesOneTokenOfALargeMatrix) {
   const Tensor both = ops::linear(gpu(x), wg, Tensor()).to_device(Device::cpu);
   ops::set_launch_settings({});
   EXPECT_EQ(std::memcmp(both.raw(), int8_x.raw(), both.size_bytes()), 0);
+}
+
+// The fused decode forms (lever fused_norm_matvec) on the tensor-core matvec:
+// RMSNorm(h) w formed as x is converted, silu(gate) up likewise, and the
+// product added into the residual, against the CPU composition on the
+// dequantized weights; the kernel must take each (the direct calls say so).
+TEST_F(Affine, TensorCoreMatvecFormsItsInputAndAddsIntoTheResidual) {
+  struct Case { int64_t T, out, in; int bits, group; DType norm_dt; };
+  for (const Case& c : {Case{2, 96, 1024, 4, 64, DType::bf16}, Case{5, 130, 512, 8, 32, DType::f32},
+                        Case{8, 64, 2048, 4, 128, DType::f16}, Case{1, 2048, 4096, 8, 64, DType::bf16}}) {
+    const std::string label = fmt::format("int{} g{} T={} {}x{}", c.bits, c.group, c.T, c.out, c.in);
+    Weight w(random_affine(c.out, c.in, c.bits, c.group, DType::bf16, uint64_t(c.T * 7 + c.bits)), c.in);
+    const Tensor dense = w.dequantize(DType::f32);
+    const Weight wg = w.to_device(Device::cuda);
+    const Tensor h = random({c.T, c.in}, DType::f32, 11, 2.0f), norm_w = random({c.in}, c.norm_dt, 12, 0.5f, 1.0f);
+    const Tensor x = random({c.T, c.in}, DType::f32, 13), gate_up = random({c.T, 2 * c.in}, DType::f32, 14, 3.0f);
+    const Tensor residual = random({c.T, c.out}, DType::f32, 15), bias = random({c.out}, DType::f32, 16, 0.1f);
+    ops::set_launch_settings({.tensor_core_affine_matvec = true});
+
+    const Tensor normed_want = ops::linear(ops::rms_norm(h, norm_w, 1e-5f), dense, bias);
+    Tensor normed = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
+    EXPECT_TRUE(ops::cuda::affine_rms_norm_linear(gpu(h), gpu(norm_w), 1e-5f, wg.affine(), gpu(bias), normed))
+        << label;
+    EXPECT_LE(relative_error(normed.to_device(Device::cpu), normed_want, label + " rms_norm_linear"), 1e-5f);
+    const Tensor via_ops = ops::rms_norm_linear(gpu(h), gpu(norm_w), 1e-5f, wg, gpu(bias)).to_device(Device::cpu);
+    EXPECT_EQ(std::memcmp(via_ops.raw(), normed.to_device(Device::cpu).raw(), via_ops.size_bytes()), 0) << label;
+
+    Tensor added_want = residual.clone();
+    ops::add_inplace(added_want, ops::linear(x, dense, bias));
+    Tensor added = gpu(residual);
+    EXPECT_TRUE(ops::cuda::affine_linear_add(added, gpu(x), wg.affine(), gpu(bias))) << label;
+    EXPECT_LE(relative_error(added.to_device(Device::cpu), added_want, label + " linear_add"), 1e-5f);
+
+    Tensor gated_want = residual.clone();
+    ops::add_inplace(gated_want, ops::linear(ops::silu_mul_halves(gate_up), dense, bias));
+    Tensor gated = gpu(residual);
+    EXPECT_TRUE(ops::cuda::affine_swiglu_linear_add(gated, gpu(gate_up), wg.affine(), gpu(bias))) << label;
+    EXPECT_LE(relative_error(gated.to_device(Device::cpu), gated_want, label + " swiglu_linear_add"), 1e-5f);
+    // The fused add equals the composition on the GPU bit for bit: the same product, then the same add.
+    Tensor composed = gpu(residual);
+    ops::add_inplace(composed, ops::linear(ops::silu_mul_halves(gpu(gate_up)), wg, gpu(bias)));
+    EXPECT_EQ(std::memcmp(composed.to_device(Device::cpu).raw(), gated.to_device(Device::cpu).raw(),
+                          gated.size_bytes()),
+              0)
+        << label;
+    ops::set_launch_settings({});
+    // Without the lever the fused forms decline and the ops compose the steps.
+    Tensor declined = gpu(residual);
+    EXPECT_FALSE(ops::cuda::affine_linear_add(declined, gpu(x), wg.affine(), gpu(bias))) << label;
+  }
 }
 
 // x far outside f16's range, in both directions and in one row: each group of

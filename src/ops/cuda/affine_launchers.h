@@ -56,6 +56,20 @@ int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T);
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,
                                      void* scratch, cudaStream_t stream);
 
+// The same with the input formed on the way in (lever fused_norm_matvec):
+// RMSNorm(h) norm_w, or silu(gate) up from gate_up [T, 2 in] (as
+// silu_mul_halves); accumulate adds the product into y (the residual).
+struct AffineMmaInput {
+  enum class Kind { plain, rms_normed, silu_gated };
+  Kind kind = Kind::plain;
+  const float* x = nullptr;  // [T, in]; rms_normed: h [T, in]; silu_gated: gate_up [T, 2 in]
+  const void* norm_w = nullptr;
+  DType norm_dtype = DType::f32;
+  float eps = 0;
+};
+cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y,
+                                     int64_t T, void* scratch, cudaStream_t stream, bool accumulate);
+
 // dst [out, in] = dequant(w) in dst_dtype (f32, f16 or bf16), each value
 // computed in f32 as scale * q + bias and rounded once (Weight::dequantize).
 cudaError_t launch_affine_dequantize(const AffineArgs& w, void* dst, DType dst_dtype, cudaStream_t stream);

@@ -86,6 +86,7 @@ struct Problem {
   int64_t x_bytes, staged_bytes;  // the staged digit rows; with the factors after them
   const float* bias;
   float* y;
+  bool accumulate;  // y += the product (the residual add), else y =
   int in, out, T;
   int n_groups;  // per row
   int split;     // warps per tile
@@ -137,21 +138,14 @@ __device__ __forceinline__ float* factor_at(uint8_t* staged, int64_t x_bytes, in
   return reinterpret_cast<float*>(table + (int64_t(group) * mmas + col / 8) * 4 + col % 8 / 2) + col % 2;
 }
 
-// x [T, in] into the staged image: a thread takes a run of 8 values (4 bits:
-// stored as 0 2 4 6 1 3 5 7), G / 8 threads a group (aligned within the warp).
+// Eight values of x (token t, columns e to e + 8) into the staged image: their
+// digits (4 bits: stored as 0 2 4 6 1 3 5 7) and, with the group's other runs,
+// its factors. The G / 8 lanes of a group are consecutive lanes of one warp
+// and all call this, those past the end with active false.
 template <int kBits, int kGroup>
-__global__ void affine_mma_prepare_kernel(const float* x, int T, int in, int x_stride, uint8_t* staged,
-                                          int64_t x_bytes) {
+__device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, int e, bool active, int x_stride,
+                                             uint8_t* staged, int64_t x_bytes) {
   constexpr int kLanes = kGroup / 8;
-  allow_next_kernel();
-  wait_for_previous_kernel();
-  const int runs = in / 8, i = blockIdx.x * blockDim.x + threadIdx.x;  // T * runs is a multiple of kLanes
-  if (i - int(threadIdx.x % 32) >= T * runs) return;                    // the whole warp is past the end
-  const bool active = i < T * runs;
-  const int t = active ? i / runs : 0, e = active ? 8 * (i - t * runs) : 0;
-  const float4* src = reinterpret_cast<const float4*>(x + int64_t(t) * in + e);
-  const float4 a = active ? __ldg(src) : make_float4(0, 0, 0, 0), b = active ? __ldg(src + 1) : a;
-  const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
   float amax = 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) amax = fmaxf(amax, isfinite(v[j]) ? fabsf(v[j]) : INFINITY);  // NaN counts as inf
@@ -199,6 +193,62 @@ __global__ void affine_mma_prepare_kernel(const float* x, int T, int in, int x_s
       float* f = factor_at(staged, x_bytes, group, mmas, col);
       f[0] = f[2] = 0.0f;
     }
+}
+
+struct Prepare {
+  const float* x;  // [T, in]; kRmsNormed: h [T, in]; kSiluGated: gate_up [T, 2 in]
+  const void* norm_w;
+  float eps;
+  int T, in, x_stride;
+  uint8_t* staged;
+  int64_t x_bytes;
+};
+
+// x [T, in] (or what the input kind makes of it) into the staged image, a
+// block a token, a thread a run of 8 values at a time. kRmsNormed computes
+// RMSNorm(h) w first (the sum of squares over the block, f32); kSiluGated
+// silu(gate) up, as silu_mul_halves.
+template <int kBits, int kGroup, int kKind, typename N>
+__global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int t = blockIdx.x, runs = p.in / 8, lane = threadIdx.x % 32;
+  const float* row = p.x + int64_t(t) * p.in * (kKind == int(AffineMmaInput::Kind::silu_gated) ? 2 : 1);
+  float inv = 1;
+  if constexpr (kKind == int(AffineMmaInput::Kind::rms_normed)) {
+    float sum = 0;
+    for (int r = threadIdx.x; r < runs; r += blockDim.x) {
+      const float4 a = reinterpret_cast<const float4*>(row)[2 * r], b = reinterpret_cast<const float4*>(row)[2 * r + 1];
+      sum += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    }
+    __shared__ float partial[32];
+    sum = warp_sum(sum);
+    if (lane == 0) partial[threadIdx.x / 32] = sum;
+    __syncthreads();
+    float total = 0;
+    for (int w = 0; w < int(blockDim.x) / 32; ++w) total += partial[w];
+    inv = rsqrtf(total / float(p.in) + p.eps);
+  }
+  for (int base = int(threadIdx.x) - lane; base < runs; base += int(blockDim.x)) {
+    const int r = base + lane;
+    const bool active = r < runs;
+    const int e = active ? 8 * r : 0;
+    const float4* src = reinterpret_cast<const float4*>(row + e);
+    const float4 a = active ? src[0] : make_float4(0, 0, 0, 0), b = active ? src[1] : a;
+    float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    if constexpr (kKind == int(AffineMmaInput::Kind::rms_normed)) {
+      const N* w = static_cast<const N*>(p.norm_w) + e;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = to_float(w[j]) * (v[j] * inv);
+    } else if constexpr (kKind == int(AffineMmaInput::Kind::silu_gated)) {
+      const float4* up = reinterpret_cast<const float4*>(row + p.in + e);
+      const float4 c = active ? up[0] : make_float4(0, 0, 0, 0), d = active ? up[1] : c;
+      const float u[8] = {c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * u[j];
+    }
+    stage_values<kBits, kGroup>(v, p.T, t, e, active, p.x_stride, p.staged, p.x_bytes);
+  }
 }
 
 template <int kWords>
@@ -401,7 +451,9 @@ __global__ void __launch_bounds__(kWarps * 32)
           const int col = kDigits * t + d, m = col / 8, from = (r % 8) * 4 + col % 8 / 2;
           sum += mine[((m * 32) + from) * 4 + (r / 8) * 2 + col % 2];
         }
-        if (row < p.out) p.y[int64_t(t) * p.out + row] = sum + (p.bias ? p.bias[row] : 0.0f);
+        if (row >= p.out) continue;
+        float& y = p.y[int64_t(t) * p.out + row];
+        y = (p.accumulate ? y : 0.0f) + (sum + (p.bias ? p.bias[row] : 0.0f));
       }
     }
     if (p.split > 1) __syncthreads();  // partial is rewritten at the next tile
@@ -438,8 +490,8 @@ struct Variant {
     return blocks;
   }
 
-  static cudaError_t launch(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T, void* scratch,
-                            cudaStream_t stream) {
+  static cudaError_t launch(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y, int64_t T,
+                            void* scratch, bool accumulate, cudaStream_t stream) {
     const Layout l = layout_for(w, T);
     if (l.total > max_smem()) return cudaErrorInvalidValue;
     const int per_sm = blocks_per_sm(l.total);
@@ -466,16 +518,31 @@ struct Variant {
     p.staged_bytes = l.staged_bytes;
     p.bias = bias;
     p.y = y;
+    p.accumulate = accumulate;
     p.in = int(w.in);
     p.out = int(w.out);
     p.T = int(T);
     p.n_groups = int(w.in / kGroup);
     p.split = split;
     p.n_units = (n_tiles + kWarps / split - 1) / (kWarps / split);
-    const int threads = int(T * w.in / 8);
-    const cudaError_t status =
-        launch_kernel(affine_mma_prepare_kernel<kBits, kGroup>, dim3(ceil_div(threads, 256)), dim3(256), 0, stream,
-                      x, int(T), int(w.in), l.x_stride, static_cast<uint8_t*>(scratch), l.x_bytes);
+    const Prepare prep{input.x, input.norm_w, input.eps, int(T), int(w.in), l.x_stride, static_cast<uint8_t*>(scratch),
+                       l.x_bytes};
+    const dim3 threads(unsigned(std::min<int64_t>(1024, (w.in / 8 + 31) / 32 * 32)));
+    cudaError_t status = cudaSuccess;
+    using Kind = AffineMmaInput::Kind;
+    if (input.kind == Kind::rms_normed) {
+      const cudaError_t visited = visit_float(input.norm_dtype, [&]<typename N>() {
+        status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::rms_normed), N>, dim3(unsigned(T)),
+                               threads, 0, stream, prep);
+      });
+      if (visited != cudaSuccess) return visited;
+    } else if (input.kind == Kind::silu_gated) {
+      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::silu_gated), float>, dim3(unsigned(T)),
+                             threads, 0, stream, prep);
+    } else {
+      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::plain), float>, dim3(unsigned(T)),
+                             threads, 0, stream, prep);
+    }
     if (status != cudaSuccess) return status;
     const int grid = int(std::min<int64_t>(p.n_units, slots));
     return launch_kernel(kernel, dim3(grid), dim3(kWarps * 32), size_t(l.total), stream, p);
@@ -526,14 +593,21 @@ int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T) {
   return layout(int(w.in), int(w.group_size), int(T), 0, 0).staged_bytes;
 }
 
+cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y,
+                                     int64_t T, void* scratch, cudaStream_t stream, bool accumulate) {
+  if (!shape_supported(w, T) || reinterpret_cast<uintptr_t>(input.x) % 16 || reinterpret_cast<uintptr_t>(scratch) % 16)
+    return cudaErrorInvalidValue;
+  if (input.kind == AffineMmaInput::Kind::rms_normed && !input.norm_w) return cudaErrorInvalidValue;
+  cudaError_t status = cudaSuccess;
+  const cudaError_t dispatch = visit_variant(w, T, [&](auto variant) {
+    status = decltype(variant)::launch(w, input, bias, y, T, scratch, accumulate, stream);
+  });
+  return status != cudaSuccess ? status : dispatch;
+}
+
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,
                                      void* scratch, cudaStream_t stream) {
-  if (!shape_supported(w, T) || reinterpret_cast<uintptr_t>(x) % 16 || reinterpret_cast<uintptr_t>(scratch) % 16)
-    return cudaErrorInvalidValue;
-  cudaError_t status = cudaSuccess;
-  const cudaError_t dispatch =
-      visit_variant(w, T, [&](auto variant) { status = decltype(variant)::launch(w, x, bias, y, T, scratch, stream); });
-  return status != cudaSuccess ? status : dispatch;
+  return launch_affine_matvec_mma(w, AffineMmaInput{.x = x}, bias, y, T, scratch, stream, false);
 }
 
 }  // namespace mere::cuda

@@ -52,21 +52,51 @@ AffineArgs affine_args(const AffineWeight& w, int64_t in, const char* op) {
   return a;
 }
 
+// The tensor-core matvec where lever tensor_core_affine_matvec applies; false
+// where it does not (the caller then runs another kernel).
+bool tensor_core_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& input, const Tensor& bias, float* y,
+                        bool accumulate) {
+  // int8_activation_matvec, an explicit accuracy trade, wins over this exact form.
+  if (!tensor_core_affine_matvec_enabled() || int8_activation_matvec_enabled() || !tensor_cores_pay(a, T) ||
+      !affine_matvec_mma_supports(a, T) || !aligned16(input.x))
+    return false;
+  MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
+             dtype_name(bias.dtype()));
+  Tensor scratch = Tensor::empty({affine_matvec_mma_scratch_bytes(a, T)}, DType::u8, Device::cuda);
+  MERE_CUDA(launch_affine_matvec_mma(a, input, bias.defined() ? bias.data<float>() : nullptr, y, T, scratch.raw(),
+                                     stream(), accumulate));
+  return true;
+}
+
 }  // namespace
+
+bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w, const Tensor& bias,
+                            Tensor& out) {
+  const DType nd = norm_w.dtype();
+  if (nd != DType::f32 && nd != DType::f16 && nd != DType::bf16) return false;
+  const AffineMmaInput input{.kind = AffineMmaInput::Kind::rms_normed, .x = h.data<float>(), .norm_w = norm_w.raw(),
+                             .norm_dtype = nd, .eps = eps};
+  return tensor_core_linear(affine_args(w, h.dim(1), "rms_norm_linear"), h.dim(0), input, bias, out.data<float>(),
+                            false);
+}
+
+bool affine_linear_add(Tensor& h, const Tensor& x, const AffineWeight& w, const Tensor& bias) {
+  return tensor_core_linear(affine_args(w, x.dim(1), "linear_add"), x.dim(0), AffineMmaInput{.x = x.data<float>()},
+                            bias, h.data<float>(), true);
+}
+
+bool affine_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const AffineWeight& w, const Tensor& bias) {
+  const AffineMmaInput input{.kind = AffineMmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
+  return tensor_core_linear(affine_args(w, gate_up.dim(1) / 2, "swiglu_linear_add"), gate_up.dim(0), input, bias,
+                            h.data<float>(), true);
+}
 
 void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out) {
   MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
              dtype_name(bias.dtype()));
   const AffineArgs a = affine_args(w, x.dim(1), "linear");
   const int64_t T = x.dim(0);
-  // int8_activation_matvec, an explicit accuracy trade, wins over this exact form.
-  if (tensor_core_affine_matvec_enabled() && !int8_activation_matvec_enabled() && tensor_cores_pay(a, T) &&
-      affine_matvec_mma_supports(a, T) && aligned16(x.raw())) {
-    Tensor scratch = Tensor::empty({affine_matvec_mma_scratch_bytes(a, T)}, DType::u8, Device::cuda);
-    MERE_CUDA(launch_affine_matvec_mma(a, x.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
-                                       out.data<float>(), T, scratch.raw(), stream()));
-    return;
-  }
+  if (tensor_core_linear(a, T, AffineMmaInput{.x = x.data<float>()}, bias, out.data<float>(), false)) return;
   if (affine_matvec_supports(a, T) && aligned16(x.raw())) {
     MERE_CUDA(launch_affine_matvec(a, x.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
                                    out.data<float>(), T, stream()));
@@ -93,6 +123,11 @@ void affine_linear(const Tensor&, const AffineWeight&, const Tensor&, Tensor&) {
   fail("this binary was built without the CUDA backend");
 }
 void affine_embed(const AffineWeight&, const Tensor&, Tensor&) { fail("this binary was built without the CUDA backend"); }
+bool affine_rms_norm_linear(const Tensor&, const Tensor&, float, const AffineWeight&, const Tensor&, Tensor&) {
+  return false;
+}
+bool affine_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
+bool affine_swiglu_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
 
 }  // namespace mere::ops::cuda
 
