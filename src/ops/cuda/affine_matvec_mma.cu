@@ -204,21 +204,50 @@ struct Prepare {
   int64_t x_bytes;
 };
 
-// x [T, in] (or what the input kind makes of it) into the staged image, a
-// block a token, a thread a run of 8 values at a time. kRmsNormed computes
-// RMSNorm(h) w first (the sum of squares over the block, f32); kSiluGated
-// silu(gate) up, as silu_mul_halves.
+// Eight values of the input at token t, columns e to e + 8: x, or RMSNorm(h)
+// w with inv = 1 / rms, or silu(gate) up as silu_mul_halves computes it.
+template <int kKind, typename N>
+__device__ __forceinline__ void load_input(const Prepare& p, int t, int e, bool active, float inv, float (&v)[8]) {
+  using Kind = AffineMmaInput::Kind;
+  const float* row = p.x + int64_t(t) * p.in * (kKind == int(Kind::silu_gated) ? 2 : 1);
+  const float4* src = reinterpret_cast<const float4*>(row + e);
+  const float4 a = active ? __ldg(src) : make_float4(0, 0, 0, 0), b = active ? __ldg(src + 1) : a;
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  if constexpr (kKind == int(Kind::rms_normed)) {
+    const N* w = static_cast<const N*>(p.norm_w) + e;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = to_float(w[j]) * (v[j] * inv);
+  } else if constexpr (kKind == int(Kind::silu_gated)) {
+    const float4* up = reinterpret_cast<const float4*>(row + p.in + e);
+    const float4 c = active ? __ldg(up) : make_float4(0, 0, 0, 0), d = active ? __ldg(up + 1) : c;
+    const float u[8] = {c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * u[j];
+  }
+}
+
+// The input [T, in] into the staged image, a thread a run of 8 values. Plain x
+// and kSiluGated: runs of all tokens over blocks of 256 threads. kRmsNormed: a
+// block a token, which first sums the squares of its row (f32) for RMSNorm.
 template <int kBits, int kGroup, int kKind, typename N>
 __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
   allow_next_kernel();
   wait_for_previous_kernel();
-  const int t = blockIdx.x, runs = p.in / 8, lane = threadIdx.x % 32;
-  const float* row = p.x + int64_t(t) * p.in * (kKind == int(AffineMmaInput::Kind::silu_gated) ? 2 : 1);
-  float inv = 1;
-  if constexpr (kKind == int(AffineMmaInput::Kind::rms_normed)) {
+  const int runs = p.in / 8, lane = threadIdx.x % 32;
+  if constexpr (kKind != int(AffineMmaInput::Kind::rms_normed)) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;  // T * runs is a multiple of G / 8
+    if (i - lane >= p.T * runs) return;                   // the whole warp is past the end
+    const bool active = i < p.T * runs;
+    const int t = active ? i / runs : 0, e = active ? 8 * (i - t * runs) : 0;
+    float v[8];
+    load_input<kKind, N>(p, t, e, active, 1.0f, v);
+    stage_values<kBits, kGroup>(v, p.T, t, e, active, p.x_stride, p.staged, p.x_bytes);
+  } else {
+    const int t = blockIdx.x;
+    const float4* row = reinterpret_cast<const float4*>(p.x + int64_t(t) * p.in);
     float sum = 0;
     for (int r = threadIdx.x; r < runs; r += blockDim.x) {
-      const float4 a = reinterpret_cast<const float4*>(row)[2 * r], b = reinterpret_cast<const float4*>(row)[2 * r + 1];
+      const float4 a = row[2 * r], b = row[2 * r + 1];
       sum += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
     }
     __shared__ float partial[32];
@@ -227,27 +256,13 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     __syncthreads();
     float total = 0;
     for (int w = 0; w < int(blockDim.x) / 32; ++w) total += partial[w];
-    inv = rsqrtf(total / float(p.in) + p.eps);
-  }
-  for (int base = int(threadIdx.x) - lane; base < runs; base += int(blockDim.x)) {
-    const int r = base + lane;
-    const bool active = r < runs;
-    const int e = active ? 8 * r : 0;
-    const float4* src = reinterpret_cast<const float4*>(row + e);
-    const float4 a = active ? src[0] : make_float4(0, 0, 0, 0), b = active ? src[1] : a;
-    float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    if constexpr (kKind == int(AffineMmaInput::Kind::rms_normed)) {
-      const N* w = static_cast<const N*>(p.norm_w) + e;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = to_float(w[j]) * (v[j] * inv);
-    } else if constexpr (kKind == int(AffineMmaInput::Kind::silu_gated)) {
-      const float4* up = reinterpret_cast<const float4*>(row + p.in + e);
-      const float4 c = active ? up[0] : make_float4(0, 0, 0, 0), d = active ? up[1] : c;
-      const float u[8] = {c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * u[j];
+    const float inv = rsqrtf(total / float(p.in) + p.eps);
+    for (int base = int(threadIdx.x) - lane; base < runs; base += int(blockDim.x)) {
+      const int r = base + lane;
+      float v[8];
+      load_input<kKind, N>(p, t, r < runs ? 8 * r : 0, r < runs, inv, v);
+      stage_values<kBits, kGroup>(v, p.T, t, r < runs ? 8 * r : 0, r < runs, p.x_stride, p.staged, p.x_bytes);
     }
-    stage_values<kBits, kGroup>(v, p.T, t, e, active, p.x_stride, p.staged, p.x_bytes);
   }
 }
 
@@ -527,21 +542,22 @@ struct Variant {
     p.n_units = (n_tiles + kWarps / split - 1) / (kWarps / split);
     const Prepare prep{input.x, input.norm_w, input.eps, int(T), int(w.in), l.x_stride, static_cast<uint8_t*>(scratch),
                        l.x_bytes};
-    const dim3 threads(unsigned(std::min<int64_t>(1024, (w.in / 8 + 31) / 32 * 32)));
+    const dim3 runs_grid(unsigned(ceil_div(int(T * w.in / 8), 256)));  // a thread a run
+    const dim3 token_threads(unsigned(std::min<int64_t>(1024, (w.in / 8 + 31) / 32 * 32)));
     cudaError_t status = cudaSuccess;
     using Kind = AffineMmaInput::Kind;
     if (input.kind == Kind::rms_normed) {
       const cudaError_t visited = visit_float(input.norm_dtype, [&]<typename N>() {
         status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::rms_normed), N>, dim3(unsigned(T)),
-                               threads, 0, stream, prep);
+                               token_threads, 0, stream, prep);
       });
       if (visited != cudaSuccess) return visited;
     } else if (input.kind == Kind::silu_gated) {
-      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::silu_gated), float>, dim3(unsigned(T)),
-                             threads, 0, stream, prep);
+      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::silu_gated), float>, runs_grid,
+                             dim3(256), 0, stream, prep);
     } else {
-      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::plain), float>, dim3(unsigned(T)),
-                             threads, 0, stream, prep);
+      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::plain), float>, runs_grid, dim3(256), 0,
+                             stream, prep);
     }
     if (status != cudaSuccess) return status;
     const int grid = int(std::min<int64_t>(p.n_units, slots));
