@@ -42,7 +42,9 @@ Tensor add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps);
 
 // The fused decode forms (lever fused_norm_matvec): RMSNorm, SwiGLU and the
 // residual add folded into a matmul's input and output. On the GPU, for decode
-// row counts, each is one matrix-vector kernel; elsewhere they compose the ops
+// row counts, each is one matrix-vector kernel (dense weights), or the
+// tensor-core affine matvec with its input formed by its prepare kernel (MLX
+// affine weights, where that kernel applies); elsewhere they compose the ops
 // above, which defines them.
 // linear(rms_norm(h, norm_w, eps), w, bias).
 Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Weight& w,
