@@ -163,11 +163,11 @@ TEST_F(Affine, TensorCoreMatvecMatchesTheDequantizedReference) {
           }
 }
 
-// One token of a matrix of 2^23 weights or more goes to the tensor cores under
+// One token of a matrix of 2^24 weights or more goes to the tensor cores under
 // the lever (one of fewer stays on the CUDA cores: the test above), unless
 // int8_activation_matvec is on.
 TEST_F(Affine, TensorCoreMatvecTakesOneTokenOfALargeMatrix) {
-  const int64_t in = 4096, out = 2048;
+  const int64_t in = 4096, out = 4096;
   Weight w(random_affine(out, in, 4, 64, DType::bf16, 91), in);
   const Tensor x = random({1, in}, DType::f32, 92);
   const Tensor want = ops::linear(x, w.dequantize(DType::f32), Tensor());
@@ -176,7 +176,7 @@ TEST_F(Affine, TensorCoreMatvecTakesOneTokenOfALargeMatrix) {
   ops::set_launch_settings({.tensor_core_affine_matvec = true});
   const Tensor got = ops::linear(gpu(x), wg, Tensor()).to_device(Device::cpu);
   ops::set_launch_settings({});
-  EXPECT_LE(relative_error(got, want, "tensor-core int4 g64 T=1 2048x4096"), 1e-5f);
+  EXPECT_LE(relative_error(got, want, "tensor-core int4 g64 T=1 4096x4096"), 1e-5f);
   EXPECT_NE(std::memcmp(got.raw(), cuda_cores.raw(), got.size_bytes()), 0);
   // int8_activation_matvec, the user's explicit accuracy trade, takes precedence.
   ops::set_launch_settings({.int8_activation_matvec = true});
@@ -194,7 +194,7 @@ TEST_F(Affine, TensorCoreMatvecTakesOneTokenOfALargeMatrix) {
 TEST_F(Affine, TensorCoreMatvecFormsItsInputAndAddsIntoTheResidual) {
   struct Case { int64_t T, out, in; int bits, group; DType norm_dt; };
   for (const Case& c : {Case{2, 96, 1024, 4, 64, DType::bf16}, Case{5, 130, 512, 8, 32, DType::f32},
-                        Case{8, 64, 2048, 4, 128, DType::f16}, Case{1, 2048, 4096, 8, 64, DType::bf16}}) {
+                        Case{8, 64, 2048, 4, 128, DType::f16}, Case{1, 4096, 4096, 8, 64, DType::bf16}}) {
     const std::string label = fmt::format("int{} g{} T={} {}x{}", c.bits, c.group, c.T, c.out, c.in);
     Weight w(random_affine(c.out, c.in, c.bits, c.group, DType::bf16, uint64_t(c.T * 7 + c.bits)), c.in);
     const Tensor dense = w.dequantize(DType::f32);

@@ -22,10 +22,11 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // Lever tensor_core_affine_matvec applies from 2 tokens, and to one token of a
 // matrix this large (all of Llama-3-8B's), where it beats the CUDA-core kernel;
-// small matrices at one token (a 0.6B model's) pay more for its extra launch
-// than they gain (docs/levers.md).
+// smaller matrices at one token pay more for its extra launch than they gain
+// (a 0.6B model's; Qwen3-30B-A3B's attention at 2^23 weights cost its int8
+// decode 8%: docs/levers.md).
 constexpr int64_t kMinTensorCoreTokens = 2;
-constexpr int64_t kMinTensorCoreWeightsAtOneToken = int64_t(1) << 23;
+constexpr int64_t kMinTensorCoreWeightsAtOneToken = int64_t(1) << 24;
 
 bool tensor_cores_pay(const AffineArgs& a, int64_t T) {
   return T >= kMinTensorCoreTokens || a.out * a.in >= kMinTensorCoreWeightsAtOneToken;
