@@ -57,7 +57,7 @@ struct Levers {
   // / 32k context, now faster than bf16 (docs/levers.md).
   bool tensor_core_kv_attention = true;
   // Decode matvecs of MLX affine (int8/int4) weights on the integer tensor
-  // cores, for 2-8 tokens and for one token of a matrix of 2^23 weights or
+  // cores, for 2-8 tokens and for one token of a matrix of 2^24 weights or
   // more: u8 codes times three s8 base-256 digits of x (rounded to 23 bits per
   // group), exact s32 sums, scales and biases applied per group in f32. Audit of
   // the demo: KL 4e-8 to 7e-8, greedy 100%; Llama-3-8B int4 +37%, int8 +19% at
