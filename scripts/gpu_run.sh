@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere
 # (the device machine of our workplace has no Debian packages): .devrun/ holds
 # bin.tar.xz (mere, mere_gpu_tests) and libs.tar.xz (libfmt, libpcre2, ICU). Logs go to $OUT.
-# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [moe] [quant] [quant_moe] [kv] [tc_matvec]; MERE_DEVRUN names the pack
+# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [moe] [quant] [quant_moe] [kv] [tc_matvec] [hang]; MERE_DEVRUN names the pack
 # (default .devrun), GTEST_FILTER picks tests.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -114,5 +114,19 @@ for what in "${@:-tests bench}"; do
             2>&1 | tee -a "$out/quant_moe.log"
         done
       done ;;
+    hang)  # the intermittent hang (sessions 6 and 7): the decode-loop tests, repeated; a run still going
+           # after HANG_S seconds (default 240) gets its host threads' stacks dumped, then is killed
+      GTEST_FILTER=${GTEST_FILTER:-'*KvCacheGpu*:*LlamaGpu*:*DecodeLoopGpu*'} \
+        "$bin/mere_gpu_tests" --gtest_repeat="${HANG_REPEAT:-5}" > "$out/hang.log" 2>&1 &
+      pid=$!
+      for _ in $(seq "${HANG_S:-240}"); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+      if kill -0 "$pid" 2>/dev/null; then
+        echo "hang: still running after ${HANG_S:-240} s; last test:" | tee "$out/hang_stacks.txt"
+        grep '^\[ RUN' "$out/hang.log" | tail -1 | tee -a "$out/hang_stacks.txt"
+        debugger=$(command -v gdb || command -v cuda-gdb || true)
+        [ -n "$debugger" ] && "$debugger" -p "$pid" -batch -ex "thread apply all bt" >> "$out/hang_stacks.txt" 2>&1
+        kill -9 "$pid"
+      fi
+      grep -E "^\[  (PASSED|FAILED) " "$out/hang.log" | tail -3 ;;
   esac
 done
