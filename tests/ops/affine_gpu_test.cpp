@@ -100,8 +100,8 @@ TEST_F(Affine, MatvecAndPrefillMatchTheDequantizedReference) {
           }
 }
 
-// Lever tensor_core_affine_matvec: the tensor-core matvec (x as f16 hi + lo
-// scaled per group, f32 sums) against the f32 reference: T 1-8, int4/int8,
+// Lever tensor_core_affine_matvec: the tensor-core matvec (x rounded to 23 bits
+// per group as three s8 digits, exact s32 sums) against the f32 reference: T 1-8, int4/int8,
 // groups 32/64/128, scale dtypes, with and without bias, rows off the 16-row
 // tiles, more tiles than blocks (9000 rows) and split-K (4096 wide). ops::linear
 // runs it, under the lever, from 2 tokens where it applies (bit for bit the
@@ -159,7 +159,9 @@ TEST_F(Affine, TensorCoreMatvecMatchesTheDequantizedReference) {
             const bool applies = supported && T >= 2;
             const Tensor& expected = applies ? direct : cuda_cores;
             EXPECT_EQ(std::memcmp(got.raw(), expected.raw(), got.size_bytes()), 0) << label;
-            if (applies) EXPECT_NE(std::memcmp(got.raw(), cuda_cores.raw(), got.size_bytes()), 0) << label;
+            if (applies) {
+              EXPECT_NE(std::memcmp(got.raw(), cuda_cores.raw(), got.size_bytes()), 0) << label;
+            }
           }
 }
 

@@ -78,7 +78,8 @@ struct Shape {
   static constexpr int kSteps = kGroup / 32;  // k32 steps per group
 };
 
-int mmas_for(int64_t T) { return int((kDigits * T + 7) / 8); }
+// mmas a k32 step: one per 8 B columns, three digit columns a token.
+__host__ __device__ constexpr int mmas_for(int T) { return (kDigits * T + 7) / 8; }
 
 struct Problem {
   const uint8_t* packed;
@@ -120,7 +121,7 @@ Layout layout(int in, int group, int T, int stage_bytes, int stages) {
 template <int kBytes>
 __device__ __forceinline__ void copy_async_small(void* dst, const void* src) {
   if constexpr (kBytes == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_address(dst)), "l"(src) : "memory");
+    copy_async_16(smem_address(dst), src);
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem_address(dst)), "l"(src), "n"(kBytes)
                  : "memory");
@@ -184,7 +185,7 @@ __device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, 
   for (int d = 0; d < kDigits; ++d)
     *reinterpret_cast<uint2*>(staged + int64_t(kDigits * t + d) * x_stride + e) = make_uint2(digits[d][0], digits[d][1]);
   if (threadIdx.x % kLanes != 0) return;
-  const int group = e / kGroup, mmas = (kDigits * T + 7) / 8;
+  const int group = e / kGroup, mmas = mmas_for(T);
 #pragma unroll
   for (int d = 0; d < kDigits; ++d) {
     float* f = factor_at(staged, x_bytes, group, mmas, kDigits * t + d);
@@ -499,6 +500,13 @@ struct Variant {
   static Layout layout_for(const AffineArgs& w, int64_t T) {
     return layout(int(w.in), kGroup, int(T), Sh::kStageBytes, Sh::kStages);
   }
+  // A row a whole number of stages, scales and biases aligned for their
+  // copies, and x's copy in one block's shared memory.
+  static bool fits(const AffineArgs& w, int64_t T) {
+    constexpr uintptr_t kScaleCopy = Sh::kScaleRowBytes < 16 ? Sh::kScaleRowBytes : 16;
+    return w.in % Sh::kStageValues == 0 && reinterpret_cast<uintptr_t>(w.scales) % kScaleCopy == 0 &&
+           reinterpret_cast<uintptr_t>(w.biases) % kScaleCopy == 0 && layout_for(w, T).total <= max_smem();
+  }
   static int blocks_per_sm(int64_t smem) {
     static const cudaError_t raised =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
@@ -510,8 +518,8 @@ struct Variant {
 
   static cudaError_t launch(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y, int64_t T,
                             void* scratch, bool accumulate, cudaStream_t stream) {
+    if (!fits(w, T)) return cudaErrorInvalidValue;
     const Layout l = layout_for(w, T);
-    if (l.total > max_smem()) return cudaErrorInvalidValue;
     const int per_sm = blocks_per_sm(l.total);
     if (per_sm < 1) return cudaErrorInvalidValue;
     const int64_t slots = int64_t(per_sm) * sm_count();
@@ -578,7 +586,7 @@ cudaError_t visit_variant(const AffineArgs& w, int64_t T, Fn&& fn) {
       else fn(Variant<kBits, 128, S, kMmas>{});
     };
     auto by_mmas = [&]<int kBits>() {
-      const int mmas = mmas_for(T);
+      const int mmas = mmas_for(int(T));
       if (mmas == 1) by_group.template operator()<kBits, 1>();
       else if (mmas == 2) by_group.template operator()<kBits, 2>();
       else by_group.template operator()<kBits, 3>();
@@ -587,16 +595,12 @@ cudaError_t visit_variant(const AffineArgs& w, int64_t T, Fn&& fn) {
   });
 }
 
+// What visit_variant can dispatch; each Variant then checks that it fits.
 bool shape_supported(const AffineArgs& w, int64_t T) {
   if (T < 1 || T > 8 || (w.bits != 4 && w.bits != 8)) return false;
   if (w.group_size != 32 && w.group_size != 64 && w.group_size != 128) return false;
   if (w.in <= 0 || w.out <= 0 || w.in > (1 << 20) || w.out > (1 << 30)) return false;
-  // A row is a whole number of stages (Shape: 128 bytes and two groups at least).
-  const int64_t group_bytes = w.group_size * w.bits / 8, stage_groups = std::max<int64_t>(2, 128 / group_bytes);
-  if (w.in % (stage_groups * w.group_size) != 0) return false;
-  const int64_t scale_copy = std::min<int64_t>(16, stage_groups * (w.scale_dtype == DType::f32 ? 4 : 2));
-  const auto aligned = [](const void* p, int64_t n) { return reinterpret_cast<uintptr_t>(p) % uintptr_t(n) == 0; };
-  return aligned(w.packed, 16) && aligned(w.scales, scale_copy) && aligned(w.biases, scale_copy);
+  return reinterpret_cast<uintptr_t>(w.packed) % 16 == 0;
 }
 
 }  // namespace
@@ -604,7 +608,7 @@ bool shape_supported(const AffineArgs& w, int64_t T) {
 bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T) {
   if (!shape_supported(w, T)) return false;
   bool fits = false;
-  visit_variant(w, T, [&](auto variant) { fits = decltype(variant)::layout_for(w, T).total <= max_smem(); });
+  visit_variant(w, T, [&](auto variant) { fits = decltype(variant)::fits(w, T); });
   return fits;
 }
 

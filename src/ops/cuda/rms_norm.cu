@@ -14,7 +14,8 @@ namespace {
 // of one per value; the order of every sum is unchanged, so are the bits.
 // kPer == 0: any d, a loop over the row.
 template <typename W, int kPer>
-__global__ void __launch_bounds__(1024) rms_norm_kernel(float* x, const float* add, const W* w, float* y, int64_t d, float eps) {
+__global__ void __launch_bounds__(1024)
+    rms_norm_kernel(float* x, const float* add, const W* w, float* y, int64_t d, float eps) {
   float wv[kPer > 0 ? kPer : 1];
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
