@@ -21,11 +21,29 @@ if [ -f "$pack/build_dir" ]; then
   build=$root/$(cat "$pack/build_dir")
   [ -e "$build/mere" ] || { mkdir -p "$build" && ln -s "$bin/mere" "$build/mere"; }
 fi
+# Runs CMD... with its output in LOG; if it is still running after LIMIT seconds,
+# its host threads' stacks go to LOG.stacks.txt (gdb or cuda-gdb) and it is killed.
+watched() {
+  local log=$1 limit=$2; shift 2
+  "$@" > "$log" 2>&1 &
+  local pid=$!
+  for _ in $(seq "$limit"); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "still running after $limit s; last test:" | tee "$log.stacks.txt"
+    grep '^\[ RUN' "$log" | tail -1 | tee -a "$log.stacks.txt"
+    local debugger
+    debugger=$(command -v gdb || command -v cuda-gdb || true)
+    [ -n "$debugger" ] && "$debugger" -p "$pid" -batch -ex "thread apply all bt" >> "$log.stacks.txt" 2>&1
+    kill -9 "$pid"
+  fi
+  wait "$pid" 2>/dev/null
+}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 for what in "${@:-tests bench}"; do
   case $what in
-    tests)
-      "$bin/mere_gpu_tests" 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[ (gpu|  FAILED|  PASSED) |FAILED|PASSED|Failure" ;;
+    tests)  # a run still going after HANG_S seconds (default 300) has its host stacks dumped, then is killed
+      watched "$out/gpu_tests.log" "${HANG_S:-300}" "$bin/mere_gpu_tests"
+      grep -E "^\[ (gpu|  FAILED|  PASSED) |FAILED|PASSED|Failure" "$out/gpu_tests.log" ;;
     bench)
       m="$bin/mere"
       "$m" bench --calibrate --device cuda 2>&1 | tee "$out/bench.log"
@@ -114,19 +132,9 @@ for what in "${@:-tests bench}"; do
             2>&1 | tee -a "$out/quant_moe.log"
         done
       done ;;
-    hang)  # the intermittent hang (sessions 6 and 7): the decode-loop tests, repeated; a run still going
-           # after HANG_S seconds (default 240) gets its host threads' stacks dumped, then is killed
+    hang)  # the intermittent hang (sessions 6 to 8): the decode-loop tests, repeated, watched as in tests
       GTEST_FILTER=${GTEST_FILTER:-'*KvCacheGpu*:*LlamaGpu*:*DecodeLoopGpu*'} \
-        "$bin/mere_gpu_tests" --gtest_repeat="${HANG_REPEAT:-5}" > "$out/hang.log" 2>&1 &
-      pid=$!
-      for _ in $(seq "${HANG_S:-240}"); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-      if kill -0 "$pid" 2>/dev/null; then
-        echo "hang: still running after ${HANG_S:-240} s; last test:" | tee "$out/hang_stacks.txt"
-        grep '^\[ RUN' "$out/hang.log" | tail -1 | tee -a "$out/hang_stacks.txt"
-        debugger=$(command -v gdb || command -v cuda-gdb || true)
-        [ -n "$debugger" ] && "$debugger" -p "$pid" -batch -ex "thread apply all bt" >> "$out/hang_stacks.txt" 2>&1
-        kill -9 "$pid"
-      fi
+        watched "$out/hang.log" "${HANG_S:-240}" "$bin/mere_gpu_tests" --gtest_repeat="${HANG_REPEAT:-5}"
       grep -E "^\[  (PASSED|FAILED) " "$out/hang.log" | tail -3 ;;
   esac
 done

@@ -31,23 +31,32 @@ class ThreadPool {
     std::unique_lock lock(mutex_);
     job_ = &job;
     n_jobs_ = n_jobs;
-    next_.store(0);
     done_ = 0;
-    ++generation_;
+    const uint64_t generation = ++generation_;
+    next_.store(generation << 32);
     lock.unlock();
     wake_.notify_all();
-    drain();
+    drain(generation, job, n_jobs);
     lock.lock();
     finished_.wait(lock, [&] { return done_ == n_jobs_; });
     job_ = nullptr;
   }
 
  private:
-  void drain() {
+  // Runs the jobs of run() number `generation` that nobody has claimed. A claim
+  // moves next_ (the generation in its high 32 bits, the next job in the low)
+  // on only while it still holds this generation: a worker that wakes for one
+  // run and gets to its claim after the next run began claims nothing, rather
+  // than a job of the next run that would then run twice (and leave done_ past
+  // n_jobs_, the caller waiting forever).
+  void drain(uint64_t generation, const std::function<void(int)>& job, int n_jobs) {
     int finished_here = 0;
-    for (int i; (i = next_.fetch_add(1)) < n_jobs_;) {
-      (*job_)(i);
+    for (uint64_t claim = next_.load();;) {
+      if (claim >> 32 != (generation & 0xffffffffu) || int(claim & 0xffffffffu) >= n_jobs) break;
+      if (!next_.compare_exchange_weak(claim, claim + 1)) continue;  // claim now holds the current value
+      job(int(claim & 0xffffffffu));
       ++finished_here;
+      claim = next_.load();
     }
     if (finished_here) {
       std::lock_guard lock(mutex_);
@@ -62,8 +71,10 @@ class ThreadPool {
       wake_.wait(lock, [&] { return stopping_ || (generation_ != seen && job_ != nullptr); });
       if (stopping_) return;
       seen = generation_;
+      const std::function<void(int)>* job = job_;  // valid until run() returns, which it cannot before our claims finish
+      const int n_jobs = n_jobs_;
       lock.unlock();
-      drain();
+      drain(seen, *job, n_jobs);
     }
   }
 
@@ -73,7 +84,7 @@ class ThreadPool {
   std::condition_variable wake_, finished_;
   const std::function<void(int)>* job_ = nullptr;
   int n_jobs_ = 0, done_ = 0;
-  std::atomic<int> next_{0};
+  std::atomic<uint64_t> next_{0};
   uint64_t generation_ = 0;
   bool stopping_ = false;
 };
