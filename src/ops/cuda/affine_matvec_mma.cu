@@ -13,12 +13,17 @@
 // Exactness: per group and token, x is scaled by a power of two 2^k that puts
 // its largest |x| in [2^21, 2^22) and rounded to an integer x' (23 significant
 // bits, as f32's 24), which is written as three signed base-256 digits,
-// x' = d0 + 256 d1 + 65536 d2, each in [-128, 128). Each digit of each token is
-// one column of B, so T <= 2 takes one mma per step, T <= 5 two, T <= 8 three.
-// The mma sums C = sum c d exactly in s32; per group, in f32,
-//   sum w x'' = scale 2^-k sum_d 256^d C_d + bias 2^-k sum x',  x'' = x' 2^-k,
-// which is the f32 product with x rounded to 23 bits (the staged table holds
-// 2^-k 256^d and 2^-k sum x' per column; unused columns hold zeros).
+// x' = d0 + 256 d1 + 65536 d2, each in [-128, 128). A token takes four
+// columns of B, its three digits and one unused, so two tokens share an mma
+// (T <= 2 takes one per step, T <= 4 two, T <= 8 four). The mma sums
+// C = sum c d exactly in s32, and the lane holding a token's columns 0 and 1
+// adds C0 + 256 C1 (|.| < 2^31) before its one conversion to f32, the lane
+// holding column 2 converts C2: per group, in f32,
+//   sum w x'' = scale 2^-k (C0 + 256 C1 + 65536 C2) + bias 2^-k sum x',
+// x'' = x' 2^-k, the f32 product with x rounded to 23 bits (C0 + 256 C1 rounds
+// to 24 bits, 2^-32 of the group's sum, below the f32 accumulation's rounding).
+// The staged table holds 2^-k (or 2^-k 65536) and 2^-k sum x' per lane quad;
+// quads of tokens past T hold zeros.
 //
 // Shape: a first kernel converts x once into a scratch buffer, the image of
 // what every block stages in shared memory: digit rows (column 3t + d) of s8 in
@@ -78,8 +83,8 @@ struct Shape {
   static constexpr int kSteps = kGroup / 32;  // k32 steps per group
 };
 
-// mmas a k32 step: one per 8 B columns, three digit columns a token.
-__host__ __device__ constexpr int mmas_for(int T) { return (kDigits * T + 7) / 8; }
+// mmas a k32 step: one per 8 B columns, four columns a token.
+__host__ __device__ constexpr int mmas_for(int T) { return (T + 1) / 2; }
 
 struct Problem {
   const uint8_t* packed;
@@ -98,10 +103,10 @@ struct Problem {
 };
 
 // The converted x, and the start of a block's shared memory: digit rows
-// [3 T][in + pad] s8, then per group, mma and lane quad q the float4 {w(2q),
-// w(2q + 1), b(2q), b(2q + 1)} of its two C columns (w = 2^-k 256^d, b = 2^-k
-// sum x' for digit 0, else 0); then the warps' rings and their partial sums
-// [kWarps][mmas][32] float4.
+// [3 T][in + pad] s8, then per group, mma and lane quad q the float2 {w, b} of
+// its C columns: for token t = 2 mma + q / 2, q even (digits 0 and 1)
+// {2^-k, 2^-k sum x'}, q odd (digit 2) {2^-k 65536, 0}; then the warps' rings
+// and their partial sums [kWarps][mmas][32] float2.
 struct Layout {
   int x_stride;  // bytes
   int64_t x_bytes, staged_bytes, ring_bytes, total;
@@ -111,20 +116,19 @@ Layout layout(int in, int group, int T, int stage_bytes, int stages) {
   Layout l;
   l.x_stride = in + row_pad(group / 4);  // a multiple of 16: in % 128 == 0
   l.x_bytes = int64_t(kDigits) * T * l.x_stride;
-  l.staged_bytes = l.x_bytes + int64_t(in / group) * mmas * 4 * 16;
+  l.staged_bytes = l.x_bytes + int64_t(in / group) * mmas * 4 * 8;
   l.ring_bytes = int64_t(kWarps) * stages * stage_bytes;
-  l.total = l.staged_bytes + l.ring_bytes + int64_t(kWarps) * mmas * 32 * 16;
+  l.total = l.staged_bytes + l.ring_bytes + int64_t(kWarps) * mmas * 32 * 8;
   return l;
 }
 
-// 4 to 16 bytes global -> shared (a row's scales or biases of a stage).
+// 4 to 16 bytes global -> shared address dst (a row's scales or biases of a stage).
 template <int kBytes>
-__device__ __forceinline__ void copy_async_small(void* dst, const void* src) {
+__device__ __forceinline__ void copy_async_small(uint32_t dst, const void* src) {
   if constexpr (kBytes == 16)
-    copy_async_16(smem_address(dst), src);
+    copy_async_16(dst, src);
   else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem_address(dst)), "l"(src), "n"(kBytes)
-                 : "memory");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(src), "n"(kBytes) : "memory");
 }
 
 // d += a b: a 16x32 tile of u8 codes, b 32x8 s8 digits, s32 sums.
@@ -135,11 +139,9 @@ __device__ __forceinline__ void mma(int (&d)[4], const uint32_t (&a)[4], uint32_
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The per-column factors of a group at column `col` (mma col / 8, lane quad
-// col % 8 / 2, half col % 2) of the staged table.
-__device__ __forceinline__ float* factor_at(uint8_t* staged, int64_t x_bytes, int group, int mmas, int col) {
-  float4* table = reinterpret_cast<float4*>(staged + x_bytes);
-  return reinterpret_cast<float*>(table + (int64_t(group) * mmas + col / 8) * 4 + col % 8 / 2) + col % 2;
+// A group's factors of token t in the staged table: its two lane quads' float2.
+__device__ __forceinline__ float2* token_factors(uint8_t* staged, int64_t x_bytes, int group, int mmas, int t) {
+  return reinterpret_cast<float2*>(staged + x_bytes) + (int64_t(group) * mmas + t / 2) * 4 + t % 2 * 2;
 }
 
 // Eight values of x (token t, columns e to e + 8) into the staged image: their
@@ -186,17 +188,13 @@ __device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, 
     *reinterpret_cast<uint2*>(staged + int64_t(kDigits * t + d) * x_stride + e) = make_uint2(digits[d][0], digits[d][1]);
   if (threadIdx.x % kLanes != 0) return;
   const int group = e / kGroup, mmas = mmas_for(T);
-#pragma unroll
-  for (int d = 0; d < kDigits; ++d) {
-    float* f = factor_at(staged, x_bytes, group, mmas, kDigits * t + d);
-    f[0] = ldexpf(down, 8 * d);
-    f[2] = d == 0 ? float(sum) * down : 0.0f;
+  float2* f = token_factors(staged, x_bytes, group, mmas, t);
+  f[0] = make_float2(down, float(sum) * down);  // C0 + 256 C1, and the bias term
+  f[1] = make_float2(ldexpf(down, 16), 0.0f);   // C2
+  if (t == 0 && T % 2) {  // the token past T in the last mma
+    float2* past = token_factors(staged, x_bytes, group, mmas, T);
+    past[0] = past[1] = make_float2(0.0f, 0.0f);
   }
-  if (t == 0)  // columns no token uses
-    for (int col = kDigits * T; col < 8 * mmas; ++col) {
-      float* f = factor_at(staged, x_bytes, group, mmas, col);
-      f[0] = f[2] = 0.0f;
-    }
 }
 
 struct Prepare {
@@ -286,13 +284,6 @@ __device__ __forceinline__ void load_words(uint32_t (&w)[kWords], const uint8_t*
   }
 }
 
-// An mma sum (|v| < 2^22: at most 128 codes of 255 times digits of 128) as
-// f32, exactly, on the integer and FMA pipes: I2F runs at a quarter of their
-// rate, and a group of 8 tokens needs 12 per lane.
-__device__ __forceinline__ float exact_float(int v) {
-  return __int_as_float(v + 0x4B400000) - 12582912.0f;  // 1.5 2^23 + v, then minus 1.5 2^23
-}
-
 // Scale (or bias) i of a row's words of a stage, as f32.
 template <typename S>
 __device__ __forceinline__ float unpack_scale(const uint32_t* words, int i) {
@@ -315,10 +306,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   using Sh = Shape<kBits, kGroup, S>;
   constexpr int kSg = Sh::kStageGroups;
   extern __shared__ __align__(16) uint8_t smem[];
-  const float4* factors = reinterpret_cast<const float4*>(smem + p.x_bytes);
+  const float2* factors = reinterpret_cast<const float2*>(smem + p.x_bytes);
   uint8_t* ring = smem + p.staged_bytes + int64_t(threadIdx.x / 32) * Sh::kStages * Sh::kStageBytes;
-  float4* partial =
-      reinterpret_cast<float4*>(smem + p.staged_bytes + int64_t(kWarps) * Sh::kStages * Sh::kStageBytes);
+  float2* partial =
+      reinterpret_cast<float2*>(smem + p.staged_bytes + int64_t(kWarps) * Sh::kStages * Sh::kStageBytes);
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
   const int tiles_per_unit = kWarps / p.split, part = warp % p.split;
@@ -327,11 +318,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int my_units = (p.n_units - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
   const int n_stages = my_units * (stage_end - stage_begin);
   const int64_t row_bytes = int64_t(p.in) * kBits / 8;
-  constexpr int kChunks = Sh::kRowBytes / 16;        // 16-byte chunks of a stage's row
+  constexpr int kChunks = Sh::kRowBytes / 16;  // 16-byte chunks of a stage's row
+  static_assert(32 % kChunks == 0, "a round of the lanes' copies covers whole rows");
   constexpr int kCopies = kTileRows * kChunks / 32;  // of them per lane and stage
+  constexpr int kCopyRows = 32 / kChunks;            // rows a round of copies covers
   constexpr int kSb = Sh::kScaleRowBytes;
   constexpr int kSbCopy = kSb < 16 ? kSb : 16;  // bytes per copy of a row's scales (or biases)
 
+  // Copy u of a lane takes chunk lane % kChunks of row lane / kChunks + u kCopyRows;
+  // lanes 0-15 copy row lane's scales, 16-31 row lane - 16's biases. Shared
+  // addresses are kept as offsets so that the copies take them as immediates.
+  const uint32_t ring_addr = smem_address(ring), ring_end = ring_addr + Sh::kStages * Sh::kStageBytes;
+  const uint32_t copy_dst = (lane / kChunks) * Sh::kRowStride + (lane % kChunks) * 16;
+  const uint32_t scale_dst = Sh::kCodeBytes + (lane % kTileRows) * 2 * kSb + (lane / kTileRows) * kSb;
   // The stage to issue next: its tile's first row and its stage in the row,
   // advanced in order (no divisions in the loop).
   int issue_row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, issue_stage = stage_begin;
@@ -341,28 +340,25 @@ __global__ void __launch_bounds__(kWarps * 32)
   auto point_at_tile = [&]() {
 #pragma unroll
     for (int u = 0; u < kCopies; ++u) {
-      const int c = lane + 32 * u, row = min(issue_row0 + c / kChunks, p.out - 1);
-      copy_src[u] = p.packed + row * row_bytes + (c % kChunks) * 16;
+      const int row = min(issue_row0 + lane / kChunks + u * kCopyRows, p.out - 1);
+      copy_src[u] = p.packed + row * row_bytes + (lane % kChunks) * 16;
     }
     const int row = min(issue_row0 + lane % kTileRows, p.out - 1);
     scale_src = static_cast<const uint8_t*>(lane < kTileRows ? p.scales : p.biases) +
                 int64_t(row) * p.n_groups * sizeof(S);
   };
   point_at_tile();
-  int issue_slot = 0;
+  uint32_t issue_addr = ring_addr;
   auto issue = [&]() {
-    uint8_t* slot = ring + issue_slot * Sh::kStageBytes;
+    const int code_at = issue_stage * Sh::kRowBytes;
 #pragma unroll
-    for (int u = 0; u < kCopies; ++u) {
-      const int c = lane + 32 * u;
-      copy_async_16(smem_address(slot + (c / kChunks) * Sh::kRowStride + (c % kChunks) * 16),
-                    copy_src[u] + issue_stage * Sh::kRowBytes);
-    }
-    uint8_t* scale_dst = slot + Sh::kCodeBytes + (lane % kTileRows) * 2 * kSb + (lane / kTileRows) * kSb;
+    for (int u = 0; u < kCopies; ++u)
+      copy_async_16(issue_addr + copy_dst + u * kCopyRows * Sh::kRowStride, copy_src[u] + code_at);
 #pragma unroll
     for (int o = 0; o < kSb; o += kSbCopy)
-      copy_async_small<kSbCopy>(scale_dst + o, scale_src + issue_stage * kSb + o);
-    issue_slot = issue_slot + 1 == Sh::kStages ? 0 : issue_slot + 1;
+      copy_async_small<kSbCopy>(issue_addr + scale_dst + o, scale_src + issue_stage * kSb + o);
+    issue_addr += Sh::kStageBytes;
+    if (issue_addr == ring_end) issue_addr = ring_addr;
     if (++issue_stage == stage_end) {
       issue_stage = stage_begin;
       issue_row0 += unit_rows;
@@ -384,20 +380,26 @@ __global__ void __launch_bounds__(kWarps * 32)
   copy_async_wait<0>();
   __syncthreads();
 
-  float acc[kMmas][4] = {};  // per mma: rows g, g, g + 8, g + 8 and columns 2q, 2q + 1, 2q, 2q + 1
-  // B: lane g loads column 8 m + g (the last used one past 3 T - 1), its digits at q G / 4 of each group.
+  float acc[kMmas][2] = {};  // per mma: rows g and g + 8 of the lane's columns
+  // B: lane g loads column 8 m + g, digit g % 4 of token 2 m + g / 4 (column 3
+  // of a token, and tokens past T, load a digit row in use: their sums are
+  // never used), its digits at q G / 4 of each group.
   const uint8_t* b_row[kMmas];
 #pragma unroll
-  for (int m = 0; m < kMmas; ++m) b_row[m] = smem + min(8 * m + g, kDigits * p.T - 1) * p.x_stride + q * (kGroup / 4);
-  int row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, stage = stage_begin, slot_index = 0;
+  for (int m = 0; m < kMmas; ++m)
+    b_row[m] = smem + (kDigits * min(2 * m + g / 4, p.T - 1) + min(g % 4, kDigits - 1)) * p.x_stride + q * (kGroup / 4);
+  const int high = q % 2 ? 0 : 256;  // q even holds digits 0 and 1: C0 + 256 C1; q odd digit 2 (and column 3)
+  int row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, stage = stage_begin;
+  uint32_t slot_addr = ring_addr;
 
   for (int i = 0; i < n_stages; ++i) {
     if (i + Sh::kStages - 1 < n_stages) issue();
     copy_async_commit();
     copy_async_wait<Sh::kStages - 1>();
     __syncwarp();
-    const uint8_t* slot = ring + slot_index * Sh::kStageBytes;
-    slot_index = slot_index + 1 == Sh::kStages ? 0 : slot_index + 1;
+    const uint8_t* slot = ring + (slot_addr - ring_addr);
+    slot_addr += Sh::kStageBytes;
+    if (slot_addr == ring_end) slot_addr = ring_addr;
     // Rows g and g + 8: the stage's scales, then its biases.
     uint32_t sb_top[2 * kSb / 4], sb_bottom[2 * kSb / 4];
     load_words(sb_top, slot + Sh::kCodeBytes + g * 2 * kSb);
@@ -431,54 +433,47 @@ __global__ void __launch_bounds__(kWarps * 32)
       const float bt = unpack_scale<S>(sb_top + kSb / 4, gi), bb = unpack_scale<S>(sb_bottom + kSb / 4, gi);
 #pragma unroll
       for (int m = 0; m < kMmas; ++m) {
-        const float4 f = factors[(group * kMmas + m) * 4 + q];
-        acc[m][0] = fmaf(st * f.x, exact_float(c[m][0]), fmaf(bt, f.z, acc[m][0]));
-        acc[m][1] = fmaf(st * f.y, exact_float(c[m][1]), fmaf(bt, f.w, acc[m][1]));
-        acc[m][2] = fmaf(sb * f.x, exact_float(c[m][2]), fmaf(bb, f.z, acc[m][2]));
-        acc[m][3] = fmaf(sb * f.y, exact_float(c[m][3]), fmaf(bb, f.w, acc[m][3]));
+        const float2 f = factors[(group * kMmas + m) * 4 + q];
+        const int sum_top = c[m][0] + high * c[m][1], sum_bottom = c[m][2] + high * c[m][3];
+        acc[m][0] = fmaf(st * f.x, __int2float_rn(sum_top), fmaf(bt, f.y, acc[m][0]));
+        acc[m][1] = fmaf(sb * f.x, __int2float_rn(sum_bottom), fmaf(bb, f.y, acc[m][1]));
       }
     }
     __syncwarp();  // the slot is refilled next iteration
     if (++stage != stage_end) continue;
 
     // The tile's last stage: the split warps' sums meet in a fixed order, then
-    // each output adds its token's three digit columns.
-#pragma unroll
-    for (int m = 0; m < kMmas; ++m)
-      partial[(warp * kMmas + m) * 32 + lane] = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+    // lane q + 1 adds its digit 2 to lane q's digits 0 and 1, which writes.
     if (p.split > 1) {
+#pragma unroll
+      for (int m = 0; m < kMmas; ++m) partial[(warp * kMmas + m) * 32 + lane] = make_float2(acc[m][0], acc[m][1]);
       __syncthreads();
       if (part == 0)
         for (int w = warp + 1; w < warp + p.split; ++w)
 #pragma unroll
           for (int m = 0; m < kMmas; ++m) {
-            const float4 o = partial[(w * kMmas + m) * 32 + lane];
-            acc[m][0] += o.x, acc[m][1] += o.y, acc[m][2] += o.z, acc[m][3] += o.w;
+            const float2 o = partial[(w * kMmas + m) * 32 + lane];
+            acc[m][0] += o.x, acc[m][1] += o.y;
           }
-#pragma unroll
-      for (int m = 0; m < kMmas; ++m)
-        if (part == 0) partial[(warp * kMmas + m) * 32 + lane] = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+      __syncthreads();  // partial is rewritten at the next tile
     }
-    __syncwarp();
     if (part == 0) {
-      const float* mine = reinterpret_cast<const float*>(partial + warp * kMmas * 32);
-      for (int o = lane; o < kTileRows * p.T; o += 32) {
-        const int r = o % kTileRows, t = o / kTileRows, row = row0 + r;
-        float sum = 0;
 #pragma unroll
-        for (int d = 0; d < kDigits; ++d) {
-          const int col = kDigits * t + d, m = col / 8, from = (r % 8) * 4 + col % 8 / 2;
-          sum += mine[((m * 32) + from) * 4 + (r / 8) * 2 + col % 2];
-        }
-        if (row >= p.out) continue;
-        float& y = p.y[int64_t(t) * p.out + row];
-        y = (p.accumulate ? y : 0.0f) + (sum + (p.bias ? p.bias[row] : 0.0f));
+      for (int m = 0; m < kMmas; ++m) {
+        const float top = acc[m][0] + __shfl_xor_sync(0xffffffffu, acc[m][0], 1);
+        const float bottom = acc[m][1] + __shfl_xor_sync(0xffffffffu, acc[m][1], 1);
+        const int t = 2 * m + q / 2;
+        if (q % 2 || t >= p.T) continue;
+        float* y = p.y + int64_t(t) * p.out;
+        auto write = [&](int row, float v) {
+          if (row < p.out) y[row] = (p.accumulate ? y[row] : 0.0f) + (v + (p.bias ? p.bias[row] : 0.0f));
+        };
+        write(row0 + g, top);
+        write(row0 + g + 8, bottom);
       }
     }
-    if (p.split > 1) __syncthreads();  // partial is rewritten at the next tile
-    __syncwarp();
 #pragma unroll
-    for (int m = 0; m < kMmas; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0;
+    for (int m = 0; m < kMmas; ++m) acc[m][0] = acc[m][1] = 0;
     stage = stage_begin;
     row0 += unit_rows;
   }
@@ -589,7 +584,8 @@ cudaError_t visit_variant(const AffineArgs& w, int64_t T, Fn&& fn) {
       const int mmas = mmas_for(int(T));
       if (mmas == 1) by_group.template operator()<kBits, 1>();
       else if (mmas == 2) by_group.template operator()<kBits, 2>();
-      else by_group.template operator()<kBits, 3>();
+      else if (mmas == 3) by_group.template operator()<kBits, 3>();
+      else by_group.template operator()<kBits, 4>();
     };
     w.bits == 4 ? by_mmas.template operator()<4>() : by_mmas.template operator()<8>();
   });
