@@ -68,11 +68,14 @@ std::string revision_of(const fs::path& dir) {
 }
 
 void set_engine_lever(Levers& l, const std::string& name, bool on) {
+  if (name == "fused_norm_matvec") {
+    l.fused_norm_matvec = on ? LeverMode::on : LeverMode::off;
+    return;
+  }
   bool* field = name == "cuda_graphs"           ? &l.cuda_graphs
                 : name == "pipelined_decode"    ? &l.pipelined_decode
                 : name == "fused_projections"   ? &l.fused_projections
                 : name == "fused_rope_store"    ? &l.fused_rope_store
-                : name == "fused_norm_matvec"   ? &l.fused_norm_matvec
                 : name == "programmatic_launch" ? &l.programmatic_launch
                 : name == "matvec_split_k"      ? &l.matvec_split_k
                 : name == "fp8_activation_gemm" ? &l.fp8_activation_gemm
@@ -178,7 +181,7 @@ class Auditor {
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
     const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections, lo.fuse_rope_store,
-                                        lo.fuse_norm_matvec, lo.programmatic_launch, lo.matvec_split_k,
+                                        int(lo.fuse_norm_matvec), lo.programmatic_launch, lo.matvec_split_k,
                                         lo.fp8_activation_gemm, lo.int8_activation_matvec, lo.tensor_core_kv_attention,
                                         lo.tensor_core_affine_matvec);
     auto it = models_.find(key);

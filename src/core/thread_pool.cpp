@@ -71,7 +71,8 @@ class ThreadPool {
       wake_.wait(lock, [&] { return stopping_ || (generation_ != seen && job_ != nullptr); });
       if (stopping_) return;
       seen = generation_;
-      const std::function<void(int)>* job = job_;  // valid until run() returns, which it cannot before our claims finish
+      // Valid until run() returns, which it cannot while a claim of ours runs.
+      const std::function<void(int)>* job = job_;
       const int n_jobs = n_jobs_;
       lock.unlock();
       drain(seen, *job, n_jobs);

@@ -63,10 +63,14 @@ double resident_bytes(const Model& model, const SeqState& state) {
 }
 
 // The levers a model was loaded and runs with, for a row's label.
-std::string layout_levers(const LoadOptions& o) {
+std::string layout_levers(const ModelInfo& info) {
+  const LoadOptions& o = info.options;
   auto on = [](bool b) { return b ? "on" : "off"; };
+  // auto shows what the model decided at load.
+  const std::string fold = o.fuse_norm_matvec == LeverMode::automatic ? std::string("auto(") + on(info.folds_norms) + ")"
+                                                                       : lever_mode_name(o.fuse_norm_matvec);
   return std::string("fused_projections=") + on(o.fuse_projections) + " fused_rope_store=" + on(o.fuse_rope_store) +
-         " fused_norm_matvec=" + on(o.fuse_norm_matvec) + " programmatic_launch=" + on(o.programmatic_launch) +
+         " fused_norm_matvec=" + fold + " programmatic_launch=" + on(o.programmatic_launch) +
          " matvec_split_k=" + on(o.matvec_split_k) + " fp8_activation_gemm=" + on(o.fp8_activation_gemm) +
          (o.int8_activation_matvec ? " int8_activation_matvec=on" : "") +
          (o.tensor_core_kv_attention ? " tensor_core_kv_attention=on" : "") +
@@ -126,7 +130,7 @@ BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int re
   row.tokens = tokens;
   row.depth = depth;
   row.prefill = true;
-  row.levers = layout_levers(model.info().options) + " kv_cache_mode=" + std::string(kv_cache_mode_name(kv_mode));
+  row.levers = layout_levers(model.info()) + " kv_cache_mode=" + std::string(kv_cache_mode_name(kv_mode));
   row.flops = model.prefill_flops(tokens, depth);
   row.roofline_tok_s = ceilings.matmul_flop_per_s / (row.flops / double(tokens));
   std::vector<int32_t> ids = random_ids(tokens, model.info().vocab, 11);
@@ -157,7 +161,7 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
                       const Levers& levers, KvCacheMode kv_mode) {
   BenchRow row;
   row.test = label("tg", tokens, depth);
-  row.levers = decode_levers(model, levers) + " " + layout_levers(model.info().options) +
+  row.levers = decode_levers(model, levers) + " " + layout_levers(model.info()) +
                " kv_cache_mode=" + std::string(kv_cache_mode_name(kv_mode));
   row.tokens = tokens;
   row.depth = depth;
@@ -185,7 +189,7 @@ BenchRow bench_batched_decode(const Model& model, int64_t batch, int64_t tokens,
                               const Ceilings& ceilings, const Levers& levers, KvCacheMode kv_mode) {
   BenchRow row;
   row.test = label("tg", tokens, depth) + " x" + std::to_string(batch);
-  row.levers = "same-offset batch " + decode_levers(model, levers) + " " + layout_levers(model.info().options) +
+  row.levers = "same-offset batch " + decode_levers(model, levers) + " " + layout_levers(model.info()) +
                " kv_cache_mode=" + std::string(kv_cache_mode_name(kv_mode));
   row.tokens = tokens;
   row.depth = depth;

@@ -16,6 +16,13 @@ bool env_flag(const char* name, bool fallback) {
   fail("{}={}: expected 0 or 1", name, v);
 }
 
+LeverMode env_mode(const char* name, LeverMode fallback) {
+  const char* v = std::getenv(name);
+  if (v && (!std::strcmp(v, "auto") || !std::strcmp(v, "automatic"))) return LeverMode::automatic;
+  if (!v || !*v) return fallback;
+  return env_flag(name, false) ? LeverMode::on : LeverMode::off;
+}
+
 }  // namespace
 
 Levers Levers::from_env() {
@@ -24,7 +31,7 @@ Levers Levers::from_env() {
   l.pipelined_decode = env_flag("MERERUN_PIPELINED_DECODE", l.pipelined_decode);
   l.fused_projections = env_flag("MERERUN_FUSED_PROJECTIONS", l.fused_projections);
   l.fused_rope_store = env_flag("MERERUN_FUSED_ROPE_STORE", l.fused_rope_store);
-  l.fused_norm_matvec = env_flag("MERERUN_FUSED_NORM_MATVEC", l.fused_norm_matvec);
+  l.fused_norm_matvec = env_mode("MERERUN_FUSED_NORM_MATVEC", l.fused_norm_matvec);
   l.programmatic_launch = env_flag("MERERUN_PROGRAMMATIC_LAUNCH", l.programmatic_launch);
   l.matvec_split_k = env_flag("MERERUN_MATVEC_SPLIT_K", l.matvec_split_k);
   l.fp8_activation_gemm = env_flag("MERERUN_FP8_ACTIVATION_GEMM", l.fp8_activation_gemm);
@@ -43,7 +50,7 @@ std::string Levers::describe(Device device) const {
            " (the others are CUDA levers)";
   return std::string("levers: cuda_graphs=") + on(cuda_graphs) + " pipelined_decode=" + on(pipelined_decode) +
          " fused_projections=" + on(fused_projections) +
-         " fused_rope_store=" + on(fused_rope_store) + " fused_norm_matvec=" + on(fused_norm_matvec) +
+         " fused_rope_store=" + on(fused_rope_store) + " fused_norm_matvec=" + lever_mode_name(fused_norm_matvec) +
          " programmatic_launch=" + on(programmatic_launch) + " matvec_split_k=" + on(matvec_split_k) +
          " fp8_activation_gemm=" + on(fp8_activation_gemm) + " int8_activation_matvec=" + on(int8_activation_matvec) +
          " tensor_core_kv_attention=" + on(tensor_core_kv_attention) +
@@ -55,7 +62,7 @@ LoadOptions Levers::load_options(Device device) const {
   const bool cuda = device == Device::cuda;
   return LoadOptions{.fuse_projections = fused_projections && cuda,
                      .fuse_rope_store = fused_rope_store && cuda,
-                     .fuse_norm_matvec = fused_norm_matvec && cuda,
+                     .fuse_norm_matvec = cuda ? fused_norm_matvec : LeverMode::off,
                      .programmatic_launch = programmatic_launch && cuda,
                      .matvec_split_k = matvec_split_k && cuda,
                      .fp8_activation_gemm = fp8_activation_gemm && cuda,

@@ -24,10 +24,13 @@ struct Levers {
   // q/k norm, RoPE and the K/V cache write in one kernel instead of up to six.
   bool fused_rope_store = true;
   // RMSNorm, SwiGLU and the residual add folded into the decode matvecs' input
-  // and output: four kernels fewer per layer and no normalised copy of h.
-  // Slower for bf16 weights; +2-5% for Llama-3-8B-sized affine int8/int4 on
-  // the tensor cores, -7% for a 0.6B model's (docs/levers.md).
-  bool fused_norm_matvec = false;
+  // and output: three kernels fewer per layer and no normalised copy of h.
+  // Default `auto`: on where every layer matrix's one-token matvec runs on the
+  // tensor cores (MLX affine weights of 2^24 or more: Llama-3-8B int4 +4.2%,
+  // int8 +2.9%), where the fused forms are single kernels and logits move within
+  // 1e-5; off elsewhere (a 0.6B model's affine weights -7%, bf16 weights
+  // slower: docs/levers.md).
+  LeverMode fused_norm_matvec = LeverMode::automatic;
   // Programmatic dependent launch: each kernel starts during the previous one's
   // tail, and a matvec loads its first weights before waiting for its input.
   // Default: bit-identical logits and tokens, tg128 +3% (Llama-3-8B) and +27%
@@ -77,14 +80,14 @@ struct Levers {
   bool prefix_cache = true;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
-  // MERERUN_FUSED_NORM_MATVEC, MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
+  // MERERUN_FUSED_NORM_MATVEC (0|1|auto), MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_PSI_FUSED_MOE, MERERUN_PREFIX_CACHE (0|1)
   // override the defaults.
   static Levers from_env();
   static Levers all_off() {
     return Levers{.cuda_graphs = false, .pipelined_decode = false, .fused_projections = false, .fused_rope_store = false,
-                  .fused_norm_matvec = false, .programmatic_launch = false, .matvec_split_k = false,
+                  .fused_norm_matvec = LeverMode::off, .programmatic_launch = false, .matvec_split_k = false,
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,
                   .tensor_core_affine_matvec = false, .fused_moe_gate_up = false,
                   .prefix_cache = false};

@@ -75,6 +75,26 @@ std::vector<std::pair<std::string, Shape>> LlamaConfig::tensor_shapes() const {
   return out;
 }
 
+namespace {
+
+// Lever fused_norm_matvec, auto: fold the norms where every layer matrix's
+// one-token matvec runs on the tensor cores, whose prepare kernel forms the
+// input; elsewhere the fused forms compose kernels and cost more than they save
+// (docs/levers.md).
+bool folding_pays(const std::vector<LlamaLayer>& layers, const LoadOptions& o) {
+  if (!o.tensor_core_affine_matvec || o.int8_activation_matvec || layers.empty()) return false;
+  auto fast = [](const Weight& w) { return !w.defined() || ops::one_token_matvec_on_tensor_cores(w); };
+  for (const LlamaLayer& l : layers) {
+    const QkvProjection& a = l.attn.qkv;
+    const GatedMlp& m = l.mlp;
+    for (const Weight* w : {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o, &m.gate_up, &m.gate, &m.up, &m.down})
+      if (!fast(*w)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device device, const LoadOptions& options)
     : cfg_(LlamaConfig::parse(config)) {
   if (device == Device::cpu) checkpoint_ = checkpoint;
@@ -130,6 +150,8 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   info_.weight_bytes = checkpoint.size_bytes();
   info_.weights = layers_.empty() ? tok_embed_.describe() : layers_.front().attn.o.describe();
   for (const auto& name : checkpoint.names()) info_.n_params += shape_numel(checkpoint.info(name).shape);
+  info_.folds_norms = options.fuse_norm_matvec == LeverMode::on ||
+                      (options.fuse_norm_matvec == LeverMode::automatic && folding_pays(layers_, options));
 }
 
 uint64_t Llama::decode_bytes(int64_t context, KvCacheMode kv_mode) const {
@@ -171,7 +193,7 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* cons
                               .int8_activation_matvec = info_.options.int8_activation_matvec,
                               .tensor_core_kv_attention = info_.options.tensor_core_kv_attention,
                               .tensor_core_affine_matvec = info_.options.tensor_core_affine_matvec});
-  const bool fold_norms = info_.options.fuse_norm_matvec;
+  const bool fold_norms = info_.folds_norms;
 
   Tensor h = ops::embed(tok_embed_, ids);                                      // [T, d_model], the residual
   Tensor x;                                                                    // the normed input, unless folded

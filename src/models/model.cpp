@@ -4,6 +4,10 @@
 
 namespace mere {
 
+const char* lever_mode_name(LeverMode mode) {
+  return mode == LeverMode::on ? "on" : mode == LeverMode::off ? "off" : "auto";
+}
+
 Tensor Model::forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const {
   const int64_t T = int64_t(tokens.size()), pos0 = state.length();
   MERE_CHECK(T > 0, "forward: no tokens");

@@ -13,14 +13,19 @@
 
 namespace mere {
 
+// A lever that can be off, on, or left to the model to decide from its weights.
+enum class LeverMode { off, on, automatic };
+const char* lever_mode_name(LeverMode mode);  // "off", "on", "auto"
+
 // How a model is laid out and runs on its device; set by the engine from its levers.
 struct LoadOptions {
   // Q/K/V and gate/up weights concatenated, so each is one matmul (lever fused_projections).
   bool fuse_projections = false;
   // q/k norm, RoPE and the K/V write as one kernel (lever fused_rope_store).
   bool fuse_rope_store = false;
-  // RMSNorm, SwiGLU and the residual add inside the matmuls (lever fused_norm_matvec).
-  bool fuse_norm_matvec = false;
+  // RMSNorm, SwiGLU and the residual add inside the matmuls (lever fused_norm_matvec);
+  // automatic: where every layer matrix's one-token matvec runs on the tensor cores.
+  LeverMode fuse_norm_matvec = LeverMode::off;
   // CUDA kernels launched to overlap the previous one's tail (lever programmatic_launch).
   bool programmatic_launch = false;
   // Several warps per row in decode matvecs with few rows (lever matvec_split_k).
@@ -42,6 +47,7 @@ struct ModelInfo {
   std::string family;       // the file that implements it, e.g. "llama"
   Device device = Device::cpu;
   LoadOptions options;  // how the model was laid out and runs
+  bool folds_norms = false;  // the fused decode forms run (lever fused_norm_matvec, `auto` decided at load)
   int64_t vocab = 0;
   int64_t max_positions = 0;
   int64_t n_params = 0;

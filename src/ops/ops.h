@@ -53,6 +53,10 @@ Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const W
 void linear_add(Tensor& h, const Tensor& x, const Weight& w, const Tensor& bias = Tensor());
 // h += linear(silu_mul_halves(gate_up), w, bias).
 void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const Tensor& bias = Tensor());
+// Whether w's one-token decode matvec runs on the tensor cores when lever
+// tensor_core_affine_matvec is on (an MLX affine weight on the GPU, large
+// enough): where the fused forms above are single kernels.
+bool one_token_matvec_on_tensor_cores(const Weight& w);
 
 // pos (i32 [1], on any device) += by; on the GPU a kernel, so a CUDA graph's
 // step can move its own position on.

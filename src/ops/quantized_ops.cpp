@@ -17,6 +17,11 @@ void quantized_linear(const Tensor& x, const Weight& w, const Tensor& bias, Tens
   }
 }
 
+bool one_token_matvec_on_tensor_cores(const Weight& w) {
+  return w.kind() == Weight::Kind::affine && w.device() == Device::cuda &&
+         cuda::affine_one_token_on_tensor_cores(w.affine(), w.cols());
+}
+
 void quantized_embed(const Weight& w, const Tensor& ids, Tensor& out) {
   const int32_t vocab = int32_t(w.rows());
   if (ids.device() == Device::cuda) {

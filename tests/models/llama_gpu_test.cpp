@@ -129,8 +129,21 @@ TEST_P(LlamaGpu, FusedRopeStoreMatchesTheComposition) {
 // fused_norm_matvec: RMSNorm, SwiGLU and the residual add inside the decode
 // matvecs; the sums run in another order, so logits differ in the last bits.
 TEST_P(LlamaGpu, FusedNormMatvecMatchesTheComposition) {
-  expect_lever_parity(GetParam(), {.fuse_projections = true, .fuse_rope_store = true, .fuse_norm_matvec = true}, 1e-3f,
+  expect_lever_parity(GetParam(), {.fuse_projections = true, .fuse_rope_store = true, .fuse_norm_matvec = LeverMode::on}, 1e-3f,
                       "norms folded into the matvecs vs composed");
+}
+
+// fused_norm_matvec's default, auto, folds only where every layer matrix's
+// one-token matvec runs on the tensor cores: none of the fixtures (bf16, or
+// affine matrices under the 2^24-weight floor); `on` folds everywhere in the
+// llama family (the MoE family has no fused forms).
+TEST_P(LlamaGpu, FusedNormMatvecAutoLeavesSmallModelsUnfolded) {
+  const auto dir = test::fixtures_dir() / GetParam();
+  EXPECT_FALSE(load_model(dir, Device::cuda, Levers{}.load_options(Device::cuda))->info().folds_norms) << GetParam();
+  Levers on;
+  on.fused_norm_matvec = LeverMode::on;
+  const auto model = load_model(dir, Device::cuda, on.load_options(Device::cuda));
+  EXPECT_EQ(model->info().folds_norms, model->info().family == "llama") << GetParam();
 }
 
 // matvec_split_k: decode matvecs with several warps per row (decode only: the
@@ -148,7 +161,7 @@ TEST_P(LlamaGpu, ProgrammaticLaunchIsBitIdentical) {
   std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
   for (bool fold : {false, true}) {
     Levers off = Levers{}, on = Levers{};
-    off.fused_norm_matvec = on.fused_norm_matvec = fold;
+    off.fused_norm_matvec = on.fused_norm_matvec = fold ? LeverMode::on : LeverMode::off;
     off.programmatic_launch = false;
     on.programmatic_launch = true;
     auto plain = load_model(dir, Device::cuda, off.load_options(Device::cuda));

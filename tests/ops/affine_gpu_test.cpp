@@ -189,6 +189,18 @@ TEST_F(Affine, TensorCoreMatvecTakesOneTokenOfALargeMatrix) {
   EXPECT_EQ(std::memcmp(both.raw(), int8_x.raw(), both.size_bytes()), 0);
 }
 
+// The query behind lever fused_norm_matvec's auto mode: an affine weight on the
+// GPU at or above the one-token floor (2^24 weights) takes the tensor cores; a
+// smaller one, the same weight on the CPU, or a dense one does not.
+TEST_F(Affine, OneTokenTensorCoreQueryFollowsTheFloor) {
+  const Weight large(random_affine(4096, 4096, 4, 64, DType::bf16, 93), 4096);
+  const Weight small(random_affine(4095 - 4095 % 16, 4096, 8, 64, DType::bf16, 94), 4096);
+  EXPECT_TRUE(ops::one_token_matvec_on_tensor_cores(large.to_device(Device::cuda)));
+  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(small.to_device(Device::cuda)));
+  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(large));
+  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(large.dequantize(DType::bf16).to_device(Device::cuda)));
+}
+
 // The fused decode forms (lever fused_norm_matvec) on the tensor-core matvec:
 // RMSNorm(h) w formed as x is converted, silu(gate) up likewise, and the
 // product added into the residual, against the CPU composition on the

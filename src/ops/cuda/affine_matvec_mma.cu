@@ -229,8 +229,10 @@ __device__ __forceinline__ void load_input(const Prepare& p, int t, int e, bool 
 }
 
 // The input [T, in] into the staged image, a thread a run of 8 values. Plain x
-// and kSiluGated: runs of all tokens over blocks of 256 threads. kRmsNormed: a
-// block a token, which first sums the squares of its row (f32) for RMSNorm.
+// and kSiluGated: runs of all tokens over blocks of 256 threads. kRmsNormed:
+// blocks (b, t) take token t's runs from 256 b, each first summing the squares
+// of the whole row (f32, in the same order in every block) for RMSNorm: one
+// block a token left the other SMs idle at one token.
 template <int kBits, int kGroup, int kKind, typename N>
 __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
   allow_next_kernel();
@@ -245,7 +247,7 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     load_input<kKind, N>(p, t, e, active, 1.0f, v);
     stage_values<kBits, kGroup>(v, p.T, t, e, active, p.x_stride, p.staged, p.x_bytes);
   } else {
-    const int t = blockIdx.x;
+    const int t = blockIdx.y;
     const float4* row = reinterpret_cast<const float4*>(p.x + int64_t(t) * p.in);
     float sum = 0;
     for (int r = threadIdx.x; r < runs; r += blockDim.x) {
@@ -259,12 +261,11 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     float total = 0;
     for (int w = 0; w < int(blockDim.x) / 32; ++w) total += partial[w];
     const float inv = rsqrtf(total / float(p.in) + p.eps);
-    for (int base = int(threadIdx.x) - lane; base < runs; base += int(blockDim.x)) {
-      const int r = base + lane;
-      float v[8];
-      load_input<kKind, N>(p, t, r < runs ? 8 * r : 0, r < runs, inv, v);
-      stage_values<kBits, kGroup>(v, p.T, t, r < runs ? 8 * r : 0, r < runs, p.x_stride, p.staged, p.x_bytes);
-    }
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;  // runs is a multiple of G / 8
+    if (r - lane >= runs) return;                          // the whole warp is past the end
+    float v[8];
+    load_input<kKind, N>(p, t, r < runs ? 8 * r : 0, r < runs, inv, v);
+    stage_values<kBits, kGroup>(v, p.T, t, r < runs ? 8 * r : 0, r < runs, p.x_stride, p.staged, p.x_bytes);
   }
 }
 
@@ -549,13 +550,13 @@ struct Variant {
     const Prepare prep{input.x, input.norm_w, input.eps, int(T), int(w.in), l.x_stride, static_cast<uint8_t*>(scratch),
                        l.x_bytes};
     const dim3 runs_grid(unsigned(ceil_div(int(T * w.in / 8), 256)));  // a thread a run
-    const dim3 token_threads(unsigned(std::min<int64_t>(1024, (w.in / 8 + 31) / 32 * 32)));
+    const dim3 token_grid(unsigned(ceil_div(int(w.in / 8), 256)), unsigned(T));  // kRmsNormed
     cudaError_t status = cudaSuccess;
     using Kind = AffineMmaInput::Kind;
     if (input.kind == Kind::rms_normed) {
       const cudaError_t visited = visit_float(input.norm_dtype, [&]<typename N>() {
-        status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::rms_normed), N>, dim3(unsigned(T)),
-                               token_threads, 0, stream, prep);
+        status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::rms_normed), N>, token_grid,
+                               dim3(256), 0, stream, prep);
       });
       if (visited != cudaSuccess) return visited;
     } else if (input.kind == Kind::silu_gated) {

@@ -71,6 +71,15 @@ bool tensor_core_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& in
 
 }  // namespace
 
+bool affine_one_token_on_tensor_cores(const AffineWeight& w, int64_t in) {
+  const DType dt = w.scales.dtype();
+  if ((w.group_size != 32 && w.group_size != 64 && w.group_size != 128) || dt != w.biases.dtype() ||
+      (dt != DType::f32 && dt != DType::f16 && dt != DType::bf16) || !aligned16(w.packed.raw()))
+    return false;  // affine_args would refuse it
+  const AffineArgs a = affine_args(w, in, "one_token_matvec_on_tensor_cores");
+  return tensor_cores_pay(a, 1) && affine_matvec_mma_supports(a, 1);
+}
+
 bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w, const Tensor& bias,
                             Tensor& out) {
   const DType nd = norm_w.dtype();
@@ -129,6 +138,7 @@ bool affine_rms_norm_linear(const Tensor&, const Tensor&, float, const AffineWei
 }
 bool affine_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
 bool affine_swiglu_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
+bool affine_one_token_on_tensor_cores(const AffineWeight&, int64_t) { return false; }
 
 }  // namespace mere::ops::cuda
 
