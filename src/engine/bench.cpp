@@ -67,8 +67,9 @@ std::string layout_levers(const ModelInfo& info) {
   const LoadOptions& o = info.options;
   auto on = [](bool b) { return b ? "on" : "off"; };
   // auto shows what the model decided at load.
-  const std::string fold = o.fuse_norm_matvec == LeverMode::automatic ? std::string("auto(") + on(info.folds_norms) + ")"
-                                                                       : lever_mode_name(o.fuse_norm_matvec);
+  const std::string fold = o.fuse_norm_matvec == LeverMode::automatic
+                               ? std::string("auto(") + on(info.folds_norms) + ")"
+                               : std::string(lever_mode_name(o.fuse_norm_matvec));
   return std::string("fused_projections=") + on(o.fuse_projections) + " fused_rope_store=" + on(o.fuse_rope_store) +
          " fused_norm_matvec=" + fold + " programmatic_launch=" + on(o.programmatic_launch) +
          " matvec_split_k=" + on(o.matvec_split_k) + " fp8_activation_gemm=" + on(o.fp8_activation_gemm) +

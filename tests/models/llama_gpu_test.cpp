@@ -129,7 +129,8 @@ TEST_P(LlamaGpu, FusedRopeStoreMatchesTheComposition) {
 // fused_norm_matvec: RMSNorm, SwiGLU and the residual add inside the decode
 // matvecs; the sums run in another order, so logits differ in the last bits.
 TEST_P(LlamaGpu, FusedNormMatvecMatchesTheComposition) {
-  expect_lever_parity(GetParam(), {.fuse_projections = true, .fuse_rope_store = true, .fuse_norm_matvec = LeverMode::on}, 1e-3f,
+  expect_lever_parity(GetParam(),
+                      {.fuse_projections = true, .fuse_rope_store = true, .fuse_norm_matvec = LeverMode::on}, 1e-3f,
                       "norms folded into the matvecs vs composed");
 }
 

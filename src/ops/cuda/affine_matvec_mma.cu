@@ -26,7 +26,7 @@
 // quads of tokens past T hold zeros.
 //
 // Shape: a first kernel converts x once into a scratch buffer, the image of
-// what every block stages in shared memory: digit rows (column 3t + d) of s8 in
+// what every block stages in shared memory: digit rows (row 3t + d) of s8 in
 // each group's order of the codes (4 bits: runs of 8 as 0 2 4 6 1 3 5 7, the
 // order one mask and one shift unpack), then the per-column factors. Each
 // matvec block copies it with cp.async (converting it in every block cost more
@@ -382,13 +382,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   __syncthreads();
 
   float acc[kMmas][2] = {};  // per mma: rows g and g + 8 of the lane's columns
-  // B: lane g loads column 8 m + g, digit g % 4 of token 2 m + g / 4 (column 3
-  // of a token, and tokens past T, load a digit row in use: their sums are
-  // never used), its digits at q G / 4 of each group.
+  // B: lane g loads column 8 m + g, digit g % 4 of token 2 m + g / 4, its
+  // digits at q G / 4 of each group. Column 3 of a token and the tokens past T
+  // load a digit row in use: the former is weighted 0 (`high`), the latter have
+  // zero factors.
   const uint8_t* b_row[kMmas];
 #pragma unroll
-  for (int m = 0; m < kMmas; ++m)
-    b_row[m] = smem + (kDigits * min(2 * m + g / 4, p.T - 1) + min(g % 4, kDigits - 1)) * p.x_stride + q * (kGroup / 4);
+  for (int m = 0; m < kMmas; ++m) {
+    const int digit_row = kDigits * min(2 * m + g / 4, p.T - 1) + min(g % 4, kDigits - 1);
+    b_row[m] = smem + digit_row * p.x_stride + q * (kGroup / 4);
+  }
   const int high = q % 2 ? 0 : 256;  // q even holds digits 0 and 1: C0 + 256 C1; q odd digit 2 (and column 3)
   int row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, stage = stage_begin;
   uint32_t slot_addr = ring_addr;
