@@ -33,7 +33,9 @@
 // than the weights of a small matrix at 8 tokens, and lost 8% of a Llama-3-8B
 // decode at one). For the fused decode forms (lever fused_norm_matvec) that
 // kernel also forms the input, RMSNorm(h) w or silu(gate) up, and the matvec
-// adds its product into y.
+// adds its product into y. Where x is too long for a block's shared memory
+// with the rings (down_proj's 14336 columns from 4 tokens), the row is cut into
+// launches of whole stages, each adding its columns' product into y.
 // Each warp streams its 16-row tiles' codes, at least 128 contiguous bytes of
 // each row a stage, with their scales and biases, through a ring of cp.async
 // stages in shared memory (several KB in flight per warp, none in registers);
@@ -57,6 +59,7 @@ constexpr int kWarps = 8;
 constexpr int kTileRows = 16;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight (at least 3 stages)
 constexpr int kDigits = 3;            // base-256 digits of x'
+constexpr int kMaxParts = 8;          // launches a row may be cut into (x too long for shared memory)
 
 // Bytes after each staged row (codes or digits) whose lanes load `lane_bytes`
 // each at q lane_bytes: one phase of the loads (8, 4 or 2 rows of 4 lanes for
@@ -86,19 +89,23 @@ struct Shape {
 // mmas a k32 step: one per 8 B columns, four columns a token.
 __host__ __device__ constexpr int mmas_for(int T) { return (T + 1) / 2; }
 
+// One launch's share of the columns (all of them unless x is too long for
+// shared memory: then launches of whole stages, each adding into y).
 struct Problem {
-  const uint8_t* packed;
-  const void* scales;
+  const uint8_t* packed;  // the launch's first column of row 0; rows row_bytes apart
+  const void* scales;     // likewise; rows scale_stride apart
   const void* biases;
+  int64_t row_bytes;      // a whole row's packed bytes
+  int scale_stride;       // a whole row's groups
   const uint8_t* staged;  // x converted (prepare kernel): the image of a block's x and factors
   int x_stride;           // bytes per staged digit row
   int64_t x_bytes, staged_bytes;  // the staged digit rows; with the factors after them
   const float* bias;
   float* y;
   bool accumulate;  // y += the product (the residual add), else y =
-  int in, out, T;
-  int n_groups;  // per row
-  int split;     // warps per tile
+  int in, out, T;  // in: the launch's columns
+  int n_groups;     // of the launch's columns
+  int split;        // warps per tile
   int n_units;   // units of kWarps / split tiles
 };
 
@@ -198,10 +205,11 @@ __device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, 
 }
 
 struct Prepare {
-  const float* x;  // [T, in]; kRmsNormed: h [T, in]; kSiluGated: gate_up [T, 2 in]
+  const float* x;  // [T, full]; kRmsNormed: h [T, full]; kSiluGated: gate_up [T, 2 full]
   const void* norm_w;
   float eps;
-  int T, in, x_stride;
+  int full, col0;      // the row's length, and the first column this launch converts
+  int T, in, x_stride;  // in: the columns it converts
   uint8_t* staged;
   int64_t x_bytes;
 };
@@ -211,16 +219,16 @@ struct Prepare {
 template <int kKind, typename N>
 __device__ __forceinline__ void load_input(const Prepare& p, int t, int e, bool active, float inv, float (&v)[8]) {
   using Kind = AffineMmaInput::Kind;
-  const float* row = p.x + int64_t(t) * p.in * (kKind == int(Kind::silu_gated) ? 2 : 1);
+  const float* row = p.x + int64_t(t) * p.full * (kKind == int(Kind::silu_gated) ? 2 : 1) + p.col0;
   const float4* src = reinterpret_cast<const float4*>(row + e);
   const float4 a = active ? __ldg(src) : make_float4(0, 0, 0, 0), b = active ? __ldg(src + 1) : a;
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   if constexpr (kKind == int(Kind::rms_normed)) {
-    const N* w = static_cast<const N*>(p.norm_w) + e;
+    const N* w = static_cast<const N*>(p.norm_w) + p.col0 + e;
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = to_float(w[j]) * (v[j] * inv);
   } else if constexpr (kKind == int(Kind::silu_gated)) {
-    const float4* up = reinterpret_cast<const float4*>(row + p.in + e);
+    const float4* up = reinterpret_cast<const float4*>(row + p.full + e);
     const float4 c = active ? __ldg(up) : make_float4(0, 0, 0, 0), d = active ? __ldg(up + 1) : c;
     const float u[8] = {c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
 #pragma unroll
@@ -248,9 +256,9 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     stage_values<kBits, kGroup>(v, p.T, t, e, active, p.x_stride, p.staged, p.x_bytes);
   } else {
     const int t = blockIdx.y;
-    const float4* row = reinterpret_cast<const float4*>(p.x + int64_t(t) * p.in);
+    const float4* row = reinterpret_cast<const float4*>(p.x + int64_t(t) * p.full);
     float sum = 0;
-    for (int r = threadIdx.x; r < runs; r += blockDim.x) {
+    for (int r = threadIdx.x; r < p.full / 8; r += blockDim.x) {
       const float4 a = row[2 * r], b = row[2 * r + 1];
       sum += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
     }
@@ -260,7 +268,7 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     __syncthreads();
     float total = 0;
     for (int w = 0; w < int(blockDim.x) / 32; ++w) total += partial[w];
-    const float inv = rsqrtf(total / float(p.in) + p.eps);
+    const float inv = rsqrtf(total / float(p.full) + p.eps);
     const int r = blockIdx.x * blockDim.x + threadIdx.x;  // runs is a multiple of G / 8
     if (r - lane >= runs) return;                          // the whole warp is past the end
     float v[8];
@@ -318,7 +326,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int stage_begin = part * row_stages / p.split, stage_end = (part + 1) * row_stages / p.split;
   const int my_units = (p.n_units - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
   const int n_stages = my_units * (stage_end - stage_begin);
-  const int64_t row_bytes = int64_t(p.in) * kBits / 8;
+  const int64_t row_bytes = p.row_bytes;
   constexpr int kChunks = Sh::kRowBytes / 16;  // 16-byte chunks of a stage's row
   static_assert(32 % kChunks == 0, "a round of the lanes' copies covers whole rows");
   constexpr int kCopies = kTileRows * kChunks / 32;  // of them per lane and stage
@@ -346,7 +354,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     const int row = min(issue_row0 + lane % kTileRows, p.out - 1);
     scale_src = static_cast<const uint8_t*>(lane < kTileRows ? p.scales : p.biases) +
-                int64_t(row) * p.n_groups * sizeof(S);
+                int64_t(row) * p.scale_stride * sizeof(S);
   };
   point_at_tile();
   uint32_t issue_addr = ring_addr;
@@ -496,15 +504,24 @@ struct Variant {
   using Sh = Shape<kBits, kGroup, S>;
   static constexpr auto kernel = affine_matvec_mma_kernel<kBits, kGroup, S, kMmas>;
 
-  static Layout layout_for(const AffineArgs& w, int64_t T) {
-    return layout(int(w.in), kGroup, int(T), Sh::kStageBytes, Sh::kStages);
+  static Layout layout_for(int64_t in, int64_t T) {
+    return layout(int(in), kGroup, int(T), Sh::kStageBytes, Sh::kStages);
+  }
+  // The launches a row is cut into: the fewest, of whole stages each, whose x
+  // fits in a block's shared memory with the rings (down_proj's 14336 columns
+  // at 4-8 tokens take 2-3); 0 if none does.
+  static int parts_for(const AffineArgs& w, int64_t T) {
+    const int64_t row_stages = w.in / Sh::kStageValues;
+    for (int parts = 1; parts <= kMaxParts; ++parts)
+      if (row_stages % parts == 0 && layout_for(w.in / parts, T).total <= max_smem()) return parts;
+    return 0;
   }
   // A row a whole number of stages, scales and biases aligned for their
-  // copies, and x's copy in one block's shared memory.
+  // copies, and x's copy in one block's shared memory, in at most kMaxParts launches.
   static bool fits(const AffineArgs& w, int64_t T) {
     constexpr uintptr_t kScaleCopy = Sh::kScaleRowBytes < 16 ? Sh::kScaleRowBytes : 16;
     return w.in % Sh::kStageValues == 0 && reinterpret_cast<uintptr_t>(w.scales) % kScaleCopy == 0 &&
-           reinterpret_cast<uintptr_t>(w.biases) % kScaleCopy == 0 && layout_for(w, T).total <= max_smem();
+           reinterpret_cast<uintptr_t>(w.biases) % kScaleCopy == 0 && parts_for(w, T) > 0;
   }
   static int blocks_per_sm(int64_t smem) {
     static const cudaError_t raised =
@@ -518,11 +535,13 @@ struct Variant {
   static cudaError_t launch(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y, int64_t T,
                             void* scratch, bool accumulate, cudaStream_t stream) {
     if (!fits(w, T)) return cudaErrorInvalidValue;
-    const Layout l = layout_for(w, T);
+    const int parts = parts_for(w, T);
+    const int64_t in = w.in / parts;
+    const Layout l = layout_for(in, T);
     const int per_sm = blocks_per_sm(l.total);
     if (per_sm < 1) return cudaErrorInvalidValue;
     const int64_t slots = int64_t(per_sm) * sm_count();
-    const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), row_stages = int(w.in / Sh::kStageValues);
+    const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), row_stages = int(in / Sh::kStageValues);
     // Split-K: the fewest warps per tile whose units fill the slots as well as
     // any, each warp keeping its ring full.
     int split = 1;
@@ -534,44 +553,54 @@ struct Variant {
       if (fill > best * 1.05 && (s == 1 || row_stages / s >= Sh::kStages - 1)) best = fill, split = s;
     }
     Problem p{};
-    p.packed = reinterpret_cast<const uint8_t*>(w.packed);
-    p.scales = w.scales;
-    p.biases = w.biases;
+    p.row_bytes = w.in * kBits / 8;
+    p.scale_stride = int(w.in / kGroup);
     p.staged = static_cast<const uint8_t*>(scratch);
     p.x_stride = l.x_stride;
     p.x_bytes = l.x_bytes;
     p.staged_bytes = l.staged_bytes;
-    p.bias = bias;
     p.y = y;
-    p.accumulate = accumulate;
-    p.in = int(w.in);
+    p.in = int(in);
     p.out = int(w.out);
     p.T = int(T);
-    p.n_groups = int(w.in / kGroup);
+    p.n_groups = int(in / kGroup);
     p.split = split;
     p.n_units = (n_tiles + kWarps / split - 1) / (kWarps / split);
-    const Prepare prep{input.x, input.norm_w, input.eps, int(T), int(w.in), l.x_stride, static_cast<uint8_t*>(scratch),
-                       l.x_bytes};
-    const dim3 runs_grid(unsigned(ceil_div(int(T * w.in / 8), 256)));  // a thread a run
-    const dim3 token_grid(unsigned(ceil_div(int(w.in / 8), 256)), unsigned(T));  // kRmsNormed
-    cudaError_t status = cudaSuccess;
-    using Kind = AffineMmaInput::Kind;
-    if (input.kind == Kind::rms_normed) {
-      const cudaError_t visited = visit_float(input.norm_dtype, [&]<typename N>() {
-        status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::rms_normed), N>, token_grid,
-                               dim3(256), 0, stream, prep);
-      });
-      if (visited != cudaSuccess) return visited;
-    } else if (input.kind == Kind::silu_gated) {
-      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::silu_gated), float>, runs_grid,
-                             dim3(256), 0, stream, prep);
-    } else {
-      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::plain), float>, runs_grid, dim3(256), 0,
-                             stream, prep);
-    }
-    if (status != cudaSuccess) return status;
+    Prepare prep{input.x, input.norm_w, input.eps, int(w.in), 0, int(T), int(in), l.x_stride,
+                 static_cast<uint8_t*>(scratch), l.x_bytes};
+    const dim3 runs_grid(unsigned(ceil_div(int(T * in / 8), 256)));  // a thread a run
+    const dim3 token_grid(unsigned(ceil_div(int(in / 8), 256)), unsigned(T));  // kRmsNormed
     const int grid = int(std::min<int64_t>(p.n_units, slots));
-    return launch_kernel(kernel, dim3(grid), dim3(kWarps * 32), size_t(l.total), stream, p);
+    using Kind = AffineMmaInput::Kind;
+    for (int part = 0; part < parts; ++part) {
+      // Each launch adds its columns' product into y; the first adds the bias
+      // (and sets y unless the caller accumulates).
+      const int64_t col0 = part * in;
+      p.packed = reinterpret_cast<const uint8_t*>(w.packed) + col0 * kBits / 8;
+      p.scales = static_cast<const S*>(w.scales) + col0 / kGroup;
+      p.biases = static_cast<const S*>(w.biases) + col0 / kGroup;
+      p.bias = part == 0 ? bias : nullptr;
+      p.accumulate = accumulate || part > 0;
+      prep.col0 = int(col0);
+      cudaError_t status = cudaSuccess;
+      if (input.kind == Kind::rms_normed) {
+        const cudaError_t visited = visit_float(input.norm_dtype, [&]<typename N>() {
+          status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::rms_normed), N>, token_grid,
+                                 dim3(256), 0, stream, prep);
+        });
+        if (visited != cudaSuccess) return visited;
+      } else if (input.kind == Kind::silu_gated) {
+        status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::silu_gated), float>, runs_grid,
+                               dim3(256), 0, stream, prep);
+      } else {
+        status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::plain), float>, runs_grid,
+                               dim3(256), 0, stream, prep);
+      }
+      if (status != cudaSuccess) return status;
+      status = launch_kernel(kernel, dim3(grid), dim3(kWarps * 32), size_t(l.total), stream, p);
+      if (status != cudaSuccess) return status;
+    }
+    return cudaSuccess;
   }
 };
 
