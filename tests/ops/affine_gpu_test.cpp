@@ -91,12 +91,13 @@ TEST_F(Affine, MatvecAndPrefillMatchTheDequantizedReference) {
                                                   s.in, with_bias ? " +bias" : "", matvec ? "matvec" : "gemm");
             // The matvec sums f32 products; the GEMM rounds x and w to bf16 first.
             EXPECT_LE(relative_error(got, want, label), matvec ? 1e-5f : 4e-3f) << label;
-            if (matvec)  // x read through L1 instead of staged
+            if (matvec) {  // x read through L1 instead of staged
               EXPECT_LE(relative_error(launch_matvec(w.to_device(Device::cuda), gpu(x), with_bias ? gpu(b) : Tensor(),
                                               {.stage = 0}),
                                        want, label + " L1", false),
                         1e-5f)
                   << label << " L1";
+            }
           }
 }
 

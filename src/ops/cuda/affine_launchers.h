@@ -46,11 +46,13 @@ cudaError_t launch_affine_matvec(const AffineArgs& w, const float* x, const floa
 
 // The same product on the tensor cores (affine_matvec_mma.cu, lever
 // tensor_core_affine_matvec): u8 codes times the s8 base-256 digits of x
-// rounded to 23 bits per group, s32 sums. T <= 8, bits 4 or 8, groups of 32, 64 or 128, a row a whole number of
-// stages (256 values; 128 for int8 with groups of 32 or 64), and x's
-// converted copy (3 T in bytes) in one block's shared memory. `scratch`
-// (16-byte aligned, affine_matvec_mma_scratch_bytes) holds that copy; two
-// launches on one stream may share it.
+// rounded to 23 bits per group, s32 sums. T <= 8, bits 4 or 8, groups of 32,
+// 64 or 128, a row a whole number of stages (256 values; 128 for int8 with
+// groups of 32 or 64). x's converted copy (3 T in bytes) goes to each block's
+// shared memory; where it does not fit, the row runs as up to 8 launches of
+// whole stages, each adding into y. `scratch` (16-byte aligned,
+// affine_matvec_mma_scratch_bytes: the whole row's copy, enough for any part)
+// holds that copy; two launches on one stream may share it.
 bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T);
 int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T);
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,

@@ -106,7 +106,7 @@ struct Problem {
   int in, out, T;  // in: the launch's columns
   int n_groups;     // of the launch's columns
   int split;        // warps per tile
-  int n_units;   // units of kWarps / split tiles
+  int n_units;      // units of kWarps / split tiles
 };
 
 // The converted x, and the start of a block's shared memory: digit rows

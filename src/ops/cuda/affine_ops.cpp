@@ -72,11 +72,10 @@ bool tensor_core_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& in
 }  // namespace
 
 bool affine_one_token_on_tensor_cores(const AffineWeight& w, int64_t in) {
-  const DType dt = w.scales.dtype();
-  if ((w.group_size != 32 && w.group_size != 64 && w.group_size != 128) || dt != w.biases.dtype() ||
-      (dt != DType::f32 && dt != DType::f16 && dt != DType::bf16) || !aligned16(w.packed.raw()))
-    return false;  // affine_args would refuse it
-  const AffineArgs a = affine_args(w, in, "one_token_matvec_on_tensor_cores");
+  // The raw form without affine_args' checks: a query answers no where they
+  // would fail (the kernel's own checks refuse those shapes and dtypes).
+  const AffineArgs a{static_cast<const uint32_t*>(w.packed.raw()), w.scales.raw(), w.biases.raw(), w.scales.dtype(),
+                     w.bits, w.group_size, in, w.packed.dim(0)};
   return tensor_cores_pay(a, 1) && affine_matvec_mma_supports(a, 1);
 }
 
