@@ -72,6 +72,18 @@ struct AffineMmaInput {
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y,
                                      int64_t T, void* scratch, cudaStream_t stream, bool accumulate);
 
+// Prefill: y[T, out] = x[T, in] dequant(w)^T (+ bias[out]) on the tensor cores
+// (affine_gemm.cu, lever tensor_core_affine_gemm): the weight dequantized to
+// bf16 in registers as launch_affine_dequantize does, x rounded to bf16 into
+// `scratch` (16-byte aligned, affine_gemm_scratch_bytes), f32 sums, y and bias.
+// Needs in a multiple of 64 and of two groups, 16-byte aligned codes and
+// 8-byte aligned scales and biases. tokens_per_block (128 or 256; 0 picks) is
+// for tests.
+bool affine_gemm_supports(const AffineArgs& w, int64_t T);
+int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T);
+cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
+                               int64_t T, cudaStream_t stream, int tokens_per_block = 0);
+
 // dst [out, in] = dequant(w) in dst_dtype (f32, f16 or bf16), each value
 // computed in f32 as scale * q + bias and rounded once (Weight::dequantize).
 cudaError_t launch_affine_dequantize(const AffineArgs& w, void* dst, DType dst_dtype, cudaStream_t stream);

@@ -1,0 +1,479 @@
+// MLX affine prefill GEMM that dequantizes its weight tiles on the way in
+// (lever tensor_core_affine_gemm): y[T, out] = x[T, in] dequant(w)^T (+ bias).
+//
+// Why: without it, prefill writes a bf16 copy of each weight (2 bytes a weight
+// written, read again by cuBLAS) before the GEMM, which cost pp512 about 30%
+// against bf16 weights on Llama-3-8B. Here the packed codes stream from memory
+// once per token tile and never exist as bf16 outside registers.
+//
+// Shape: the product is computed as y^T = W x^T on Hopper's warpgroup MMA
+// (wgmma.m64nNk16, f32 accumulators). A block takes 128 weight rows and N = 128
+// or 256 tokens; its two warpgroups take 64 rows each. The weight is the A
+// operand, taken from registers: each thread reads its fragment's codes from
+// shared memory and forms each value as scale * q + bias in f32, rounded once to
+// bf16, exactly as launch_affine_dequantize does, so the two paths multiply the
+// same bf16 weights. x, already bf16, is the B operand in shared memory (rows of
+// 64 values, 128 bytes, in the 128-byte swizzle wgmma reads). All 256 threads
+// copy each k-tile of 64 (x, codes, and the tile's scales and biases) with
+// cp.async into a ring of kStages slots, kStages - 1 tiles ahead of the one the
+// MMAs read; one warpgroup forms its fragments while the other's MMAs run.
+//
+// Fragment of thread (g, q) = (lane / 4, lane % 4) of warp w in its warpgroup,
+// step s of a k-tile (16 values): rows 16 w + g and 16 w + g + 8, values
+// 16 s + 2q, + 1 and 16 s + 8 + 2q, + 1 (the m16n8k16 layout), so with 4-bit
+// codes byte q of words 2s and 2s + 1 of the row's tile, with 8-bit codes
+// half q % 2 of words 4s + q / 2 and 4s + 2 + q / 2.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <mutex>
+
+#include "ops/cuda/affine_launchers.h"
+#include "ops/cuda/common.cuh"
+
+namespace mere::cuda {
+namespace {
+
+constexpr int kRows = 128;   // weight rows a block takes: two warpgroups of 64
+constexpr int kTileK = 64;   // values of a k-tile: one 128-byte swizzled row of x
+constexpr int kThreads = 256;
+constexpr uint32_t kMagic = 0x4B000000u;  // 2^23: OR-ing q < 2^8 into its mantissa gives 2^23 + q
+constexpr float kTwo23 = 8388608.0f;
+
+template <int kBits, int kN>
+struct Layout {
+  static constexpr int kCodeBytes = kTileK * kBits / 8;     // a row's codes of a tile
+  static constexpr int kCodeStride = kCodeBytes;  // rows g of a half-warp's loads already hit distinct banks
+  static constexpr int kXBytes = kN * 128;                  // x: kN rows of 128 bytes, 1024-byte aligned
+  static constexpr int kCodeAt = kXBytes;
+  static constexpr int kScaleAt = kCodeAt + kRows * kCodeStride;  // per row: 16 bytes of scales
+  static constexpr int kBiasAt = kScaleAt + kRows * 16;            // ... and of biases
+  static constexpr int kStageBytes = kBiasAt + kRows * 16;
+  static constexpr int kTileBytes = kStageBytes;  // what a tile's loads bring
+  static_assert(kStageBytes % 1024 == 0, "each slot's x starts 1024-byte aligned (the swizzle's period)");
+  static constexpr int kStages = (220 * 1024) / kStageBytes < 6 ? (220 * 1024) / kStageBytes : 6;
+  static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages;  // + alignment, barriers
+};
+
+// The tiles arrive by TMA (the tensor memory accelerator): a map per operand,
+// built on the host (make_map), read by the copy engine with the box's rows
+// past T or out filled with zeros.
+struct GemmProblem {
+  CUtensorMap x_map;      // bf16 [T, in], boxes of kN tokens x 64 values, 128-byte swizzle
+  CUtensorMap code_map;   // u8 [out, row_bytes], boxes of 128 rows x a tile's codes
+  CUtensorMap scale_map;  // u8 [out, n_groups * sizeof(S)], boxes of 128 rows x 16 bytes
+  CUtensorMap bias_map;   // the same for the biases
+  const float* bias;      // [out] or null
+  float* y;               // [T, out]
+  int T, in, out;
+};
+
+// Box (c0, c1) of a map (c0 the inner coordinate) into shared memory; its bytes
+// complete a transaction of `bar`.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
+// wgmma B descriptor: K-major rows of 128 bytes in the 128-byte swizzle, 8-row
+// atoms 1024 bytes apart (stride byte offset), leading byte offset unused.
+__device__ __forceinline__ uint64_t swizzled_descriptor(uint32_t smem_addr) {
+  return uint64_t((smem_addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across a wait.
+template <int kN>
+__device__ __forceinline__ void fence_accumulators(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d[64 x kN] += a[64 x 16] (registers, bf16) b[16 x kN] (shared, bf16).
+template <int kN>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b);
+template <>
+__device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_bf16<256>(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "{%128, %129, %130, %131}, %132, 1, 1, 1, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+template <typename S>
+__device__ __forceinline__ float scale_value(const uint8_t* p, int i) {
+  return to_float(reinterpret_cast<const S*>(p)[i]);
+}
+
+// Two values as bf16x2: lo in the low half (the lower k), each rounded once.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// mbarriers (shared::cta): init, arrive, the arrival of this thread's pending
+// cp.async copies, and a wait for a phase's parity.
+__device__ __forceinline__ void barrier_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Arrives and expects `bytes` of TMA transactions before the phase completes.
+__device__ __forceinline__ void barrier_expect(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void barrier_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// bf16 x2 helpers for the 4-bit codes with bf16 scales: 0x4300 | q is 128 + q.
+__device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Block: two warpgroups of 64 rows. Tiles stream into a ring of slots by TMA;
+// full[slot] completes when a tile's bytes have landed, empty[slot] when both
+// warpgroups' MMAs on it are done, so the warpgroups run apart and one's MMAs
+// cover the other's fragment forming.
+// Grid (token tiles, row tiles): the blocks sharing a weight tile run together,
+// so its codes come from memory once and the other reads hit L2.
+template <int kBits, int kGroup, typename S, int kN>
+__global__ void __launch_bounds__(kThreads, 1) affine_gemm_kernel(const __grid_constant__ GemmProblem p) {
+  using L = Layout<kBits, kN>;
+  constexpr int kStages = L::kStages;
+  constexpr int kGroupsPerTile = kTileK / kGroup > 0 ? kTileK / kGroup : 1;  // 2, 1 or 1
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = smem_address(smem_raw);
+  const uint32_t base_addr = (raw_addr + 1023) & ~1023u;
+  uint8_t* base = smem_raw + (base_addr - raw_addr);
+  const uint32_t full_bar = base_addr + kStages * L::kStageBytes, empty_bar = full_bar + 8 * kStages;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int n0 = blockIdx.x * kN, row0 = blockIdx.y * kRows;
+  const int n_tiles = p.in / kTileK;
+  if (tid == 0)
+    for (int i = 0; i < kStages; ++i) {
+      barrier_init(full_bar + 8 * i, 1);  // thread 0's arrival, then the loads' bytes
+      barrier_init(empty_bar + 8 * i, kThreads / 32);  // each consumer warp
+    }
+  __syncthreads();
+  // x comes from the previous kernel (the weights never change, but a slot holds both).
+  allow_next_kernel();
+  wait_for_previous_kernel();
+
+  // Thread 0 issues each tile's four loads: tiles 0 to kStages - 3 first, then
+  // tile kt + kStages - 2 at tile kt, into the slot of tile kt - 2 once both
+  // warpgroups are done with it (the other may still be a tile behind).
+  constexpr int kAhead = kStages - 2;
+  auto load = [&](int kt) {
+    constexpr int kPerBlock = 16 / int(sizeof(S));  // scales in a 16-byte box row
+    const int slot = kt % kStages;
+    if (kt >= kStages) barrier_wait(empty_bar + 8 * slot, (kt / kStages - 1) & 1);
+    const uint32_t at = base_addr + slot * L::kStageBytes, bar = full_bar + 8 * slot;
+    barrier_expect(bar, L::kTileBytes);
+    const int first = kt * kTileK / kGroup, block = first - first % kPerBlock;
+    tma_load(at, &p.x_map, kt * kTileK, n0, bar);
+    tma_load(at + L::kCodeAt, &p.code_map, kt * L::kCodeBytes, row0, bar);
+    tma_load(at + L::kScaleAt, &p.scale_map, block * int(sizeof(S)), row0, bar);
+    tma_load(at + L::kBiasAt, &p.bias_map, block * int(sizeof(S)), row0, bar);
+  };
+  if (tid == 0)
+    for (int kt = 0; kt < kAhead && kt < n_tiles; ++kt) load(kt);
+
+  // Consumers: thread (g, q) of warp w % 4 in warpgroup w / 4 owns rows r_top and
+  // r_top + 8 of the block.
+  const int g = lane / 4, q = lane % 4;
+  const int r_top = (warp / 4) * 64 + (warp % 4) * 16 + g, r_bottom = r_top + 8;
+  float acc[kN / 2];
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
+
+  // The weight fragments of tile kt for this thread, formed from the slot.
+  auto form = [&](int kt, uint32_t (&a)[4][4]) {
+    const uint8_t* slot = base + (kt % kStages) * L::kStageBytes;
+    const uint8_t* codes[2] = {slot + L::kCodeAt + r_top * L::kCodeStride,
+                               slot + L::kCodeAt + r_bottom * L::kCodeStride};
+    const uint8_t* sb[2] = {slot + L::kScaleAt + r_top * 16, slot + L::kScaleAt + r_bottom * 16};
+    constexpr int kBiases = L::kBiasAt - L::kScaleAt;
+    const int pick = kt * kTileK / kGroup % (16 / int(sizeof(S)));  // the tile's first group in the box row
+    if constexpr (kBits == 4) {
+      // Words 2q and 2q + 1 of each row: word 2q + s / 2 gives step s its pairs
+      // (i, i + 4), i = 2 (s % 2) + h, of nibbles (x is permuted to match).
+      uint2 words[2];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) words[rr] = *reinterpret_cast<const uint2*>(codes[rr] + 8 * q);
+      if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+        constexpr uint32_t k128 = 0x43004300u;  // bf16x2 (128, 128)
+        uint32_t s2[2][kGroupsPerTile], b2[2][kGroupsPerTile];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+          for (int j = 0; j < kGroupsPerTile; ++j) {
+            const uint32_t sw = reinterpret_cast<const uint16_t*>(sb[rr])[pick + j];
+            const uint32_t bw = reinterpret_cast<const uint16_t*>(sb[rr] + kBiases)[pick + j];
+            s2[rr][j] = sw | (sw << 16), b2[rr][j] = bw | (bw << 16);
+          }
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              const uint32_t w = s < 2 ? words[rr].x : words[rr].y;
+              const int i = 2 * (s % 2) + h, j = kGroupsPerTile == 2 ? q / 2 : 0;  // words 2q, 2q + 1
+              const uint32_t biased = ((w >> (4 * i)) & 0x000F000Fu) | k128;  // 128 + q, exact
+              // scale * q + bias with one rounding (launch_affine_dequantize rounds
+              // the f32 value, the same wherever that sum is exact in f32).
+              a[s][2 * h + rr] = bf16x2_fma(bf16x2_sub(biased, k128), s2[rr][j], b2[rr][j]);
+            }
+      } else {
+        float sc[2][kGroupsPerTile], bi[2][kGroupsPerTile];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+          for (int j = 0; j < kGroupsPerTile; ++j)
+            sc[rr][j] = scale_value<S>(sb[rr], pick + j), bi[rr][j] = scale_value<S>(sb[rr] + kBiases, pick + j);
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              const uint32_t w = (s < 2 ? words[rr].x : words[rr].y) >> (4 * (2 * (s % 2) + h));
+              const int j = kGroupsPerTile == 2 ? q / 2 : 0;
+              const float c0 = __uint_as_float((w & 0xFu) | kMagic) - kTwo23;
+              const float c1 = __uint_as_float(((w >> 16) & 0xFu) | kMagic) - kTwo23;
+              a[s][2 * h + rr] = pack_bf16x2(fmaf(sc[rr][j], c0, bi[rr][j]), fmaf(sc[rr][j], c1, bi[rr][j]));
+            }
+      }
+    } else {
+      // Step s: values 16 s + 2q, + 1 in half q % 2 of word 4s + q / 2, and 8 further in word 4s + 2 + q / 2.
+      float sc[2][kGroupsPerTile], bi[2][kGroupsPerTile];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+        for (int j = 0; j < kGroupsPerTile; ++j)
+          sc[rr][j] = scale_value<S>(sb[rr], pick + j), bi[rr][j] = scale_value<S>(sb[rr] + kBiases, pick + j);
+      const int shift = 16 * (q % 2);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int j = kGroupsPerTile == 2 ? s / 2 : 0;
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const uint4 t = *reinterpret_cast<const uint4*>(codes[rr] + 16 * s);
+          const uint32_t words[2] = {(q < 2 ? t.x : t.y) >> shift, (q < 2 ? t.z : t.w) >> shift};
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float c0 = __uint_as_float(__byte_perm(words[h], kMagic, 0x7440));
+            const float c1 = __uint_as_float(__byte_perm(words[h], kMagic, 0x7441));
+            a[s][2 * h + rr] = pack_bf16x2(fmaf(sc[rr][j], c0 - kTwo23, bi[rr][j]),
+                                           fmaf(sc[rr][j], c1 - kTwo23, bi[rr][j]));
+          }
+        }
+      }
+    }
+  };
+
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    const int slot = kt % kStages;
+    if (tid == 0 && kt + kAhead < n_tiles) load(kt + kAhead);
+    barrier_wait(full_bar + 8 * slot, (kt / kStages) & 1);
+    uint32_t a[4][4];
+    form(kt, a);
+    const uint64_t desc = swizzled_descriptor(base_addr + slot * L::kStageBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) wgmma_bf16<kN>(acc, a[s], desc + 2 * s);  // + 32 bytes a step
+    wgmma_commit();
+    // Waiting here lets the other warpgroup's MMAs cover this one's next
+    // fragments; overlapping them within the warpgroup makes ptxas serialize
+    // the MMAs (C7513: registers defined while MMAs that read them run).
+    wgmma_wait<0>();
+    if (lane == 0) barrier_arrive(empty_bar + 8 * slot);
+  }
+  fence_accumulators(acc);
+
+  // acc[4j + i]: row r_top (i < 2) or r_bottom, token n0 + 8j + 2q + i % 2.
+  const int o_top = row0 + r_top, o_bottom = row0 + r_bottom;
+  const float bias_top = p.bias && o_top < p.out ? p.bias[o_top] : 0.0f;
+  const float bias_bottom = p.bias && o_bottom < p.out ? p.bias[o_bottom] : 0.0f;
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int t = n0 + 8 * j + 2 * q + i % 2, o = i < 2 ? o_top : o_bottom;
+      if (t < p.T && o < p.out) p.y[int64_t(t) * p.out + o] = acc[4 * j + i] + (i < 2 ? bias_top : bias_bottom);
+    }
+}
+
+// x [T, in] f32 -> bf16, each 64-value tile of a 4-bit weight's input permuted
+// so that value 16 s + 8 h + 2 q + e sits where thread q's fragment takes it:
+// x[64 t + 8 (2q + s / 2) + 2 (s % 2) + h + 4 e].
+__global__ void affine_gemm_input_kernel(const float* x, __nv_bfloat16* out, int64_t n, int permute) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  int64_t from = i;
+  if (permute) {
+    const int l = int(i % kTileK), s = l / 16, h = l / 8 % 2, q = l / 2 % 4, e = l % 2;
+    from = i - l + 8 * (2 * q + s / 2) + 2 * (s % 2) + h + 4 * e;
+  }
+  out[i] = __float2bfloat16(x[from]);
+}
+
+template <typename Fn>
+cudaError_t visit_gemm(const AffineArgs& w, Fn&& fn) {
+  auto with_scale = [&]<int kBits, int kGroup>() {
+    switch (w.scale_dtype) {
+      case DType::bf16: fn.template operator()<kBits, kGroup, __nv_bfloat16>(); return cudaSuccess;
+      case DType::f16: fn.template operator()<kBits, kGroup, __half>(); return cudaSuccess;
+      case DType::f32: fn.template operator()<kBits, kGroup, float>(); return cudaSuccess;
+      default: return cudaErrorInvalidValue;
+    }
+  };
+  auto with_group = [&]<int kBits>() {
+    switch (w.group_size) {
+      case 32: return with_scale.template operator()<kBits, 32>();
+      case 64: return with_scale.template operator()<kBits, 64>();
+      case 128: return with_scale.template operator()<kBits, 128>();
+      default: return cudaErrorInvalidValue;
+    }
+  };
+  if (w.bits == 4) return with_group.template operator()<4>();
+  if (w.bits == 8) return with_group.template operator()<8>();
+  return cudaErrorInvalidValue;
+}
+
+// kN = 256 unless 128 takes fewer waves of blocks, each counted at its
+// measured cost (a 128-token block takes 0.67 of a 256-token one's time, H200):
+// at 512 tokens, o_proj's 32 row tiles run as 128 blocks of 128 tokens in one
+// wave, 50 against 66 us.
+int tokens_per_block(const AffineArgs& w, int64_t T) {
+  const int64_t row_tiles = (w.out + kRows - 1) / kRows, sms = sm_count();
+  auto waves = [&](int64_t n) { return double((row_tiles * ((T + n - 1) / n) + sms - 1) / sms); };
+  return 0.67 * waves(128) < waves(256) ? 128 : 256;
+}
+
+}  // namespace
+
+bool affine_gemm_supports(const AffineArgs& w, int64_t T) {
+  const int scale_bytes = w.scale_dtype == DType::f32 ? 4 : 2;
+  const int64_t n_groups = w.group_size > 0 ? w.in / w.group_size : 0;
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return (w.bits == 4 || w.bits == 8) && (w.group_size == 32 || w.group_size == 64 || w.group_size == 128) &&
+         T > 0 && T < (int64_t(1) << 31) && w.out > 0 && w.out < (int64_t(1) << 31) && w.in % kTileK == 0 &&
+         w.in % w.group_size == 0 && n_groups * scale_bytes % 16 == 0 && aligned(w.packed) && aligned(w.scales) &&
+         aligned(w.biases);
+}
+
+int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T) { return T * w.in * 2; }
+
+namespace {
+
+// The driver's cuTensorMapEncodeTiled, looked up once through the runtime (no
+// link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A 2-D map of rows of `row_bytes` (inner dimension `inner` elements of `dtype`).
+bool make_map(CUtensorMap* map, const void* base, CUtensorMapDataType dtype, uint64_t inner, uint64_t rows,
+              uint64_t row_bytes, uint32_t box_inner, uint32_t box_rows, CUtensorMapSwizzle swizzle) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
+  if (!encode) return false;
+  const cuuint64_t dims[2] = {inner, rows}, strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_inner, box_rows}, element_strides[2] = {1, 1};
+  return encode(map, dtype, 2, const_cast<void*>(base), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
+                               int64_t T, cudaStream_t stream, int tokens_per_block_hint) {
+  if (!affine_gemm_supports(w, T) || reinterpret_cast<uintptr_t>(scratch) % 16) return cudaErrorInvalidValue;
+  if (tokens_per_block_hint != 0 && tokens_per_block_hint != 128 && tokens_per_block_hint != 256)
+    return cudaErrorInvalidValue;
+  auto* x_bf16 = static_cast<__nv_bfloat16*>(scratch);
+  const int64_t n_x = T * w.in;
+  cudaError_t status = launch_kernel(affine_gemm_input_kernel, dim3(unsigned((n_x + 255) / 256)), dim3(256), 0,
+                                     stream, x, x_bf16, n_x, int(w.bits == 4));
+  if (status != cudaSuccess) return status;
+  const int n = tokens_per_block_hint ? tokens_per_block_hint : tokens_per_block(w, T);
+  const uint64_t row_bytes = uint64_t(w.in) * w.bits / 8;
+  const uint64_t scale_row_bytes = uint64_t(w.in / w.group_size) * (w.scale_dtype == DType::f32 ? 4 : 2);
+  GemmProblem p{};
+  p.bias = bias, p.y = y, p.T = int(T), p.in = int(w.in), p.out = int(w.out);
+  const bool mapped =
+      make_map(&p.x_map, x_bf16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint64_t(w.in), uint64_t(T), uint64_t(w.in) * 2,
+               kTileK, uint32_t(n), CU_TENSOR_MAP_SWIZZLE_128B) &&
+      make_map(&p.code_map, w.packed, CU_TENSOR_MAP_DATA_TYPE_UINT8, row_bytes, uint64_t(w.out), row_bytes,
+               uint32_t(kTileK * w.bits / 8), kRows, CU_TENSOR_MAP_SWIZZLE_NONE) &&
+      make_map(&p.scale_map, w.scales, CU_TENSOR_MAP_DATA_TYPE_UINT8, scale_row_bytes, uint64_t(w.out),
+               scale_row_bytes, 16, kRows, CU_TENSOR_MAP_SWIZZLE_NONE) &&
+      make_map(&p.bias_map, w.biases, CU_TENSOR_MAP_DATA_TYPE_UINT8, scale_row_bytes, uint64_t(w.out),
+               scale_row_bytes, 16, kRows, CU_TENSOR_MAP_SWIZZLE_NONE);
+  if (!mapped) return cudaErrorInvalidValue;
+  const cudaError_t dispatch = visit_gemm(w, [&]<int kBits, int kGroup, typename S>() {
+    auto run = [&]<int kN>() {
+      auto* kernel = affine_gemm_kernel<kBits, kGroup, S, kN>;
+      constexpr int bytes = Layout<kBits, kN>::kSharedBytes;
+      status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      if (status != cudaSuccess) return;
+      const dim3 grid(unsigned((T + kN - 1) / kN), unsigned((w.out + kRows - 1) / kRows));
+      status = launch_kernel(kernel, grid, dim3(kThreads), size_t(bytes), stream, p);
+    };
+    if (n == 128)
+      run.template operator()<128>();
+    else
+      run.template operator()<256>();
+  });
+  return dispatch != cudaSuccess ? dispatch : status;
+}
+
+}  // namespace mere::cuda

@@ -1,0 +1,190 @@
+// The MLX affine prefill GEMM that dequantizes its tiles in registers
+// (ops/cuda/affine_gemm.cu, lever tensor_core_affine_gemm) against the product
+// of the same bf16 weights on the CPU: Weight::dequantize to bf16 (scale * q +
+// bias in f32, rounded once, as the kernel forms them) times x rounded to bf16,
+// summed in f32 (ctest label gpu). A timing case prints its TFLOP/s on
+// Llama-3-8B's matrices beside the bf16-weight GEMM and the dequantize + GEMM
+// path it replaces.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+
+#include "core/device.h"
+#include "ops/cuda/affine_launchers.h"
+#include "ops/cuda/launchers.h"
+#include "ops/ops.h"
+#include "ops/quantized_ops.h"
+#include "gpu_test_util.h"
+#include "test_util.h"
+
+namespace mere {
+namespace {
+
+using test::gpu;
+using test::random;
+using test::relative_error;
+
+cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
+
+// Random codes; scales near 1e-2 and biases near -scale 2^(bits-1), so the
+// weights centre on zero as a trained matrix's do.
+AffineWeight random_affine(int64_t out, int64_t in, int bits, int group, DType dt, uint64_t seed) {
+  Tensor packed = Tensor::empty({out, in * bits / 32}, DType::u32);
+  ops::fill_random_bytes(packed, seed, 0xff);
+  const float s0 = 1e-2f;
+  Tensor scales = random({out, in / group}, dt, seed + 1, 0.5f * s0, s0);
+  Tensor biases = random({out, in / group}, dt, seed + 2, s0, -s0 * float(1 << (bits - 1)));
+  return AffineWeight{packed, scales, biases, bits, group};
+}
+
+mere::cuda::AffineArgs args_of(const AffineWeight& a, int64_t in) {
+  return {static_cast<const uint32_t*>(a.packed.raw()), a.scales.raw(), a.biases.raw(), a.scales.dtype(), a.bits,
+          a.group_size, in, a.packed.dim(0)};
+}
+
+Tensor as_dtype(const Tensor& t, DType dt) {
+  Tensor out = Tensor::empty(t.shape(), dt, t.device());
+  ops::convert_into(t, out);
+  return out;
+}
+
+class AffineGemm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+    ops::set_launch_settings({});
+  }
+  void TearDown() override { ops::set_launch_settings({}); }
+};
+
+// Every bits / group / scale dtype, both token tiles (128 and 256), token
+// counts off the tiles and row counts off the 128-row blocks, with and
+// without bias; the sums differ from the CPU's only in their order.
+TEST_F(AffineGemm, MatchesTheProductOfTheDequantizedBf16Weights) {
+  struct Case { int64_t T, out, in; };
+  const Case cases[] = {{9, 128, 1024}, {100, 200, 2048}, {300, 384, 1024}, {513, 136, 3072}, {257, 72, 2048}};
+  int n = 0;
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+        const Case c = cases[n % 5];
+        const bool with_bias = n % 2;
+        const uint64_t seed = 1000 + uint64_t(n) * 31;
+        ++n;
+        const AffineWeight a = random_affine(c.out, c.in, bits, group, dt, seed);
+        const Weight w(a, c.in);
+        Tensor x = as_dtype(as_dtype(random({c.T, c.in}, DType::f32, seed + 3), DType::bf16), DType::f32);
+        Tensor b = with_bias ? random({c.out}, DType::f32, seed + 4, 0.1f) : Tensor();
+        Tensor want = ops::linear(x, as_dtype(w.dequantize(DType::bf16), DType::f32), b);
+        const Weight wd = w.to_device(Device::cuda);
+        const AffineWeight& ad = wd.affine();
+        const mere::cuda::AffineArgs args = args_of(ad, c.in);
+        ASSERT_TRUE(mere::cuda::affine_gemm_supports(args, c.T));
+        Tensor xd = gpu(x), bd = with_bias ? gpu(b) : Tensor();
+        Tensor scratch = Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(args, c.T)}, DType::u8, Device::cuda);
+        for (int tokens : {128, 256}) {
+          Tensor y = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
+          ASSERT_EQ(mere::cuda::launch_affine_gemm(args, xd.data<float>(), scratch.raw(),
+                                                   with_bias ? bd.data<float>() : nullptr, y.data<float>(), c.T,
+                                                   stream(), tokens),
+                    cudaSuccess);
+          const std::string label = fmt::format("int{} g{} {} T={} {}x{}{} N={}", bits, group, dtype_name(dt), c.T,
+                                                c.out, c.in, with_bias ? " +bias" : "", tokens);
+          EXPECT_LE(relative_error(y, want, label), 2e-5f) << label;
+        }
+      }
+}
+
+// Shapes the kernel cannot take are refused, not run: a row not a whole
+// number of 64-value tiles, a row of scales not a multiple of 16 bytes (the
+// copy engine's row stride).
+TEST_F(AffineGemm, RefusesShapesItCannotTake) {
+  const Weight a = Weight(random_affine(128, 768, 4, 64, DType::bf16, 7), 768).to_device(Device::cuda);
+  EXPECT_FALSE(mere::cuda::affine_gemm_supports(args_of(a.affine(), 768), 64));  // 12 bf16 scales a row
+  const Weight b = Weight(random_affine(128, 96, 4, 32, DType::bf16, 8), 96).to_device(Device::cuda);
+  EXPECT_FALSE(mere::cuda::affine_gemm_supports(args_of(b.affine(), 96), 64));  // not a whole number of tiles
+  Tensor x = Tensor::empty({64, 96}, DType::f32, Device::cuda), y = Tensor::empty({64, 128}, DType::f32, Device::cuda);
+  Tensor scratch = Tensor::empty({64 * 96 * 2}, DType::u8, Device::cuda);
+  EXPECT_EQ(mere::cuda::launch_affine_gemm(args_of(b.affine(), 96), x.data<float>(), scratch.raw(), nullptr,
+                                           y.data<float>(), 64, stream()),
+            cudaErrorInvalidValue);
+}
+
+// Seconds per launch from CUDA events around a graph of n launches; best of 3.
+double seconds_per_launch(const std::function<void()>& launch, int n) {
+  launch();
+  CudaGraph graph;
+  graph.capture([&] {
+    for (int i = 0; i < n; ++i) launch();
+  });
+  graph.replay();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  float best_ms = 1e30f;
+  for (int rep = 0; rep < 3; ++rep) {
+    cudaEventRecord(start, stream());
+    graph.replay();
+    cudaEventRecord(stop, stream());
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    best_ms = std::min(best_ms, ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best_ms * 1e-3 / n;
+}
+
+// TFLOP/s on Llama-3-8B's matrices at 512 and 4096 tokens: bf16 weights (x
+// converted, cuBLAS), the path this replaces (dequantize to bf16, then the
+// same) and the fused GEMM (x converted, then the kernel). Nothing is asserted.
+TEST_F(AffineGemm, TimingOnLlama3Matrices) {
+  struct Matrix { const char* name; int64_t in, out; };
+  const Matrix matrices[] = {{"qkv", 4096, 6144}, {"o", 4096, 4096}, {"gate_up", 4096, 28672}, {"down", 14336, 4096}};
+  // MERE_GEMM_TIMING=NAME:T (e.g. gate_up:4096) times that case alone, for a profiler.
+  const char* only_env = std::getenv("MERE_GEMM_TIMING");
+  const std::string only = only_env ? only_env : "";
+  for (int64_t T : {512, 4096})
+    for (const Matrix& m : matrices) {
+      if (!only.empty() && only != fmt::format("{}:{}", m.name, T)) continue;
+      Tensor x = Tensor::empty({T, m.in}, DType::f32, Device::cuda), y = Tensor::empty({T, m.out}, DType::f32, Device::cuda);
+      Tensor scratch = Tensor::empty({T * m.in * 2}, DType::u8, Device::cuda);
+      Tensor dense = Tensor::empty({m.out, m.in}, DType::bf16, Device::cuda);
+      ops::fill_random(x, 1, 1.0f);
+      const double flops = 2.0 * double(T) * double(m.in) * double(m.out);
+      auto report = [&](const std::string& what, double s, double base_s) {
+        std::printf("[ timing   ] %-8s %5dx%-5d T=%-4d %-34s %8.1f us %6.1f TFLOP/s %5.2f of bf16\n", m.name,
+                    int(m.out), int(m.in), int(T), what.c_str(), s * 1e6, flops / s / 1e12, base_s / s);
+      };
+      ops::fill_random(dense, 2, 0.02f);
+      const double bf16_s = seconds_per_launch([&] { y = ops::linear(x, dense); }, 5);
+      report("bf16 weights (cuBLAS)", bf16_s, bf16_s);
+      for (int bits : {4, 8}) {
+        Tensor packed = Tensor::empty({m.out, m.in * bits / 32}, DType::u32, Device::cuda);
+        ops::fill_random_bytes(packed, 3, 0xff);
+        Tensor scales = Tensor::empty({m.out, m.in / 64}, DType::bf16, Device::cuda);
+        Tensor biases = Tensor::empty({m.out, m.in / 64}, DType::bf16, Device::cuda);
+        ops::fill_random(scales, 4, 0.005f, 0.01f);
+        ops::fill_random(biases, 5, 0.01f, -0.01f * float(1 << (bits - 1)));
+        const mere::cuda::AffineArgs a{packed.data<uint32_t>(), scales.raw(), biases.raw(), DType::bf16, bits, 64,
+                                       m.in, m.out};
+        report(fmt::format("int{} g64 dequantize + cuBLAS", bits), seconds_per_launch([&] {
+                 mere::cuda::launch_affine_dequantize(a, dense.raw(), DType::bf16, stream());
+                 y = ops::linear(x, dense);
+               }, 5), bf16_s);
+        for (int tokens : {0, 128, 256})
+          report(fmt::format("int{} g64 fused{}", bits, tokens ? fmt::format(" N={}", tokens) : ""),
+                 seconds_per_launch([&] {
+                   mere::cuda::launch_affine_gemm(a, x.data<float>(), scratch.raw(), nullptr, y.data<float>(), T,
+                                                  stream(), tokens);
+                 }, 5), bf16_s);
+      }
+    }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "a timed launch failed";
+}
+
+}  // namespace
+}  // namespace mere
