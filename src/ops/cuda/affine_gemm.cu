@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 
 #include "ops/cuda/affine_launchers.h"
 #include "ops/cuda/common.cuh"
@@ -48,12 +49,13 @@ struct Layout {
   static constexpr int kCodeStride = kCodeBytes;  // rows g of a half-warp's loads already hit distinct banks
   static constexpr int kXBytes = kN * 128;                  // x: kN rows of 128 bytes, 1024-byte aligned
   static constexpr int kCodeAt = kXBytes;
-  static constexpr int kScaleAt = kCodeAt + kRows * kCodeStride;  // per row: 16 bytes of scales
-  static constexpr int kBiasAt = kScaleAt + kRows * 16;            // ... and of biases
-  static constexpr int kStageBytes = kBiasAt + kRows * 16;
+  static constexpr int kStageBytes = kCodeAt + kRows * kCodeStride;
   static constexpr int kTileBytes = kStageBytes;  // what a tile's loads bring
   static_assert(kStageBytes % 1024 == 0, "each slot's x starts 1024-byte aligned (the swizzle's period)");
-  static constexpr int kStages = (220 * 1024) / kStageBytes < 6 ? (220 * 1024) / kStageBytes : 6;
+  // 256-token blocks take a whole SM's shared memory; 128-token ones two to an SM.
+  static constexpr int kBlocksPerSm = kN == 128 ? 2 : 1;
+  static constexpr int kBudget = (kBlocksPerSm == 2 ? 110 : 220) * 1024;
+  static constexpr int kStages = kBudget / kStageBytes < 6 ? kBudget / kStageBytes : 6;
   static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages;  // + alignment, barriers
 };
 
@@ -63,8 +65,10 @@ struct Layout {
 struct GemmProblem {
   CUtensorMap x_map;      // bf16 [T, in], boxes of kN tokens x 64 values, 128-byte swizzle
   CUtensorMap code_map;   // u8 [out, row_bytes], boxes of 128 rows x a tile's codes
-  CUtensorMap scale_map;  // u8 [out, n_groups * sizeof(S)], boxes of 128 rows x 16 bytes
-  CUtensorMap bias_map;   // the same for the biases
+  const void* scales;      // [out, n_groups]: each thread loads its rows' own
+  const void* biases;
+  int n_groups;
+  int splits;  // 1, or 2: the halves of the k-tiles add into y (zeroed first) by atomics
   const float* bias;      // [out] or null
   float* y;               // [T, out]
   int T, in, out;
@@ -121,9 +125,15 @@ __device__ __forceinline__ void wgmma_bf16<256>(float (&d)[128], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+// A scale or bias from its stored bits.
 template <typename S>
-__device__ __forceinline__ float scale_value(const uint8_t* p, int i) {
-  return to_float(reinterpret_cast<const S*>(p)[i]);
+__device__ __forceinline__ float scale_value(uint32_t bits) {
+  if constexpr (std::is_same_v<S, float>)
+    return __uint_as_float(bits);
+  else if constexpr (std::is_same_v<S, __half>)
+    return __half2float(__ushort_as_half((unsigned short)bits));
+  else
+    return __uint_as_float(bits << 16);
 }
 
 // Two values as bf16x2: lo in the low half (the lower k), each rounded once.
@@ -172,7 +182,8 @@ __device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t 
 // Grid (token tiles, row tiles): the blocks sharing a weight tile run together,
 // so its codes come from memory once and the other reads hit L2.
 template <int kBits, int kGroup, typename S, int kN>
-__global__ void __launch_bounds__(kThreads, 1) affine_gemm_kernel(const __grid_constant__ GemmProblem p) {
+__global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
+    affine_gemm_kernel(const __grid_constant__ GemmProblem p) {
   using L = Layout<kBits, kN>;
   constexpr int kStages = L::kStages;
   constexpr int kGroupsPerTile = kTileK / kGroup > 0 ? kTileK / kGroup : 1;  // 2, 1 or 1
@@ -184,7 +195,9 @@ __global__ void __launch_bounds__(kThreads, 1) affine_gemm_kernel(const __grid_c
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int n0 = blockIdx.x * kN, row0 = blockIdx.y * kRows;
-  const int n_tiles = p.in / kTileK;
+  // Split-K: block z of p.splits takes its share of the k-tiles; kt counts them from k0.
+  const int all_tiles = p.in / kTileK, k0 = int(blockIdx.z) * all_tiles / p.splits;
+  const int n_tiles = (int(blockIdx.z) + 1) * all_tiles / p.splits - k0;
   if (tid == 0)
     for (int i = 0; i < kStages; ++i) {
       barrier_init(full_bar + 8 * i, 1);  // thread 0's arrival, then the loads' bytes
@@ -195,21 +208,17 @@ __global__ void __launch_bounds__(kThreads, 1) affine_gemm_kernel(const __grid_c
   allow_next_kernel();
   wait_for_previous_kernel();
 
-  // Thread 0 issues each tile's four loads: tiles 0 to kStages - 3 first, then
+  // Thread 0 issues each tile's two loads (x and codes): tiles 0 to kStages - 3 first, then
   // tile kt + kStages - 2 at tile kt, into the slot of tile kt - 2 once both
   // warpgroups are done with it (the other may still be a tile behind).
   constexpr int kAhead = kStages - 2;
   auto load = [&](int kt) {
-    constexpr int kPerBlock = 16 / int(sizeof(S));  // scales in a 16-byte box row
     const int slot = kt % kStages;
     if (kt >= kStages) barrier_wait(empty_bar + 8 * slot, (kt / kStages - 1) & 1);
     const uint32_t at = base_addr + slot * L::kStageBytes, bar = full_bar + 8 * slot;
     barrier_expect(bar, L::kTileBytes);
-    const int first = kt * kTileK / kGroup, block = first - first % kPerBlock;
-    tma_load(at, &p.x_map, kt * kTileK, n0, bar);
-    tma_load(at + L::kCodeAt, &p.code_map, kt * L::kCodeBytes, row0, bar);
-    tma_load(at + L::kScaleAt, &p.scale_map, block * int(sizeof(S)), row0, bar);
-    tma_load(at + L::kBiasAt, &p.bias_map, block * int(sizeof(S)), row0, bar);
+    tma_load(at, &p.x_map, (k0 + kt) * kTileK, n0, bar);
+    tma_load(at + L::kCodeAt, &p.code_map, (k0 + kt) * L::kCodeBytes, row0, bar);
   };
   if (tid == 0)
     for (int kt = 0; kt < kAhead && kt < n_tiles; ++kt) load(kt);
@@ -222,14 +231,37 @@ __global__ void __launch_bounds__(kThreads, 1) affine_gemm_kernel(const __grid_c
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
 
+  // The scales and biases of this thread's rows for a tile, as stored (16-bit
+  // values in the low half, or f32 bits): [row][scale, bias][group]. Each
+  // thread loads its own a tile ahead (a row's few bytes a tile are too small
+  // a box for the copy engine: loading them by TMA cost a third of the time).
+  struct Scales {
+    uint32_t v[2][2][kGroupsPerTile];
+  };
+  const int64_t scale_row[2] = {int64_t(min(row0 + r_top, p.out - 1)) * p.n_groups,
+                                int64_t(min(row0 + r_bottom, p.out - 1)) * p.n_groups};
+  auto load_scales = [&](int kt) {
+    Scales t;
+    const int first = (k0 + kt) * kTileK / kGroup;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+      for (int j = 0; j < kGroupsPerTile; ++j)
+#pragma unroll
+        for (int sb = 0; sb < 2; ++sb) {
+          const int64_t i = scale_row[rr] + first + j;
+          const void* src = sb ? p.biases : p.scales;
+          t.v[rr][sb][j] = sizeof(S) == 2 ? uint32_t(__ldg(static_cast<const unsigned short*>(src) + i))
+                                          : __ldg(static_cast<const unsigned int*>(src) + i);
+        }
+    return t;
+  };
+
   // The weight fragments of tile kt for this thread, formed from the slot.
-  auto form = [&](int kt, uint32_t (&a)[4][4]) {
+  auto form = [&](int kt, const Scales& t, uint32_t (&a)[4][4]) {
     const uint8_t* slot = base + (kt % kStages) * L::kStageBytes;
     const uint8_t* codes[2] = {slot + L::kCodeAt + r_top * L::kCodeStride,
                                slot + L::kCodeAt + r_bottom * L::kCodeStride};
-    const uint8_t* sb[2] = {slot + L::kScaleAt + r_top * 16, slot + L::kScaleAt + r_bottom * 16};
-    constexpr int kBiases = L::kBiasAt - L::kScaleAt;
-    const int pick = kt * kTileK / kGroup % (16 / int(sizeof(S)));  // the tile's first group in the box row
     if constexpr (kBits == 4) {
       // Words 2q and 2q + 1 of each row: word 2q + s / 2 gives step s its pairs
       // (i, i + 4), i = 2 (s % 2) + h, of nibbles (x is permuted to match).
@@ -243,8 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1) affine_gemm_kernel(const __grid_c
         for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
           for (int j = 0; j < kGroupsPerTile; ++j) {
-            const uint32_t sw = reinterpret_cast<const uint16_t*>(sb[rr])[pick + j];
-            const uint32_t bw = reinterpret_cast<const uint16_t*>(sb[rr] + kBiases)[pick + j];
+            const uint32_t sw = t.v[rr][0][j], bw = t.v[rr][1][j];
             s2[rr][j] = sw | (sw << 16), b2[rr][j] = bw | (bw << 16);
           }
 #pragma unroll
@@ -266,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 1) affine_gemm_kernel(const __grid_c
         for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
           for (int j = 0; j < kGroupsPerTile; ++j)
-            sc[rr][j] = scale_value<S>(sb[rr], pick + j), bi[rr][j] = scale_value<S>(sb[rr] + kBiases, pick + j);
+            sc[rr][j] = scale_value<S>(t.v[rr][0][j]), bi[rr][j] = scale_value<S>(t.v[rr][1][j]);
 #pragma unroll
         for (int s = 0; s < 4; ++s)
 #pragma unroll
@@ -287,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1) affine_gemm_kernel(const __grid_c
       for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
         for (int j = 0; j < kGroupsPerTile; ++j)
-          sc[rr][j] = scale_value<S>(sb[rr], pick + j), bi[rr][j] = scale_value<S>(sb[rr] + kBiases, pick + j);
+          sc[rr][j] = scale_value<S>(t.v[rr][0][j]), bi[rr][j] = scale_value<S>(t.v[rr][1][j]);
       const int shift = 16 * (q % 2);
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -308,12 +339,15 @@ __global__ void __launch_bounds__(kThreads, 1) affine_gemm_kernel(const __grid_c
     }
   };
 
+  Scales next = load_scales(0);
   for (int kt = 0; kt < n_tiles; ++kt) {
     const int slot = kt % kStages;
     if (tid == 0 && kt + kAhead < n_tiles) load(kt + kAhead);
+    const Scales now = next;
+    if (kt + 1 < n_tiles) next = load_scales(kt + 1);
     barrier_wait(full_bar + 8 * slot, (kt / kStages) & 1);
     uint32_t a[4][4];
-    form(kt, a);
+    form(kt, now, a);
     const uint64_t desc = swizzled_descriptor(base_addr + slot * L::kStageBytes);
     wgmma_fence();
 #pragma unroll
@@ -322,6 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1) affine_gemm_kernel(const __grid_c
     // Waiting here lets the other warpgroup's MMAs cover this one's next
     // fragments; overlapping them within the warpgroup makes ptxas serialize
     // the MMAs (C7513: registers defined while MMAs that read them run).
+    // (Making the warpgroups take turns with named barriers measured the same.)
     wgmma_wait<0>();
     if (lane == 0) barrier_arrive(empty_bar + 8 * slot);
   }
@@ -336,7 +371,14 @@ __global__ void __launch_bounds__(kThreads, 1) affine_gemm_kernel(const __grid_c
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int t = n0 + 8 * j + 2 * q + i % 2, o = i < 2 ? o_top : o_bottom;
-      if (t < p.T && o < p.out) p.y[int64_t(t) * p.out + o] = acc[4 * j + i] + (i < 2 ? bias_top : bias_bottom);
+      if (t >= p.T || o >= p.out) continue;
+      float* out = p.y + int64_t(t) * p.out + o;
+      const float v = acc[4 * j + i] + (blockIdx.z == 0 ? (i < 2 ? bias_top : bias_bottom) : 0.0f);
+      // Two halves meet in either order as 0 + a + b = 0 + b + a: still deterministic.
+      if (p.splits > 1)
+        atomicAdd(out, v);
+      else
+        *out = v;
     }
 }
 
@@ -379,26 +421,31 @@ cudaError_t visit_gemm(const AffineArgs& w, Fn&& fn) {
   return cudaErrorInvalidValue;
 }
 
-// kN = 256 unless 128 takes fewer waves of blocks, each counted at its
-// measured cost (a 128-token block takes 0.67 of a 256-token one's time, H200):
-// at 512 tokens, o_proj's 32 row tiles run as 128 blocks of 128 tokens in one
-// wave, 50 against 66 us.
-int tokens_per_block(const AffineArgs& w, int64_t T) {
-  const int64_t row_tiles = (w.out + kRows - 1) / kRows, sms = sm_count();
-  auto waves = [&](int64_t n) { return double((row_tiles * ((T + n - 1) / n) + sms - 1) / sms); };
-  return 0.67 * waves(128) < waves(256) ? 128 : 256;
+// 128 tokens a block for short inputs (the MMAs past T are wasted work),
+// else 256, whose MMAs cover the forming of the fragments twice as well
+// (0.61-0.68 of bf16 against 0.53-0.64 for 128 at 4096 tokens, H200). Split-K
+// in two where that takes at most 3/4 of the waves: at 512 tokens, o_proj's and
+// down_proj's 32 row tiles would fill 64 of the 132 SMs.
+AffineGemmPlan plan_for(const AffineArgs& w, int64_t T, AffineGemmPlan hint) {
+  AffineGemmPlan plan = hint;
+  if (!plan.tokens) plan.tokens = T <= 128 ? 128 : 256;
+  if (!plan.splits) {
+    const int64_t sms = sm_count(), blocks = (w.out + kRows - 1) / kRows * ((T + plan.tokens - 1) / plan.tokens);
+    const double waves = double((blocks + sms - 1) / sms), split_waves = double((2 * blocks + sms - 1) / sms) / 2;
+    plan.splits = split_waves <= 0.75 * waves && w.in / kTileK >= 16 ? 2 : 1;
+  }
+  return plan;
 }
 
 }  // namespace
 
 bool affine_gemm_supports(const AffineArgs& w, int64_t T) {
   const int scale_bytes = w.scale_dtype == DType::f32 ? 4 : 2;
-  const int64_t n_groups = w.group_size > 0 ? w.in / w.group_size : 0;
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  auto aligned = [](const void* p, int n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
   return (w.bits == 4 || w.bits == 8) && (w.group_size == 32 || w.group_size == 64 || w.group_size == 128) &&
          T > 0 && T < (int64_t(1) << 31) && w.out > 0 && w.out < (int64_t(1) << 31) && w.in % kTileK == 0 &&
-         w.in % w.group_size == 0 && n_groups * scale_bytes % 16 == 0 && aligned(w.packed) && aligned(w.scales) &&
-         aligned(w.biases);
+         w.in % w.group_size == 0 && aligned(w.packed, 16) && aligned(w.scales, scale_bytes) &&
+         aligned(w.biases, scale_bytes);
 }
 
 int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T) { return T * w.in * 2; }
@@ -435,29 +482,28 @@ bool make_map(CUtensorMap* map, const void* base, CUtensorMapDataType dtype, uin
 }  // namespace
 
 cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
-                               int64_t T, cudaStream_t stream, int tokens_per_block_hint) {
+                               int64_t T, cudaStream_t stream, AffineGemmPlan hint) {
   if (!affine_gemm_supports(w, T) || reinterpret_cast<uintptr_t>(scratch) % 16) return cudaErrorInvalidValue;
-  if (tokens_per_block_hint != 0 && tokens_per_block_hint != 128 && tokens_per_block_hint != 256)
+  if ((hint.tokens != 0 && hint.tokens != 128 && hint.tokens != 256) || hint.splits < 0 || hint.splits > 2)
     return cudaErrorInvalidValue;
   auto* x_bf16 = static_cast<__nv_bfloat16*>(scratch);
   const int64_t n_x = T * w.in;
   cudaError_t status = launch_kernel(affine_gemm_input_kernel, dim3(unsigned((n_x + 255) / 256)), dim3(256), 0,
                                      stream, x, x_bf16, n_x, int(w.bits == 4));
   if (status != cudaSuccess) return status;
-  const int n = tokens_per_block_hint ? tokens_per_block_hint : tokens_per_block(w, T);
+  const AffineGemmPlan plan = plan_for(w, T, hint);
+  const int n = plan.tokens;
+  if (plan.splits > 1 && (status = cudaMemsetAsync(y, 0, size_t(T * w.out) * sizeof(float), stream)) != cudaSuccess)
+    return status;
   const uint64_t row_bytes = uint64_t(w.in) * w.bits / 8;
-  const uint64_t scale_row_bytes = uint64_t(w.in / w.group_size) * (w.scale_dtype == DType::f32 ? 4 : 2);
   GemmProblem p{};
+  p.scales = w.scales, p.biases = w.biases, p.n_groups = int(w.in / w.group_size), p.splits = plan.splits;
   p.bias = bias, p.y = y, p.T = int(T), p.in = int(w.in), p.out = int(w.out);
   const bool mapped =
       make_map(&p.x_map, x_bf16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint64_t(w.in), uint64_t(T), uint64_t(w.in) * 2,
                kTileK, uint32_t(n), CU_TENSOR_MAP_SWIZZLE_128B) &&
       make_map(&p.code_map, w.packed, CU_TENSOR_MAP_DATA_TYPE_UINT8, row_bytes, uint64_t(w.out), row_bytes,
-               uint32_t(kTileK * w.bits / 8), kRows, CU_TENSOR_MAP_SWIZZLE_NONE) &&
-      make_map(&p.scale_map, w.scales, CU_TENSOR_MAP_DATA_TYPE_UINT8, scale_row_bytes, uint64_t(w.out),
-               scale_row_bytes, 16, kRows, CU_TENSOR_MAP_SWIZZLE_NONE) &&
-      make_map(&p.bias_map, w.biases, CU_TENSOR_MAP_DATA_TYPE_UINT8, scale_row_bytes, uint64_t(w.out),
-               scale_row_bytes, 16, kRows, CU_TENSOR_MAP_SWIZZLE_NONE);
+               uint32_t(kTileK * w.bits / 8), kRows, CU_TENSOR_MAP_SWIZZLE_NONE);
   if (!mapped) return cudaErrorInvalidValue;
   const cudaError_t dispatch = visit_gemm(w, [&]<int kBits, int kGroup, typename S>() {
     auto run = [&]<int kN>() {
@@ -465,7 +511,7 @@ cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratc
       constexpr int bytes = Layout<kBits, kN>::kSharedBytes;
       status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       if (status != cudaSuccess) return;
-      const dim3 grid(unsigned((T + kN - 1) / kN), unsigned((w.out + kRows - 1) / kRows));
+      const dim3 grid(unsigned((T + kN - 1) / kN), unsigned((w.out + kRows - 1) / kRows), unsigned(plan.splits));
       status = launch_kernel(kernel, grid, dim3(kThreads), size_t(bytes), stream, p);
     };
     if (n == 128)

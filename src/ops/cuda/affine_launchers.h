@@ -76,13 +76,17 @@ cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& 
 // (affine_gemm.cu, lever tensor_core_affine_gemm): the weight dequantized to
 // bf16 in registers as launch_affine_dequantize does, x rounded to bf16 into
 // `scratch` (16-byte aligned, affine_gemm_scratch_bytes), f32 sums, y and bias.
-// Needs in a multiple of 64 and of two groups, 16-byte aligned codes and
-// 8-byte aligned scales and biases. tokens_per_block (128 or 256; 0 picks) is
-// for tests.
+// Needs in a multiple of 64 and of the group size, 16-byte aligned codes, and
+// scales and biases aligned to their size. The plan (zeros pick) is for tests:
+// tokens a block (128 or 256), and splits of the k-tiles (1, or 2: y zeroed,
+// then both halves added by atomics, which two terms keep deterministic).
+struct AffineGemmPlan {
+  int tokens = 0, splits = 0;
+};
 bool affine_gemm_supports(const AffineArgs& w, int64_t T);
 int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T);
 cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
-                               int64_t T, cudaStream_t stream, int tokens_per_block = 0);
+                               int64_t T, cudaStream_t stream, AffineGemmPlan plan = {});
 
 // dst [out, in] = dequant(w) in dst_dtype (f32, f16 or bf16), each value
 // computed in f32 as scale * q + bias and rounded once (Weight::dequantize).
