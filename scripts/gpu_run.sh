@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere
 # (the device machine of our workplace has no Debian packages): .devrun/ holds
 # bin.tar.xz (mere, mere_gpu_tests) and libs.tar.xz (libfmt, libpcre2, ICU). Logs go to $OUT.
-# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [moe] [quant] [quant_moe] [kv] [tc_matvec] [hang]; MERE_DEVRUN names the pack
+# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [moe] [quant] [quant_moe] [kv] [tc_matvec] [affine_gemm] [hang]; MERE_DEVRUN names the pack
 # (default .devrun), GTEST_FILTER picks tests.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -121,6 +121,17 @@ for what in "${@:-tests bench}"; do
           for on in 0 1; do
             MERERUN_TENSOR_CORE_AFFINE_MATVEC=$on "$m" bench --device cuda --shape $shape --quant $q -p 0 -n 128 \
               --batch 1,2,4,8 -r 3 2>&1 | tee -a "$out/tc_matvec.log"
+          done
+        done
+      done ;;
+    affine_gemm)  # lever tensor_core_affine_gemm off and on: int8/int4 prefill at 64 to 4096 tokens, bf16 beside
+      m="$bin/mere"
+      "$m" bench --device cuda --shape llama3-8b -p 64,256,512,4096 -n 0 -r 3 2>&1 | tee -a "$out/affine_gemm.log"
+      for shape in llama3-8b qwen3-0.6b; do
+        for q in int8 int4; do
+          for on in 0 1; do
+            MERERUN_TENSOR_CORE_AFFINE_GEMM=$on "$m" bench --device cuda --shape $shape --quant $q \
+              -p 64,256,512,4096 -n 0 -r 3 2>&1 | tee -a "$out/affine_gemm.log"
           done
         done
       done ;;

@@ -68,8 +68,8 @@ std::string revision_of(const fs::path& dir) {
 }
 
 void set_engine_lever(Levers& l, const std::string& name, bool on) {
-  if (name == "fused_norm_matvec") {
-    l.fused_norm_matvec = on ? LeverMode::on : LeverMode::off;
+  if (name == "fused_norm_matvec" || name == "tensor_core_affine_gemm") {
+    (name == "fused_norm_matvec" ? l.fused_norm_matvec : l.tensor_core_affine_gemm) = on ? LeverMode::on : LeverMode::off;
     return;
   }
   bool* field = name == "cuda_graphs"           ? &l.cuda_graphs
@@ -180,10 +180,11 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections, lo.fuse_rope_store,
-                                        int(lo.fuse_norm_matvec), lo.programmatic_launch, lo.matvec_split_k,
-                                        lo.fp8_activation_gemm, lo.int8_activation_matvec, lo.tensor_core_kv_attention,
-                                        lo.tensor_core_affine_matvec);
+    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
+                                        lo.fuse_rope_store, int(lo.fuse_norm_matvec), lo.programmatic_launch,
+                                        lo.matvec_split_k, lo.fp8_activation_gemm, lo.int8_activation_matvec,
+                                        lo.tensor_core_kv_attention, lo.tensor_core_affine_matvec,
+                                        int(lo.tensor_core_affine_gemm));
     auto it = models_.find(key);
     if (it == models_.end()) {
       std::fprintf(stderr, "loading %s\n", dir.c_str());

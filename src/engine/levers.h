@@ -66,6 +66,14 @@ struct Levers {
   // the demo: KL 4e-8 to 7e-8, greedy 100%; Llama-3-8B int4 +37%, int8 +19% at
   // batch 1, +72-75% at batch 8 (docs/levers.md).
   bool tensor_core_affine_matvec = true;
+  // Prefill of MLX affine (int8/int4) weights on a GEMM that dequantizes its
+  // tiles in registers (wgmma) instead of writing a bf16 copy of each weight
+  // first: 9 to 384 tokens of matrices of 2^24 weights or more; longer prompts
+  // and smaller matrices keep the copy and cuBLAS, faster there. The same bf16
+  // weights (within 3.6e-6 of the CPU product). Default: Llama-3-8B pp64
+  // +28-31%, pp256 +10-15%, pp512 and beyond unchanged (docs/levers.md).
+  // `on` takes every prefill the kernel supports.
+  LeverMode tensor_core_affine_gemm = LeverMode::automatic;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves
   // both. Off: measured no faster (Qwen3-30B-A3B shape, H200), bit-identical.
@@ -82,14 +90,16 @@ struct Levers {
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
   // MERERUN_FUSED_NORM_MATVEC (0|1|auto), MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
-  // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_PSI_FUSED_MOE, MERERUN_PREFIX_CACHE (0|1)
+  // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_TENSOR_CORE_AFFINE_GEMM
+  // (0|1|auto), MERERUN_PSI_FUSED_MOE, MERERUN_PREFIX_CACHE (0|1)
   // override the defaults.
   static Levers from_env();
   static Levers all_off() {
     return Levers{.cuda_graphs = false, .pipelined_decode = false, .fused_projections = false, .fused_rope_store = false,
                   .fused_norm_matvec = LeverMode::off, .programmatic_launch = false, .matvec_split_k = false,
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,
-                  .tensor_core_affine_matvec = false, .fused_moe_gate_up = false,
+                  .tensor_core_affine_matvec = false, .tensor_core_affine_gemm = LeverMode::off,
+                  .fused_moe_gate_up = false,
                   .prefix_cache = false};
   }
   // The levers in effect on `device`, for the line a run prints.

@@ -38,6 +38,9 @@ struct LoadOptions {
   bool tensor_core_kv_attention = false;
   // MLX affine decode matvecs on the tensor cores (lever tensor_core_affine_matvec).
   bool tensor_core_affine_matvec = false;
+  // MLX affine prefill GEMMs that dequantize their tiles (lever tensor_core_affine_gemm);
+  // automatic: where they measured faster (prompts up to 384 tokens, matrices of 2^24 weights).
+  LeverMode tensor_core_affine_gemm = LeverMode::off;
   // MoE experts' gate and up stacked into one matrix per expert (lever fused_moe_gate_up).
   bool fuse_moe_gate_up = false;
 };

@@ -71,6 +71,10 @@ struct LaunchSettings {
   bool int8_activation_matvec = false;  // lever int8_activation_matvec: affine decode matvecs on int8 x
   bool tensor_core_kv_attention = false;  // lever tensor_core_kv_attention: affine8/affine4 KV attention on mma
   bool tensor_core_affine_matvec = false;  // lever tensor_core_affine_matvec: affine decode matvecs on mma
+  // Lever tensor_core_affine_gemm: affine prefill on the GEMM that dequantizes its
+  // tiles, where it measured faster (auto), or at every size (on).
+  bool tensor_core_affine_gemm = false;
+  bool affine_gemm_at_every_size = false;
 };
 void set_launch_settings(const LaunchSettings& settings);
 

@@ -33,5 +33,20 @@ TEST(Levers, FusedNormMatvecIsAutomaticByDefaultAndTakesThreeValues) {
   EXPECT_THROW(Levers::from_env(), Error);
 }
 
+// tensor_core_affine_gemm defaults to auto (where it measured faster), is a
+// CUDA lever only, and MERERUN_TENSOR_CORE_AFFINE_GEMM=0/1/auto overrides it.
+TEST(Levers, TensorCoreAffineGemmIsAutomaticByDefaultOnCuda) {
+  EXPECT_EQ(Levers{}.tensor_core_affine_gemm, LeverMode::automatic);
+  EXPECT_EQ(Levers::all_off().tensor_core_affine_gemm, LeverMode::off);
+  EXPECT_EQ(Levers{}.load_options(Device::cuda).tensor_core_affine_gemm, LeverMode::automatic);
+  EXPECT_EQ(Levers{}.load_options(Device::cpu).tensor_core_affine_gemm, LeverMode::off);
+  EXPECT_NE(Levers{}.describe(Device::cuda).find("tensor_core_affine_gemm=auto"), std::string::npos);
+  for (auto [value, mode] : {std::pair{"0", LeverMode::off}, std::pair{"1", LeverMode::on},
+                             std::pair{"auto", LeverMode::automatic}}) {
+    ScopedEnv env("MERERUN_TENSOR_CORE_AFFINE_GEMM", value);
+    EXPECT_EQ(Levers::from_env().tensor_core_affine_gemm, mode) << value;
+  }
+}
+
 }  // namespace
 }  // namespace mere

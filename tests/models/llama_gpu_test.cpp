@@ -192,6 +192,20 @@ INSTANTIATE_TEST_SUITE_P(Families, LlamaGpu, ::testing::Values("llama", "qwen2",
 // Qwen3-MoE (the attention is the same; the levers apply to it too), in its three expert layouts.
 INSTANTIATE_TEST_SUITE_P(Moe, LlamaGpu, ::testing::Values("qwen3_moe", "qwen3_moe-step2", "qwen3_moe-mlx4"));
 
+// tensor_core_affine_gemm: the MLX fixtures' prefill on the GEMM that
+// dequantizes its tiles, against the bf16 copy and cuBLAS: the same bf16
+// weights and x, summed in another order (logits within 1e-4). The MoE
+// fixture moved 1.7e-3 with greedy output identical; its router's top-2 of 8
+// random experts is the likely amplifier of the last-bit changes (not traced).
+TEST(AffineGemmGpu, FusedPrefillMatchesTheDequantizedCopy) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  // `on`: every size (the fixtures' matrices are far below auto's 2^24 weights).
+  const LoadOptions on{.tensor_core_affine_gemm = LeverMode::on};
+  for (const char* family : {"llama-mlx8", "qwen3-mlx4"})
+    expect_lever_parity(family, on, 1e-4f, "tensor_core_affine_gemm=on");
+  expect_lever_parity("qwen3_moe-mlx4", on, 1e-2f, "tensor_core_affine_gemm=on");
+}
+
 // fused_moe_gate_up: the experts' gate and up stacked per expert; the kernels
 // read the same rows through another stride, so decode is bit-identical.
 TEST(MoeGpu, FusedGateUpMatchesSeparate) {

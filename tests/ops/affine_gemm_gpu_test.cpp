@@ -113,6 +113,37 @@ TEST_F(AffineGemm, RefusesShapesItCannotTake) {
             cudaErrorInvalidValue);
 }
 
+// The lever through ops::linear: prefills of 9 to 384 tokens of a matrix of
+// 2^24 weights run the fused GEMM (bit for bit its direct launch); decode,
+// longer prefills and smaller matrices keep their paths (bit for bit the
+// lever off).
+TEST_F(AffineGemm, LeverTakesShortPrefillsOfLargeMatricesOnly) {
+  struct Case { int64_t out, in, T; bool fused, every_size; };
+  const Case cases[] = {{4096, 4096, 8, false, false},   {4096, 4096, 9, true, false},
+                        {4096, 4096, 384, true, false},  {4096, 4096, 385, false, false},
+                        {4000, 4096, 64, false, false},  {320, 1024, 64, false, false},
+                        {320, 1024, 64, true, true},     {320, 1024, 600, true, true}};  // `on`: every size
+  for (const Case& c : cases) {
+    const int64_t in = c.in, out = c.out, T = c.T;
+    const Weight w = Weight(random_affine(out, in, 4, 64, DType::bf16, 11), in).to_device(Device::cuda);
+    const mere::cuda::AffineArgs args = args_of(w.affine(), in);
+    Tensor x = gpu(random({T, in}, DType::f32, 12 + uint64_t(T)));
+    ops::set_launch_settings({});
+    Tensor off = ops::linear(x, w).to_device(Device::cpu);
+    ops::set_launch_settings({.tensor_core_affine_gemm = true, .affine_gemm_at_every_size = c.every_size});
+    Tensor on = ops::linear(x, w).to_device(Device::cpu);
+    Tensor direct = Tensor::empty({T, out}, DType::f32, Device::cuda);
+    Tensor scratch = Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(args, T)}, DType::u8, Device::cuda);
+    ASSERT_EQ(mere::cuda::launch_affine_gemm(args, x.data<float>(), scratch.raw(), nullptr, direct.data<float>(), T,
+                                             stream()),
+              cudaSuccess);
+    const std::string label = fmt::format("lever {} vs off, {}x{} T={}", c.every_size ? "on" : "auto", out, in, T);
+    const Tensor& same_as = c.fused ? direct.to_device(Device::cpu) : off;
+    EXPECT_EQ(test::max_abs_diff(on, same_as).diff, 0.0f) << label;
+    EXPECT_LE(relative_error(on, off, label), 2e-5f) << label;
+  }
+}
+
 // Seconds per launch from CUDA events around a graph of n launches; best of 3.
 double seconds_per_launch(const std::function<void()>& launch, int n) {
   launch();

@@ -1,7 +1,8 @@
 // MLX affine-quantized matmul and embedding on CUDA (kernels in
-// affine_matvec.cu). Decode (up to kMaxMatvecTokens rows) runs the quantized
-// matvec, reading the packed weights once; prefill dequantizes the weight to a
-// bf16 temporary on the GPU and runs the dense tensor-core GEMM.
+// affine_matvec.cu, affine_matvec_mma.cu and affine_gemm.cu). Decode (up to
+// kMaxMatvecTokens rows) runs the quantized matvec, reading the packed weights
+// once; short prefills the GEMM that dequantizes its tiles in registers; long
+// ones dequantize the weight to a bf16 temporary and run the dense GEMM.
 #include "ops/cuda/cuda_ops.h"
 #include "ops/quantized_ops.h"
 
@@ -51,6 +52,20 @@ AffineArgs affine_args(const AffineWeight& w, int64_t in, const char* op) {
   a.in = in;
   a.out = w.packed.dim(0);
   return a;
+}
+
+// Lever tensor_core_affine_gemm takes prefills of up to 384 tokens of matrices
+// of 2^24 weights or more. The GEMM that dequantizes its tiles skips the bf16
+// copy of each weight (written, then read by cuBLAS): Llama-3-8B pp64 +28%
+// (int8) / +31% (int4), pp256 +10% / +15%; at 512 tokens even, and beyond that
+// the copy and cuBLAS win (0.92 of bf16 against 0.64-0.69 at 4096 tokens). A
+// 0.6B model's matrices fill too few of its 128-row blocks to pay: pp256
+// -10-15%, pp64 between -8% and +32% across two runs (H200, docs/benchmarks.md).
+constexpr int64_t kMaxAffineGemmTokens = 384;
+constexpr int64_t kMinAffineGemmWeights = int64_t(1) << 24;
+
+bool affine_gemm_pays(const AffineArgs& a, int64_t T) {
+  return T <= kMaxAffineGemmTokens && a.out * a.in >= kMinAffineGemmWeights;
 }
 
 // The tensor-core matvec where lever tensor_core_affine_matvec applies; false
@@ -109,6 +124,14 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
   if (affine_matvec_supports(a, T) && aligned16(x.raw())) {
     MERE_CUDA(launch_affine_matvec(a, x.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
                                    out.data<float>(), T, stream()));
+    return;
+  }
+  if (tensor_core_affine_gemm_enabled() && (affine_gemm_at_every_size() || affine_gemm_pays(a, T)) &&
+      affine_gemm_supports(a, T) &&
+      aligned16(x.raw())) {
+    Tensor scratch = Tensor::empty({affine_gemm_scratch_bytes(a, T)}, DType::u8, Device::cuda);
+    MERE_CUDA(launch_affine_gemm(a, x.data<float>(), scratch.raw(), bias.defined() ? bias.data<float>() : nullptr,
+                                 out.data<float>(), T, stream()));
     return;
   }
   // Prefill (or an x view off 16-byte alignment): a bf16 copy of the weight, then the dense path.

@@ -39,6 +39,12 @@ bool tensor_core_kv_attention_enabled();
 // tensor_core_affine_matvec, affine_matvec_mma.cu); off: the CUDA-core kernels.
 void set_tensor_core_affine_matvec(bool on);
 bool tensor_core_affine_matvec_enabled();
+// MLX affine prefill on the GEMM that dequantizes its tiles (lever
+// tensor_core_affine_gemm, affine_gemm.cu): where affine_ops.cpp measured it
+// faster, or at every size; off: a bf16 copy of the weight, then the dense GEMM.
+void set_tensor_core_affine_gemm(bool on, bool every_size);
+bool tensor_core_affine_gemm_enabled();
+bool affine_gemm_at_every_size();
 
 // y[T, out] = x'[T, in] w[out, in]^T (+ bias[out]), x' the input as `input` forms
 // it; T <= kMaxMatvecTokens, rows 16-byte aligned (in * sizeof(w) % 16 == 0).
