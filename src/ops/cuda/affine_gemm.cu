@@ -1,34 +1,39 @@
 // MLX affine prefill GEMM that dequantizes its weight tiles on the way in
 // (lever tensor_core_affine_gemm): y[T, out] = x[T, in] dequant(w)^T (+ bias).
 //
-// Why: without it, prefill writes a bf16 copy of each weight (2 bytes a weight
-// written, read again by cuBLAS) before the GEMM, which cost pp512 about 30%
-// against bf16 weights on Llama-3-8B. Here the packed codes stream from memory
-// once per token tile and never exist as bf16 outside registers.
+// Why: the other path writes a bf16 copy of each weight (2 bytes a weight,
+// read again by cuBLAS) before the GEMM, a fixed cost that short prompts feel
+// most (Llama-3-8B gate_up: 93 of 162 us at 64 tokens). Here the packed codes
+// stream from memory once per token tile and exist as bf16 only in registers.
+// It is slower than that copy and cuBLAS on long prompts (0.64-0.69 of bf16
+// against 0.92 at 4096 tokens), so affine_ops.cpp uses it up to 384 tokens.
 //
 // Shape: the product is computed as y^T = W x^T on Hopper's warpgroup MMA
 // (wgmma.m64nNk16, f32 accumulators). A block takes 128 weight rows and N = 128
 // or 256 tokens; its two warpgroups take 64 rows each. The weight is the A
 // operand, taken from registers: each thread reads its fragment's codes from
-// shared memory and forms each value as scale * q + bias in f32, rounded once to
-// bf16, exactly as launch_affine_dequantize does, so the two paths multiply the
-// same bf16 weights. x, already bf16, is the B operand in shared memory (rows of
-// 64 values, 128 bytes, in the 128-byte swizzle wgmma reads). All 256 threads
-// copy each k-tile of 64 (x, codes, and the tile's scales and biases) with
-// cp.async into a ring of kStages slots, kStages - 1 tiles ahead of the one the
-// MMAs read; one warpgroup forms its fragments while the other's MMAs run.
+// shared memory and forms each value as scale * q + bias rounded once to bf16,
+// as launch_affine_dequantize does (f32 there, and the bf16 FMA here for 4-bit
+// codes with bf16 scales: the same wherever scale * q + bias is exact in f32),
+// so both paths multiply the same bf16 weights. x is rounded to bf16 by a first
+// kernel (permuted within each 64 for 4-bit codes, see affine_gemm_input_kernel)
+// and is the B operand in shared memory (rows of 64 values, 128 bytes, in the
+// 128-byte swizzle wgmma reads). Thread 0 streams each k-tile of 64 (x and the
+// codes) by TMA into a ring of slots guarded by mbarriers; each thread loads
+// its rows' scales and biases itself, a tile ahead. Where the grid would fill
+// under 3/4 of its waves the k-tiles split in two, both halves adding into y.
 //
 // Fragment of thread (g, q) = (lane / 4, lane % 4) of warp w in its warpgroup,
 // step s of a k-tile (16 values): rows 16 w + g and 16 w + g + 8, values
-// 16 s + 2q, + 1 and 16 s + 8 + 2q, + 1 (the m16n8k16 layout), so with 4-bit
-// codes byte q of words 2s and 2s + 1 of the row's tile, with 8-bit codes
-// half q % 2 of words 4s + q / 2 and 4s + 2 + q / 2.
+// 16 s + 2q, + 1 and 16 s + 8 + 2q, + 1 (the m16n8k16 layout). With 8-bit
+// codes those are half q % 2 of words 4s + q / 2 and 4s + 2 + q / 2 of the
+// row's tile; with 4-bit codes x's permutation makes them nibble pairs
+// (i, i + 4) of words 2q and 2q + 1, which one mask turns into bf16x2.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <mutex>
 #include <type_traits>
 
 #include "ops/cuda/affine_launchers.h"
