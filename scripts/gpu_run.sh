@@ -124,15 +124,21 @@ for what in "${@:-tests bench}"; do
           done
         done
       done ;;
-    affine_gemm)  # lever tensor_core_affine_gemm off and on: int8/int4 prefill at 64 to 4096 tokens, bf16 beside
+    affine_gemm)  # lever tensor_core_affine_gemm off, auto (the default) and on (every size): int8/int4 prefill, bf16 beside
       m="$bin/mere"
       "$m" bench --device cuda --shape llama3-8b -p 64,256,512,4096 -n 0 -r 3 2>&1 | tee -a "$out/affine_gemm.log"
       for shape in llama3-8b qwen3-0.6b; do
         for q in int8 int4; do
-          for on in 0 1; do
+          for on in 0 auto 1; do
             MERERUN_TENSOR_CORE_AFFINE_GEMM=$on "$m" bench --device cuda --shape $shape --quant $q \
               -p 64,256,512,4096 -n 0 -r 3 2>&1 | tee -a "$out/affine_gemm.log"
           done
+        done
+      done
+      for q in int8 int4; do  # batched decode past 8 sequences runs the prefill path
+        for on in 0 auto; do
+          MERERUN_TENSOR_CORE_AFFINE_GEMM=$on "$m" bench --device cuda --shape llama3-8b --quant $q -p 0 -n 64 \
+            --batch 8,16,32 -r 3 2>&1 | tee -a "$out/affine_gemm.log"
         done
       done ;;
     quant_moe)  # the Qwen3-30B-A3B shape's int8/int4 decode, lever int8_activation_matvec off and on

@@ -59,7 +59,7 @@ class AffineGemm : public ::testing::Test {
   void TearDown() override { ops::set_launch_settings({}); }
 };
 
-// Every bits / group / scale dtype, both token tiles (128 and 256), one or
+// Every bits / group / scale dtype, every token tile (32 to 256), one or
 // two splits of the k-tiles, token counts off the tiles and row counts off
 // the 128-row blocks, with and without bias; the sums differ from the CPU's
 // only in their order.
@@ -85,7 +85,7 @@ TEST_F(AffineGemm, MatchesTheProductOfTheDequantizedBf16Weights) {
         ASSERT_TRUE(mere::cuda::affine_gemm_supports(args, c.T));
         Tensor xd = gpu(x), bd = with_bias ? gpu(b) : Tensor();
         Tensor scratch = Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(args, c.T)}, DType::u8, Device::cuda);
-        for (int tokens : {128, 256})
+        for (int tokens : {32, 64, 128, 256})
           for (int splits : {1, 2}) {
             Tensor y = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
             ops::fill_random(y, 9, 1.0f);  // a split launch must clear what was there
@@ -179,7 +179,7 @@ TEST_F(AffineGemm, TimingOnLlama3Matrices) {
   // MERE_GEMM_TIMING=NAME:T (e.g. gate_up:4096) times that case alone, for a profiler.
   const char* only_env = std::getenv("MERE_GEMM_TIMING");
   const std::string only = only_env ? only_env : "";
-  for (int64_t T : {64, 512, 4096})
+  for (int64_t T : {16, 64, 512, 4096})
     for (const Matrix& m : matrices) {
       if (!only.empty() && only != fmt::format("{}:{}", m.name, T)) continue;
       Tensor x = Tensor::empty({T, m.in}, DType::f32, Device::cuda), y = Tensor::empty({T, m.out}, DType::f32, Device::cuda);
@@ -207,7 +207,8 @@ TEST_F(AffineGemm, TimingOnLlama3Matrices) {
                  mere::cuda::launch_affine_dequantize(a, dense.raw(), DType::bf16, stream());
                  y = ops::linear(x, dense);
                }, 5), bf16_s);
-        for (mere::cuda::AffineGemmPlan plan : {mere::cuda::AffineGemmPlan{0, 0}, {128, 1}, {256, 1}, {256, 2}})
+        for (mere::cuda::AffineGemmPlan plan :
+             {mere::cuda::AffineGemmPlan{0, 0}, {64, 1}, {128, 1}, {256, 1}, {256, 2}})
           report(plan.tokens ? fmt::format("int{} g64 fused N={} split {}", bits, plan.tokens, plan.splits)
                              : fmt::format("int{} g64 fused", bits),
                  seconds_per_launch([&] {

@@ -9,8 +9,8 @@
 // against 0.92 at 4096 tokens), so affine_ops.cpp uses it up to 384 tokens.
 //
 // Shape: the product is computed as y^T = W x^T on Hopper's warpgroup MMA
-// (wgmma.m64nNk16, f32 accumulators). A block takes 128 weight rows and N = 128
-// or 256 tokens; its two warpgroups take 64 rows each. The weight is the A
+// (wgmma.m64nNk16, f32 accumulators). A block takes 128 weight rows and N = 32,
+// 64, 128 or 256 tokens; its two warpgroups take 64 rows each. The weight is the A
 // operand, taken from registers: each thread reads its fragment's codes from
 // shared memory and forms each value as scale * q + bias rounded once to bf16,
 // as launch_affine_dequantize does (f32 there, and the bf16 FMA here for 4-bit
@@ -57,9 +57,9 @@ struct Layout {
   static constexpr int kStageBytes = kCodeAt + kRows * kCodeStride;
   static constexpr int kTileBytes = kStageBytes;  // what a tile's loads bring
   static_assert(kStageBytes % 1024 == 0, "each slot's x starts 1024-byte aligned (the swizzle's period)");
-  // 256-token blocks take a whole SM's shared memory; 128-token ones two to an SM.
-  static constexpr int kBlocksPerSm = kN == 128 ? 2 : 1;
-  static constexpr int kBudget = (kBlocksPerSm == 2 ? 110 : 220) * 1024;
+  // 256-token blocks take a whole SM's shared memory; smaller ones share it.
+  static constexpr int kBlocksPerSm = kN == 256 ? 1 : 2;
+  static constexpr int kBudget = 220 * 1024 / kBlocksPerSm;
   static constexpr int kStages = kBudget / kStageBytes < 6 ? kBudget / kStageBytes : 6;
   static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages;  // + alignment, barriers
 };
@@ -112,6 +112,24 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kN]) {
 // d[64 x kN] += a[64 x 16] (registers, bf16) b[16 x kN] (shared, bf16).
 template <int kN>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b);
+template <>
+__device__ __forceinline__ void wgmma_bf16<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, 1, 1, 1, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_bf16<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
 template <>
 __device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
@@ -426,14 +444,15 @@ cudaError_t visit_gemm(const AffineArgs& w, Fn&& fn) {
   return cudaErrorInvalidValue;
 }
 
-// 128 tokens a block for short inputs (the MMAs past T are wasted work),
-// else 256, whose MMAs cover the forming of the fragments twice as well
-// (0.61-0.68 of bf16 against 0.53-0.64 for 128 at 4096 tokens, H200). Split-K
+// The fewest tokens a block (32, 64 or 128) that cover a short input (the MMAs
+// past T are wasted work), else 256, whose MMAs cover the forming of the
+// fragments twice as well as 128's (0.61-0.68 of bf16 against 0.53-0.64 at 4096
+// tokens, H200). Split-K
 // in two where that takes at most 3/4 of the waves: at 512 tokens, o_proj's and
 // down_proj's 32 row tiles would fill 64 of the 132 SMs.
 AffineGemmPlan plan_for(const AffineArgs& w, int64_t T, AffineGemmPlan hint) {
   AffineGemmPlan plan = hint;
-  if (!plan.tokens) plan.tokens = T <= 128 ? 128 : 256;
+  if (!plan.tokens) plan.tokens = T <= 32 ? 32 : T <= 64 ? 64 : T <= 128 ? 128 : 256;
   if (!plan.splits) {
     const int64_t sms = sm_count(), blocks = (w.out + kRows - 1) / kRows * ((T + plan.tokens - 1) / plan.tokens);
     const double waves = double((blocks + sms - 1) / sms), split_waves = double((2 * blocks + sms - 1) / sms) / 2;
@@ -489,7 +508,8 @@ bool make_map(CUtensorMap* map, const void* base, CUtensorMapDataType dtype, uin
 cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
                                int64_t T, cudaStream_t stream, AffineGemmPlan hint) {
   if (!affine_gemm_supports(w, T) || reinterpret_cast<uintptr_t>(scratch) % 16) return cudaErrorInvalidValue;
-  if ((hint.tokens != 0 && hint.tokens != 128 && hint.tokens != 256) || hint.splits < 0 || hint.splits > 2)
+  if ((hint.tokens != 0 && hint.tokens != 32 && hint.tokens != 64 && hint.tokens != 128 && hint.tokens != 256) ||
+      hint.splits < 0 || hint.splits > 2)
     return cudaErrorInvalidValue;
   auto* x_bf16 = static_cast<__nv_bfloat16*>(scratch);
   const int64_t n_x = T * w.in;
@@ -519,10 +539,12 @@ cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratc
       const dim3 grid(unsigned((T + kN - 1) / kN), unsigned((w.out + kRows - 1) / kRows), unsigned(plan.splits));
       status = launch_kernel(kernel, grid, dim3(kThreads), size_t(bytes), stream, p);
     };
-    if (n == 128)
-      run.template operator()<128>();
-    else
-      run.template operator()<256>();
+    switch (n) {
+      case 32: run.template operator()<32>(); break;
+      case 64: run.template operator()<64>(); break;
+      case 128: run.template operator()<128>(); break;
+      default: run.template operator()<256>();
+    }
   });
   return dispatch != cudaSuccess ? dispatch : status;
 }

@@ -78,7 +78,7 @@ cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& 
 // `scratch` (16-byte aligned, affine_gemm_scratch_bytes), f32 sums, y and bias.
 // Needs in a multiple of 64 and of the group size, 16-byte aligned codes, and
 // scales and biases aligned to their size. The plan (zeros pick) is for tests:
-// tokens a block (128 or 256), and splits of the k-tiles (1, or 2: y zeroed,
+// tokens a block (32, 64, 128 or 256), and splits of the k-tiles (1, or 2: y zeroed,
 // then both halves added by atomics, which two terms keep deterministic).
 struct AffineGemmPlan {
   int tokens = 0, splits = 0;
