@@ -71,7 +71,8 @@ struct Levers {
   // first: 9 to 384 tokens of matrices of 2^24 weights or more; longer prompts
   // and smaller matrices keep the copy and cuBLAS, faster there. The same bf16
   // weights (within 3.6e-6 of the CPU product). Default: Llama-3-8B pp64
-  // +28-31%, pp256 +10-15%, pp512 and beyond unchanged (docs/levers.md).
+  // +48-52%, pp256 +10-14%, batched decode of 16-32 sequences +58-63%, pp512
+  // and beyond unchanged (docs/levers.md).
   // `on` takes every prefill the kernel supports.
   LeverMode tensor_core_affine_gemm = LeverMode::automatic;
   // MoE experts' gate and up projections stacked into one matrix per expert at

@@ -56,11 +56,12 @@ AffineArgs affine_args(const AffineWeight& w, int64_t in, const char* op) {
 
 // Lever tensor_core_affine_gemm takes prefills of up to 384 tokens of matrices
 // of 2^24 weights or more. The GEMM that dequantizes its tiles skips the bf16
-// copy of each weight (written, then read by cuBLAS): Llama-3-8B pp64 +28%
-// (int8) / +31% (int4), pp256 +10% / +15%; at 512 tokens even, and beyond that
-// the copy and cuBLAS win (0.92 of bf16 against 0.64-0.69 at 4096 tokens). A
-// 0.6B model's matrices fill too few of its 128-row blocks to pay: pp256
-// -10-15%, pp64 between -8% and +32% across two runs (H200, docs/benchmarks.md).
+// copy of each weight (written, then read by cuBLAS): Llama-3-8B pp64 +52%
+// (int8) / +48% (int4), pp256 +10% / +14%, batched decode of 16 and 32
+// sequences +58-63%; at 512 tokens even, and beyond that the copy and cuBLAS
+// win (pp4096 -19% / -16% with the GEMM). A 0.6B model's matrices fill too few
+// of its 128-row blocks to pay: pp64 0 / +5%, pp256 -25% / -21% (H200,
+// docs/benchmarks.md).
 constexpr int64_t kMaxAffineGemmTokens = 384;
 constexpr int64_t kMinAffineGemmWeights = int64_t(1) << 24;
 
