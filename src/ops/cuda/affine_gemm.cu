@@ -50,12 +50,12 @@ constexpr float kTwo23 = 8388608.0f;
 
 template <int kBits, int kN>
 struct Layout {
-  static constexpr int kCodeBytes = kTileK * kBits / 8;     // a row's codes of a tile
-  static constexpr int kCodeStride = kCodeBytes;  // rows g of a half-warp's loads already hit distinct banks
-  static constexpr int kXBytes = kN * 128;                  // x: kN rows of 128 bytes, 1024-byte aligned
+  static constexpr int kCodeBytes = kTileK * kBits / 8;  // a row's codes of a tile
+  static constexpr int kCodeStride = kCodeBytes;         // unpadded: a half-warp's rows hit distinct banks
+  static constexpr int kXBytes = kN * 128;               // x: kN rows of 128 bytes, 1024-byte aligned
   static constexpr int kCodeAt = kXBytes;
-  static constexpr int kStageBytes = kCodeAt + kRows * kCodeStride;
-  static constexpr int kTileBytes = kStageBytes;  // what a tile's loads bring
+  static constexpr int kStageBytes = kCodeAt + kRows * kCodeStride;  // a slot: x, then the codes
+  static constexpr int kTileBytes = kStageBytes;                     // what a tile's two loads bring
   static_assert(kStageBytes % 1024 == 0, "each slot's x starts 1024-byte aligned (the swizzle's period)");
   // 256-token blocks take a whole SM's shared memory; smaller ones share it.
   static constexpr int kBlocksPerSm = kN == 256 ? 1 : 2;
@@ -64,18 +64,18 @@ struct Layout {
   static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages;  // + alignment, barriers
 };
 
-// The tiles arrive by TMA (the tensor memory accelerator): a map per operand,
-// built on the host (make_map), read by the copy engine with the box's rows
-// past T or out filled with zeros.
+// x and the codes arrive by TMA (the tensor memory accelerator): a map each,
+// built on the host (make_map), read by the copy engine, which fills the rows
+// of a box past T or out with zeros.
 struct GemmProblem {
-  CUtensorMap x_map;      // bf16 [T, in], boxes of kN tokens x 64 values, 128-byte swizzle
-  CUtensorMap code_map;   // u8 [out, row_bytes], boxes of 128 rows x a tile's codes
-  const void* scales;      // [out, n_groups]: each thread loads its rows' own
+  CUtensorMap x_map;     // bf16 [T, in], boxes of kN tokens x 64 values, 128-byte swizzle
+  CUtensorMap code_map;  // u8 [out, row_bytes], boxes of 128 rows x a tile's codes
+  const void* scales;    // [out, n_groups]: each thread loads its own rows'
   const void* biases;
   int n_groups;
-  int splits;  // 1, or 2: the halves of the k-tiles add into y (zeroed first) by atomics
-  const float* bias;      // [out] or null
-  float* y;               // [T, out]
+  int splits;         // 1, or 2: the halves of the k-tiles add into y (zeroed first) by atomics
+  const float* bias;  // [out] or null
+  float* y;           // [T, out]
   int T, in, out;
 };
 
@@ -165,8 +165,8 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// mbarriers (shared::cta): init, arrive, the arrival of this thread's pending
-// cp.async copies, and a wait for a phase's parity.
+// mbarriers (shared::cta): init, arrive, arrive expecting TMA bytes, and a
+// wait for a phase's parity.
 __device__ __forceinline__ void barrier_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -461,21 +461,6 @@ AffineGemmPlan plan_for(const AffineArgs& w, int64_t T, AffineGemmPlan hint) {
   return plan;
 }
 
-}  // namespace
-
-bool affine_gemm_supports(const AffineArgs& w, int64_t T) {
-  const int scale_bytes = w.scale_dtype == DType::f32 ? 4 : 2;
-  auto aligned = [](const void* p, int n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
-  return (w.bits == 4 || w.bits == 8) && (w.group_size == 32 || w.group_size == 64 || w.group_size == 128) &&
-         T > 0 && T < (int64_t(1) << 31) && w.out > 0 && w.out < (int64_t(1) << 31) && w.in % kTileK == 0 &&
-         w.in % w.group_size == 0 && aligned(w.packed, 16) && aligned(w.scales, scale_bytes) &&
-         aligned(w.biases, scale_bytes);
-}
-
-int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T) { return T * w.in * 2; }
-
-namespace {
-
 // The driver's cuTensorMapEncodeTiled, looked up once through the runtime (no
 // link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
@@ -504,6 +489,17 @@ bool make_map(CUtensorMap* map, const void* base, CUtensorMapDataType dtype, uin
 }
 
 }  // namespace
+
+bool affine_gemm_supports(const AffineArgs& w, int64_t T) {
+  const int scale_bytes = w.scale_dtype == DType::f32 ? 4 : 2;
+  auto aligned = [](const void* p, int n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+  return (w.bits == 4 || w.bits == 8) && (w.group_size == 32 || w.group_size == 64 || w.group_size == 128) &&
+         T > 0 && T < (int64_t(1) << 31) && w.out > 0 && w.out < (int64_t(1) << 31) && w.in % kTileK == 0 &&
+         w.in % w.group_size == 0 && aligned(w.packed, 16) && aligned(w.scales, scale_bytes) &&
+         aligned(w.biases, scale_bytes) && encode_tiled() != nullptr;  // a driver that makes TMA maps
+}
+
+int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T) { return T * w.in * 2; }
 
 cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
                                int64_t T, cudaStream_t stream, AffineGemmPlan hint) {
