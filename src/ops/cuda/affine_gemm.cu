@@ -256,8 +256,9 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
 
   // The scales and biases of this thread's rows for a tile, as stored (16-bit
   // values in the low half, or f32 bits): [row][scale, bias][group]. Each
-  // thread loads its own a tile ahead (a row's few bytes a tile are too small
-  // a box for the copy engine: loading them by TMA cost a third of the time).
+  // thread loads its own two tiles ahead (a row's few bytes a tile are too
+  // small a box for the copy engine: loading them by TMA cost a third of the
+  // time; a short block's tile can take less than a miss to L2).
   struct Scales {
     uint32_t v[2][2][kGroupsPerTile];
   };
@@ -362,12 +363,13 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     }
   };
 
-  Scales next = load_scales(0);
+  Scales next = load_scales(0), after = n_tiles > 1 ? load_scales(1) : next;
   for (int kt = 0; kt < n_tiles; ++kt) {
     const int slot = kt % kStages;
     if (tid == 0 && kt + kAhead < n_tiles) load(kt + kAhead);
     const Scales now = next;
-    if (kt + 1 < n_tiles) next = load_scales(kt + 1);
+    next = after;
+    if (kt + 2 < n_tiles) after = load_scales(kt + 2);
     barrier_wait(full_bar + 8 * slot, (kt / kStages) & 1);
     uint32_t a[4][4];
     form(kt, now, a);
