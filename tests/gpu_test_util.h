@@ -1,14 +1,18 @@
-// Helpers the GPU tests share: seeded random tensors, copies to the GPU, and the
-// relative error they report ("[ gpu ]" lines) and assert on.
+// Helpers the GPU tests share: seeded random tensors, copies to the GPU, the
+// relative error they report ("[ gpu ]" lines) and assert on, and kernel timing.
 #pragma once
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <string>
 
+#include "core/device.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -39,6 +43,34 @@ inline float relative_error(const Tensor& got_device, const Tensor& want, const 
   const float rel = max_abs_diff(got, want).diff / max_ref;
   if (print) std::printf("[ gpu      ] %-56s rel err %.2e\n", label.c_str(), rel);
   return rel;
+}
+
+// Seconds per launch of `launch`, from CUDA events around a graph of n launches
+// (host launch costs would otherwise hide microsecond kernels); best of 3.
+inline double seconds_per_launch(const std::function<void()>& launch, int n = 50) {
+  launch();  // first-use setup (occupancy queries, kernel attributes) outside the capture
+  CudaGraph graph;
+  graph.capture([&] {
+    for (int i = 0; i < n; ++i) launch();
+  });
+  graph.replay();
+  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  float best_ms = 1e30f;
+  for (int rep = 0; rep < 3; ++rep) {
+    cudaEventRecord(start, stream);
+    graph.replay();
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    best_ms = std::min(best_ms, ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best_ms * 1e-3 / n;
 }
 
 }  // namespace mere::test

@@ -25,6 +25,7 @@ namespace {
 using test::gpu;
 using test::random;
 using test::relative_error;
+using test::seconds_per_launch;
 
 cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
 
@@ -142,32 +143,6 @@ TEST_F(AffineGemm, LeverTakesShortPrefillsOfLargeMatricesOnly) {
     EXPECT_EQ(test::max_abs_diff(on, same_as).diff, 0.0f) << label;
     EXPECT_LE(relative_error(on, off, label), 2e-5f) << label;
   }
-}
-
-// Seconds per launch from CUDA events around a graph of n launches; best of 3.
-double seconds_per_launch(const std::function<void()>& launch, int n) {
-  launch();
-  CudaGraph graph;
-  graph.capture([&] {
-    for (int i = 0; i < n; ++i) launch();
-  });
-  graph.replay();
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  float best_ms = 1e30f;
-  for (int rep = 0; rep < 3; ++rep) {
-    cudaEventRecord(start, stream());
-    graph.replay();
-    cudaEventRecord(stop, stream());
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    best_ms = std::min(best_ms, ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return best_ms * 1e-3 / n;
 }
 
 // TFLOP/s on Llama-3-8B's matrices at 512 and 4096 tokens: bf16 weights (x

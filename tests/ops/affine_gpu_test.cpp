@@ -25,6 +25,7 @@ namespace {
 using test::gpu;
 using test::random;
 using test::relative_error;
+using test::seconds_per_launch;
 
 
 uint32_t random_word(uint64_t seed, uint64_t i) {  // SplitMix64
@@ -449,34 +450,6 @@ TEST_F(Affine, DequantizeAndEmbedMatchTheReference) {
         std::copy(picks, picks + 5, ids.data<int32_t>());
         EXPECT_LE(relative_error(ops::embed(wg, gpu(ids)), ops::embed(w, ids), "embed " + label), 1e-6f);
       }
-}
-
-// Seconds per launch of `launch`, from CUDA events around a graph of n launches
-// (host launch costs would otherwise hide microsecond kernels); best of 3.
-double seconds_per_launch(const std::function<void()>& launch, int n = 50) {
-  launch();  // first-use setup (occupancy queries) outside the capture
-  CudaGraph graph;
-  graph.capture([&] {
-    for (int i = 0; i < n; ++i) launch();
-  });
-  graph.replay();
-  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  float best_ms = 1e30f;
-  for (int rep = 0; rep < 3; ++rep) {
-    cudaEventRecord(start, stream);
-    graph.replay();
-    cudaEventRecord(stop, stream);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    best_ms = std::min(best_ms, ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return best_ms * 1e-3 / n;
 }
 
 // GB/s of the decode matvec on Llama-3-8B's matrices (bytes: packed words,

@@ -128,8 +128,7 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
     return;
   }
   if (tensor_core_affine_gemm_enabled() && (affine_gemm_at_every_size() || affine_gemm_pays(a, T)) &&
-      affine_gemm_supports(a, T) &&
-      aligned16(x.raw())) {
+      affine_gemm_supports(a, T) && aligned16(x.raw())) {
     Tensor scratch = Tensor::empty({affine_gemm_scratch_bytes(a, T)}, DType::u8, Device::cuda);
     MERE_CUDA(launch_affine_gemm(a, x.data<float>(), scratch.raw(), bias.defined() ? bias.data<float>() : nullptr,
                                  out.data<float>(), T, stream()));
