@@ -532,8 +532,10 @@ cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratc
     auto run = [&]<int kN>() {
       auto* kernel = affine_gemm_kernel<kBits, kGroup, S, kN>;
       constexpr int bytes = Layout<kBits, kN>::kSharedBytes;
-      status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-      if (status != cudaSuccess) return;
+      // Once per kernel (one GPU a process): more than the default 48 KB of shared memory.
+      static const cudaError_t allowed =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      if ((status = allowed) != cudaSuccess) return;
       const dim3 grid(unsigned((T + kN - 1) / kN), unsigned((w.out + kRows - 1) / kRows), unsigned(plan.splits));
       status = launch_kernel(kernel, grid, dim3(kThreads), size_t(bytes), stream, p);
     };
