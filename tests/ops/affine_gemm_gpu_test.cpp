@@ -157,7 +157,8 @@ TEST_F(AffineGemm, TimingOnLlama3Matrices) {
   for (int64_t T : {16, 64, 512, 4096})
     for (const Matrix& m : matrices) {
       if (!only.empty() && only != fmt::format("{}:{}", m.name, T)) continue;
-      Tensor x = Tensor::empty({T, m.in}, DType::f32, Device::cuda), y = Tensor::empty({T, m.out}, DType::f32, Device::cuda);
+      Tensor x = Tensor::empty({T, m.in}, DType::f32, Device::cuda);
+      Tensor y = Tensor::empty({T, m.out}, DType::f32, Device::cuda);
       Tensor scratch = Tensor::empty({T * m.in * 2}, DType::u8, Device::cuda);
       Tensor dense = Tensor::empty({m.out, m.in}, DType::bf16, Device::cuda);
       ops::fill_random(x, 1, 1.0f);
