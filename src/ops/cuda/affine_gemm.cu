@@ -394,8 +394,8 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
         const int j = kGroupsPerTile == 2 ? s / 2 : 0;
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
-          const uint4 t = *reinterpret_cast<const uint4*>(codes[rr] + 16 * s);
-          const uint32_t words[2] = {(q < 2 ? t.x : t.y) >> shift, (q < 2 ? t.z : t.w) >> shift};
+          const uint4 w4 = *reinterpret_cast<const uint4*>(codes[rr] + 16 * s);
+          const uint32_t words[2] = {(q < 2 ? w4.x : w4.y) >> shift, (q < 2 ? w4.z : w4.w) >> shift};
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const float c0 = __uint_as_float(__byte_perm(words[h], kMagic, 0x7440));
