@@ -541,7 +541,8 @@ bool affine_gemm_supports(const AffineArgs& w, int64_t T) {
   const int scale_bytes = w.scale_dtype == DType::f32 ? 4 : 2;
   auto aligned = [](const void* p, int n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
   return (w.bits == 4 || w.bits == 8) && (w.group_size == 32 || w.group_size == 64 || w.group_size == 128) &&
-         T > 0 && T < (int64_t(1) << 31) && w.out > 0 && w.out < (int64_t(1) << 31) && w.in % kTileK == 0 &&
+         T > 0 && T < (int64_t(1) << 31) && w.out > 0 && (w.out + kRows - 1) / kRows <= 65535 &&  // grid.y
+         w.in % kTileK == 0 &&
          w.in % w.group_size == 0 && aligned(w.packed, 16) && aligned(w.scales, scale_bytes) &&
          aligned(w.biases, scale_bytes) && encode_tiled() != nullptr;  // a driver that makes TMA maps
 }
