@@ -103,7 +103,7 @@ TEST_F(AffineGemm, MatchesTheProductOfTheDequantizedBf16Weights) {
 }
 
 // Shapes the kernel cannot take are refused, not run: a row not a whole
-// number of 64-value tiles.
+// number of 64-value tiles, more row tiles than a grid holds.
 TEST_F(AffineGemm, RefusesShapesItCannotTake) {
   const Weight b = Weight(random_affine(128, 96, 4, 32, DType::bf16, 8), 96).to_device(Device::cuda);
   EXPECT_FALSE(mere::cuda::affine_gemm_supports(args_of(b.affine(), 96), 64));  // not a whole number of tiles
@@ -112,6 +112,12 @@ TEST_F(AffineGemm, RefusesShapesItCannotTake) {
   EXPECT_EQ(mere::cuda::launch_affine_gemm(args_of(b.affine(), 96), x.data<float>(), scratch.raw(), nullptr,
                                            y.data<float>(), 64, stream()),
             cudaErrorInvalidValue);
+  // More rows than the grid's 65535 row tiles (the query reads no weights).
+  const Weight c = Weight(random_affine(128, 1024, 4, 64, DType::bf16, 9), 1024).to_device(Device::cuda);
+  mere::cuda::AffineArgs huge = args_of(c.affine(), 1024);
+  EXPECT_TRUE(mere::cuda::affine_gemm_supports(huge, 64));
+  huge.out = int64_t(65535) * 128 + 1;
+  EXPECT_FALSE(mere::cuda::affine_gemm_supports(huge, 64));
 }
 
 // The lever through ops::linear: prefills of 9 to 384 tokens of a matrix of
