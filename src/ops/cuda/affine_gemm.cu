@@ -109,7 +109,9 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kN]) {
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// d[64 x kN] += a[64 x 16] (registers, bf16) b[16 x kN] (shared, bf16).
+// d[64 x kN] += a[64 x 16] (registers, bf16) b[16 x kN] (shared, bf16). One
+// specialisation per N: an asm statement's operand list (N / 2 accumulators)
+// cannot be generated, so the four are written out.
 template <int kN>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b);
 template <>
@@ -326,6 +328,15 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     return t;
   };
 
+  // A tile's scales and biases as f32 (the f32 forming paths).
+  auto as_floats = [](const Scales& t, float (&sc)[2][kGroupsPerTile], float (&bi)[2][kGroupsPerTile]) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+      for (int j = 0; j < kGroupsPerTile; ++j)
+        sc[rr][j] = scale_value<S>(t.v[rr][0][j]), bi[rr][j] = scale_value<S>(t.v[rr][1][j]);
+  };
+
   // The weight fragments of tile kt for this thread, formed from the slot.
   auto form = [&](int kt, const Scales& t, uint32_t (&a)[4][4]) {
     const uint8_t* slot = base + (kt % kStages) * L::kStageBytes;
@@ -362,11 +373,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
             }
       } else {
         float sc[2][kGroupsPerTile], bi[2][kGroupsPerTile];
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-          for (int j = 0; j < kGroupsPerTile; ++j)
-            sc[rr][j] = scale_value<S>(t.v[rr][0][j]), bi[rr][j] = scale_value<S>(t.v[rr][1][j]);
+        as_floats(t, sc, bi);
 #pragma unroll
         for (int s = 0; s < 4; ++s)
 #pragma unroll
@@ -383,11 +390,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     } else {
       // Step s: values 16 s + 2q, + 1 in half q % 2 of word 4s + q / 2, and 8 further in word 4s + 2 + q / 2.
       float sc[2][kGroupsPerTile], bi[2][kGroupsPerTile];
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-        for (int j = 0; j < kGroupsPerTile; ++j)
-          sc[rr][j] = scale_value<S>(t.v[rr][0][j]), bi[rr][j] = scale_value<S>(t.v[rr][1][j]);
+      as_floats(t, sc, bi);
       const int shift = 16 * (q % 2);
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
