@@ -2,10 +2,23 @@
 
 #include <algorithm>
 
+#include "ops/ops.h"
+
 namespace mere {
 
 const char* lever_mode_name(LeverMode mode) {
   return mode == LeverMode::on ? "on" : mode == LeverMode::off ? "off" : "auto";
+}
+
+void apply_launch_settings(const LoadOptions& o) {
+  ops::set_launch_settings({.programmatic = o.programmatic_launch,
+                            .matvec_split_k = o.matvec_split_k,
+                            .fp8_activation_gemm = o.fp8_activation_gemm,
+                            .int8_activation_matvec = o.int8_activation_matvec,
+                            .tensor_core_kv_attention = o.tensor_core_kv_attention,
+                            .tensor_core_affine_matvec = o.tensor_core_affine_matvec,
+                            .tensor_core_affine_gemm = o.tensor_core_affine_gemm != LeverMode::off,
+                            .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on});
 }
 
 Tensor Model::forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const {

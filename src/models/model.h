@@ -45,6 +45,10 @@ struct LoadOptions {
   bool fuse_moe_gate_up = false;
 };
 
+// Sets how CUDA kernels launch (ops::set_launch_settings) from a model's options;
+// each family calls it before it runs on the GPU.
+void apply_launch_settings(const LoadOptions& o);
+
 struct ModelInfo {
   std::string model_type;   // config.json's model_type, e.g. "qwen3"
   std::string family;       // the file that implements it, e.g. "llama"

@@ -151,14 +151,7 @@ Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* c
   const LlamaConfig& k = cfg_.dense;
   const int64_t T = ids.numel();
   if (info_.device == Device::cuda)
-    ops::set_launch_settings({.programmatic = info_.options.programmatic_launch,
-                              .matvec_split_k = info_.options.matvec_split_k,
-                              .fp8_activation_gemm = info_.options.fp8_activation_gemm,
-                              .int8_activation_matvec = info_.options.int8_activation_matvec,
-                              .tensor_core_kv_attention = info_.options.tensor_core_kv_attention,
-                              .tensor_core_affine_matvec = info_.options.tensor_core_affine_matvec,
-                              .tensor_core_affine_gemm = info_.options.tensor_core_affine_gemm != LeverMode::off,
-                              .affine_gemm_at_every_size = info_.options.tensor_core_affine_gemm == LeverMode::on});
+    apply_launch_settings(info_.options);
 
   Tensor h = ops::embed(tok_embed_, ids);                                   // [T, d_model], the residual
   Tensor x = ops::rms_norm(h, layers_[0].attn_norm, k.norm_eps);
