@@ -158,7 +158,7 @@ TEST_F(FlashAttention, SpeedAgainstSplitK) {
                   c.heads, c.kv_heads, c.head_dim, what.c_str(), ms, flops / (ms * 1e-3) / 1e12);
     };
 
-    const int splits = cuda::attention_splits(S);
+    const int splits = cuda::attention_splits(S, c.kv_heads);
     Tensor part_m = Tensor::empty({c.T, c.heads, splits}, DType::f32, Device::cuda);
     Tensor part_l = Tensor::empty({c.T, c.heads, splits}, DType::f32, Device::cuda);
     Tensor part_o = Tensor::empty({c.T, c.heads, splits, c.head_dim}, DType::f32, Device::cuda);

@@ -285,7 +285,7 @@ TEST_F(KvQuantGpu, DecodeAttentionSpeedByMode) {
   const int heads = 32, kv_heads = 8, d = 128;
   const float scale = 1.0f / std::sqrt(float(d));
   for (int64_t S : {1024, 8192, 32768}) {
-    const int splits = std::min(cuda::attention_splits(S), 64);
+    const int splits = cuda::attention_splits(S, kv_heads);
     Tensor q = Tensor::empty({1, heads, d}, DType::f32, Device::cuda);
     ops::fill_random(q, 1, 1.0f);
     Tensor out = Tensor::empty({1, heads, d}, DType::f32, Device::cuda);

@@ -14,6 +14,7 @@
 // Paged caches (KvTables): key s is read from row table[s / 16] * 16 + s % 16, so
 // a key's lanes still read one contiguous row; in a batch (rows_are_sequences)
 // grid.y indexes the sequence, each reading its own table, all at *pos.
+#include <algorithm>
 #include <cstdint>
 
 #include "ops/cuda/attention_split.cuh"
@@ -25,7 +26,6 @@ namespace mere::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kKeysPerSplit = 256;  // eager launches: one split per 256 visible keys
 
 // ---------------------------------------------------------------------------
 // GQA kernel, for decode and prefill alike whenever the K/V rows allow aligned
@@ -557,7 +557,12 @@ void launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k, const
 
 }  // namespace
 
-int attention_splits(int64_t n_keys) { return ceil_div(n_keys, kKeysPerSplit); }
+// Two blocks an SM: at 8k keys of Llama-3-8B (8 kv heads) 32 splits of 256 keys
+// decoded 8-11% faster than 64 of 128 (H200, 2026-11-30).
+int attention_splits(int64_t n_keys, int64_t kv_heads) {
+  const int64_t two_per_sm = std::max<int64_t>(1, 2 * sm_count() / std::max<int64_t>(1, kv_heads));
+  return int(std::min<int64_t>({ceil_div(std::max<int64_t>(n_keys, 1), kMinKeysPerSplit), two_per_sm, 64}));
+}
 
 cudaError_t launch_attention(const float* q, const void* k, const void* v, DType kv_dtype, float* part_m,
                              float* part_l, float* part_o, float* out, int T, int n_heads, int n_kv_heads,

@@ -143,16 +143,15 @@ void for_each_launch(const KvPages& pages, int64_t rows, Fn&& fn) {
   }
 }
 
-// Splits of a graph-captured attention: enough shares of the longest a sequence
-// can grow (its table, or the contiguous cache's rows) to fill the GPU at long
-// contexts, at most 64 so short ones waste few blocks.
-int graph_splits(int64_t cache_rows, const KvPages& pages) {
+// Splits of a graph-captured attention over the longest a sequence can grow
+// (its table, or the contiguous cache's rows).
+int graph_splits(int64_t cache_rows, const KvPages& pages, int64_t kv_heads) {
   int64_t keys = cache_rows;
   if (pages.paged()) {
     keys = 0;
     for (const Tensor& t : pages.tables) keys = std::max(keys, t.numel() * kKvPageRows);
   }
-  return std::min(attention_splits(keys), 64);
+  return attention_splits(keys, kv_heads);
 }
 
 }  // namespace
@@ -318,7 +317,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, 
                                      head_dim, nullptr, pos0, scale, stream()));
     return;
   }
-  const int splits = attention_splits(pos0 + T);
+  const int splits = attention_splits(pos0 + T, k.dim(1));
   Tensor part_m = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
   Tensor part_l = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
   Tensor part_o = Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda);
@@ -333,7 +332,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   MERE_CHECK(head_dim <= kMaxAttentionHeadDim, "attention (CUDA): head_dim {} exceeds {}", head_dim,
              kMaxAttentionHeadDim);
   if (pages.paged()) {  // split-K through the tables (a prefill gathers first: ops/paged_ops.cpp)
-    const int splits = graph_splits(k.dim(0), pages);
+    const int splits = graph_splits(k.dim(0), pages, k.dim(1));
     for_each_launch(pages, T, [&](int64_t b, int64_t e, const KvTables& tables) {
       const int rows = int(e - b);
       Tensor part_m = Tensor::empty({rows, n_heads, splits}, DType::f32, Device::cuda);
@@ -354,7 +353,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   }
   // The split count is fixed at capture: enough shares of the whole cache to keep
   // every SM busy at long contexts, at most 64 so short ones waste few blocks.
-  const int splits = graph_splits(k.dim(0), pages);
+  const int splits = graph_splits(k.dim(0), pages, k.dim(1));
   Tensor part_m = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
   Tensor part_l = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
   Tensor part_o = Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda);
@@ -407,11 +406,11 @@ void dequantize_rows(const AffineRows& src, int64_t n, Tensor& dst) {
 void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale,
                Tensor& out, const KvPages& pages) {
   // As the dense graph form: the split count fixed by the reserved rows (or the tables).
-  attention_affine(q, k, v, start_pos.data<int32_t>(), 0, graph_splits(k.rows(), pages), scale, out, pages);
+  attention_affine(q, k, v, start_pos.data<int32_t>(), 0, graph_splits(k.rows(), pages, k.heads()), scale, out, pages);
 }
 
 void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale, Tensor& out) {
-  attention_affine(q, k, v, nullptr, pos0, attention_splits(pos0 + q.dim(0)), scale, out);
+  attention_affine(q, k, v, nullptr, pos0, attention_splits(pos0 + q.dim(0), k.heads()), scale, out);
 }
 
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,

@@ -120,11 +120,15 @@ cudaError_t launch_qk_norm_rope_store(float* q, const float* k, const float* v, 
                                       int T, int n_heads, int n_kv_heads, int head_dim, const KvTables& tables,
                                       cudaStream_t stream);
 
-// Split-K flash attention over n_splits shares of the visible keys (at least 256
+// Split-K flash attention over n_splits shares of the visible keys (at least 64
 // keys a share, so short contexts leave the last splits empty); the partial
 // buffers hold T * n_heads * n_splits entries (times head_dim for part_o).
 // The first token's position is *pos_dev when pos_dev is set (graph replay), else pos0.
-int attention_splits(int64_t n_keys);  // for eager launches: one per 256 keys
+// The split count for n_keys keys (the visible ones, or for a graph the most a
+// sequence can grow to) over kv_heads heads: about two blocks an SM at long
+// contexts, at most 64. It does not depend on the rows, so that a sequence's
+// attention is the same alone or in a batch.
+int attention_splits(int64_t n_keys, int64_t kv_heads);
 constexpr int kMaxAttentionHeadDim = 256;
 cudaError_t launch_attention(const float* q, const void* k, const void* v, DType kv_dtype, float* part_m,
                              float* part_l, float* part_o, float* out, int T, int n_heads, int n_kv_heads,
