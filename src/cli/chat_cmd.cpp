@@ -176,6 +176,13 @@ class ChatSession {
     MERE_CHECK(int64_t(ids.size()) < context,
                "the conversation is {} tokens and the model's context holds {}: /reset starts over", ids.size(),
                context);
+    if (prefix_cache_) {
+      const int64_t pool = prefix_cache_->pool()->capacity_tokens();
+      MERE_CHECK(int64_t(ids.size()) < pool,
+                 "the conversation is {} tokens and its K/V pool holds {} (at most half the GPU's free memory): "
+                 "/reset starts over",
+                 ids.size(), pool);
+    }
 
     const bool hide = flags_.reasoning == "hide";
     TextStream stream(tokenizer_, flags_.stops);

@@ -163,7 +163,13 @@ GenerateStats generate(const Model& model, const std::vector<int32_t>& prompt, c
   MERE_CHECK(same_layout(cache.pool()->layout(), model.kv_layout(options.kv_cache_mode)),
              "generate: the prefix cache's pool does not hold this model's K/V in kv cache mode {}",
              kv_cache_mode_name(options.kv_cache_mode));
-  std::unique_ptr<SeqState> state = cache.start(prompt, capacity);
+  // A pool can hold less than the model's context (on CUDA a chat's pool is
+  // allocated whole, within the GPU's memory): the sequence stops where the pool
+  // ends, as it would at the end of the context, instead of failing mid-answer.
+  const int64_t pool_tokens = cache.pool()->capacity_tokens();
+  MERE_CHECK(int64_t(prompt.size()) < pool_tokens, "the prompt has {} tokens; the K/V pool holds {}", prompt.size(),
+             pool_tokens);
+  std::unique_ptr<SeqState> state = cache.start(prompt, std::min(capacity, pool_tokens));
   const int64_t reused = state->length();
   const std::vector<int32_t> rest(prompt.begin() + long(reused), prompt.end());
   std::vector<int32_t> tokens = prompt;  // what the state's positions hold: the prompt, then what was forwarded

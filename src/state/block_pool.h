@@ -47,6 +47,7 @@ class BlockPool {
   const KvLayout& layout() const { return layout_; }
   int64_t block_size() const { return block_size_; }
   int64_t n_blocks() const { return int64_t(refs_.size()); }
+  int64_t capacity_tokens() const { return n_blocks() * block_size_; }  // one sequence holding every block
   // Blocks no sequence holds (free or cached), and of those the cached ones.
   int64_t available_blocks() const { return int64_t(free_.size() + lru_.size()); }
   int64_t cached_blocks() const { return int64_t(lru_.size()); }

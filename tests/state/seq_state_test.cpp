@@ -262,6 +262,43 @@ TEST(PrefixCache, GenerateReusesASharedPrefix) {
   EXPECT_EQ(s3.reused_prefix_tokens, int64_t(p1.size() - 1) / 16 * 16);
 }
 
+// A pool smaller than the model's context (a CUDA chat's pool is allocated whole,
+// within the GPU's memory) ends a generation where it ends, with stop reason
+// "context", rather than failing mid-answer with "kv cache is full"; a prompt
+// the pool cannot hold is refused up front, naming the pool.
+TEST(PrefixCache, GenerationStopsWhereASmallPoolEnds) {
+  auto demo = test::source_dir() / "models" / "demo";
+  auto model = load_model(demo, Device::cpu);
+  Tokenizer tok = Tokenizer::load(demo);
+  std::vector<int32_t> text = tok.encode(test::read_file(demo / "heldout_test.txt"), false);
+  PrefixCache cache(std::make_shared<BlockPool>(model->kv_layout(), 4));  // 64 positions
+  ASSERT_LT(cache.pool()->capacity_tokens(), model->info().max_positions);
+  GenerateOptions options;
+  options.max_new_tokens = 100;
+  options.sampling.temperature = 0;
+  options.eos_ids = {};  // only the pool may stop it
+  options.prefix_cache = &cache;
+  const std::vector<int32_t> prompt(text.begin(), text.begin() + 40);
+  int64_t generated = 0;
+  GenerateStats stats;
+  ASSERT_NO_THROW(stats = generate(*model, prompt, options, [&](int32_t) { return ++generated > 0; }));
+  EXPECT_EQ(stats.stop_reason, "context");
+  EXPECT_EQ(generated, stats.generated_tokens);
+  EXPECT_GE(generated, 64 - 40);
+  EXPECT_LE(generated, 64 - 40 + 1);  // the last token sampled needs no position
+  // Again, reusing the published blocks.
+  ASSERT_NO_THROW(stats = generate(*model, prompt, options, [](int32_t) { return true; }));
+  EXPECT_EQ(stats.stop_reason, "context");
+
+  const std::vector<int32_t> too_long(text.begin(), text.begin() + 70);
+  try {
+    generate(*model, too_long, options, [](int32_t) { return true; });
+    ADD_FAILURE() << "a prompt longer than the pool was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("the K/V pool holds 64"), std::string::npos) << e.what();
+  }
+}
+
 // Reused blocks hold exactly the K/V a fresh prefill computes (the CPU computes
 // each row on its own), so the logits after a prefix hit are bit-identical.
 TEST(PrefixCache, LogitsAfterAHitAreBitIdentical) {
