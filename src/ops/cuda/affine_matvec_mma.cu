@@ -214,20 +214,17 @@ struct Prepare {
   int64_t x_bytes;
 };
 
-// Eight values of the input at token t, columns e to e + 8: x, or RMSNorm(h)
-// w with inv = 1 / rms, or silu(gate) up as silu_mul_halves computes it.
-template <int kKind, typename N>
-__device__ __forceinline__ void load_input(const Prepare& p, int t, int e, bool active, float inv, float (&v)[8]) {
+// Eight values of the input at token t, columns e to e + 8: x (or h, which the
+// RMSNorm branch of the kernel below normalizes), or silu(gate) up as
+// silu_mul_halves computes it.
+template <int kKind>
+__device__ __forceinline__ void load_input(const Prepare& p, int t, int e, bool active, float (&v)[8]) {
   using Kind = AffineMmaInput::Kind;
   const float* row = p.x + int64_t(t) * p.full * (kKind == int(Kind::silu_gated) ? 2 : 1) + p.col0;
   const float4* src = reinterpret_cast<const float4*>(row + e);
   const float4 a = active ? __ldg(src) : make_float4(0, 0, 0, 0), b = active ? __ldg(src + 1) : a;
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  if constexpr (kKind == int(Kind::rms_normed)) {
-    const N* w = static_cast<const N*>(p.norm_w) + p.col0 + e;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = to_float(w[j]) * (v[j] * inv);
-  } else if constexpr (kKind == int(Kind::silu_gated)) {
+  if constexpr (kKind == int(Kind::silu_gated)) {
     const float4* up = reinterpret_cast<const float4*>(row + p.full + e);
     const float4 c = active ? __ldg(up) : make_float4(0, 0, 0, 0), d = active ? __ldg(up + 1) : c;
     const float u[8] = {c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
@@ -252,10 +249,19 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     const bool active = i < p.T * runs;
     const int t = active ? i / runs : 0, e = active ? 8 * (i - t * runs) : 0;
     float v[8];
-    load_input<kKind, N>(p, t, e, active, 1.0f, v);
+    load_input<kKind>(p, t, e, active, v);
     stage_values<kBits, kGroup>(v, p.T, t, e, active, p.x_stride, p.staged, p.x_bytes);
   } else {
     const int t = blockIdx.y;
+    // The thread's own run of h and its norm weights are read first, with the
+    // loads of the sum of squares, so that none waits after the reduction.
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;  // runs is a multiple of G / 8
+    const bool active = r < runs;
+    float v[8], w[8];
+    load_input<int(AffineMmaInput::Kind::plain)>(p, t, active ? 8 * r : 0, active, v);
+    const N* norm_w = static_cast<const N*>(p.norm_w) + p.col0 + (active ? 8 * r : 0);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = active ? to_float(norm_w[j]) : 0.0f;
     const float4* row = reinterpret_cast<const float4*>(p.x + int64_t(t) * p.full);
     float sum = 0;
     for (int r = threadIdx.x; r < p.full / 8; r += blockDim.x) {
@@ -269,11 +275,10 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     float total = 0;
     for (int w = 0; w < int(blockDim.x) / 32; ++w) total += partial[w];
     const float inv = rsqrtf(total / float(p.full) + p.eps);
-    const int r = blockIdx.x * blockDim.x + threadIdx.x;  // runs is a multiple of G / 8
-    if (r - lane >= runs) return;                          // the whole warp is past the end
-    float v[8];
-    load_input<kKind, N>(p, t, r < runs ? 8 * r : 0, r < runs, inv, v);
-    stage_values<kBits, kGroup>(v, p.T, t, r < runs ? 8 * r : 0, r < runs, p.x_stride, p.staged, p.x_bytes);
+    if (r - lane >= runs) return;  // the whole warp is past the end
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = w[j] * (v[j] * inv);  // as load_input's RMSNorm
+    stage_values<kBits, kGroup>(v, p.T, t, active ? 8 * r : 0, active, p.x_stride, p.staged, p.x_bytes);
   }
 }
 
@@ -383,6 +388,25 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   allow_next_kernel();
   wait_for_previous_kernel();
+  // What a writing lane (part 0, q even, a token below T) adds its rows' sums
+  // to: y itself when accumulating (the residual), and the bias. They are read
+  // here, once y is final, and for the next tile right after each write, so
+  // that no read waits at the end of a tile.
+  float prior[kMmas][2], bias[2];
+  auto read_addends = [&](int first_row) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = first_row + g + 8 * h;
+      bias[h] = p.bias && row < p.out && part == 0 ? p.bias[row] : 0.0f;
+#pragma unroll
+      for (int m = 0; m < kMmas; ++m) {
+        const int t = 2 * m + q / 2;
+        const bool writes = part == 0 && q % 2 == 0 && t < p.T && row < p.out;
+        prior[m][h] = p.accumulate && writes ? p.y[int64_t(t) * p.out + row] : 0.0f;
+      }
+    }
+  };
+  read_addends((int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows);
   for (int64_t b = int64_t(threadIdx.x) * 16; b < p.staged_bytes; b += int64_t(blockDim.x) * 16)
     copy_async_16(smem_address(smem + b), p.staged + b);
   copy_async_commit();
@@ -477,17 +501,15 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int t = 2 * m + q / 2;
         if (q % 2 || t >= p.T) continue;
         float* y = p.y + int64_t(t) * p.out;
-        auto write = [&](int row, float v) {
-          if (row < p.out) y[row] = (p.accumulate ? y[row] : 0.0f) + (v + (p.bias ? p.bias[row] : 0.0f));
-        };
-        write(row0 + g, top);
-        write(row0 + g + 8, bottom);
+        if (row0 + g < p.out) y[row0 + g] = prior[m][0] + (top + bias[0]);
+        if (row0 + g + 8 < p.out) y[row0 + g + 8] = prior[m][1] + (bottom + bias[1]);
       }
     }
 #pragma unroll
     for (int m = 0; m < kMmas; ++m) acc[m][0] = acc[m][1] = 0;
     stage = stage_begin;
     row0 += unit_rows;
+    if (part == 0) read_addends(row0);
   }
   copy_async_wait<0>();
 }
