@@ -51,8 +51,8 @@ cudaError_t launch_affine_matvec(const AffineArgs& w, const float* x, const floa
 // groups of 32 or 64). x's converted copy (3 T in bytes) goes to each block's
 // shared memory; where it does not fit, the row runs as up to 8 launches of
 // whole stages, each adding into y. `scratch` (16-byte aligned,
-// affine_matvec_mma_scratch_bytes: the whole row's copy, enough for any part)
-// holds that copy; two launches on one stream may share it.
+// affine_matvec_mma_scratch_bytes) holds that copy, one image per launch's
+// columns, all written by one first kernel; two calls on one stream may share it.
 bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T);
 int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T);
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,

@@ -35,7 +35,8 @@
 // kernel also forms the input, RMSNorm(h) w or silu(gate) up, and the matvec
 // adds its product into y. Where x is too long for a block's shared memory
 // with the rings (down_proj's 14336 columns from 4 tokens), the row is cut into
-// launches of whole stages, each adding its columns' product into y.
+// launches of whole stages, each adding its columns' product into y; the first
+// kernel converts the whole row once, into one image per launch.
 // Each warp streams its 16-row tiles' codes, at least 128 contiguous bytes of
 // each row a stage, with their scales and biases, through a ring of cp.async
 // stages in shared memory (several KB in flight per warp, none in registers);
@@ -204,15 +205,24 @@ __device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, 
   }
 }
 
+// One launch converts the whole row. A row cut into launches (x too long for
+// shared memory) has one image per launch's columns, part_bytes apart.
 struct Prepare {
   const float* x;  // [T, full]; kRmsNormed: h [T, full]; kSiluGated: gate_up [T, 2 full]
   const void* norm_w;
   float eps;
-  int full, col0;      // the row's length, and the first column this launch converts
-  int T, in, x_stride;  // in: the columns it converts
-  uint8_t* staged;
-  int64_t x_bytes;
+  int full;                // the row's length
+  int T, part, x_stride;   // part: the columns of one matvec launch (all of them unless the row is cut)
+  uint8_t* staged;         // the image of part k at staged + k part_bytes
+  int64_t x_bytes, part_bytes;
 };
+
+// Column e of the row: its part's image, and its column there.
+__device__ __forceinline__ uint8_t* part_image(const Prepare& p, int e, int& e_in_part) {
+  const int k = e / p.part;
+  e_in_part = e - k * p.part;
+  return p.staged + k * p.part_bytes;
+}
 
 // Eight values of the input at token t, columns e to e + 8: x (or h, which the
 // RMSNorm branch of the kernel below normalizes), or silu(gate) up as
@@ -220,7 +230,7 @@ struct Prepare {
 template <int kKind>
 __device__ __forceinline__ void load_input(const Prepare& p, int t, int e, bool active, float (&v)[8]) {
   using Kind = AffineMmaInput::Kind;
-  const float* row = p.x + int64_t(t) * p.full * (kKind == int(Kind::silu_gated) ? 2 : 1) + p.col0;
+  const float* row = p.x + int64_t(t) * p.full * (kKind == int(Kind::silu_gated) ? 2 : 1);
   const float4* src = reinterpret_cast<const float4*>(row + e);
   const float4 a = active ? __ldg(src) : make_float4(0, 0, 0, 0), b = active ? __ldg(src + 1) : a;
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
@@ -233,16 +243,16 @@ __device__ __forceinline__ void load_input(const Prepare& p, int t, int e, bool 
   }
 }
 
-// The input [T, in] into the staged image, a thread a run of 8 values. Plain x
-// and kSiluGated: runs of all tokens over blocks of 256 threads. kRmsNormed:
-// blocks (b, t) take token t's runs from 256 b, each first summing the squares
-// of the whole row (f32, in the same order in every block) for RMSNorm: one
-// block a token left the other SMs idle at one token.
+// The input [T, full] into the staged images, a thread a run of 8 values.
+// Plain x and kSiluGated: runs of all tokens over blocks of 256 threads.
+// kRmsNormed: blocks (b, t) take token t's runs from 256 b, each first summing
+// the squares of the whole row (f32, in the same order in every block) for
+// RMSNorm: one block a token left the other SMs idle at one token.
 template <int kBits, int kGroup, int kKind, typename N>
 __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
   allow_next_kernel();
   wait_for_previous_kernel();
-  const int runs = p.in / 8, lane = threadIdx.x % 32;
+  const int runs = p.full / 8, lane = threadIdx.x % 32;
   if constexpr (kKind != int(AffineMmaInput::Kind::rms_normed)) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;  // T * runs is a multiple of G / 8
     if (i - lane >= p.T * runs) return;                   // the whole warp is past the end
@@ -250,22 +260,25 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     const int t = active ? i / runs : 0, e = active ? 8 * (i - t * runs) : 0;
     float v[8];
     load_input<kKind>(p, t, e, active, v);
-    stage_values<kBits, kGroup>(v, p.T, t, e, active, p.x_stride, p.staged, p.x_bytes);
+    int e_in_part = 0;
+    uint8_t* staged = part_image(p, e, e_in_part);
+    stage_values<kBits, kGroup>(v, p.T, t, e_in_part, active, p.x_stride, staged, p.x_bytes);
   } else {
     const int t = blockIdx.y;
     // The thread's own run of h and its norm weights are read first, with the
     // loads of the sum of squares, so that none waits after the reduction.
     const int r = blockIdx.x * blockDim.x + threadIdx.x;  // runs is a multiple of G / 8
     const bool active = r < runs;
-    float v[8], w[8];
-    load_input<int(AffineMmaInput::Kind::plain)>(p, t, active ? 8 * r : 0, active, v);
-    const N* norm_w = static_cast<const N*>(p.norm_w) + p.col0 + (active ? 8 * r : 0);
+    const int e = active ? 8 * r : 0;
+    float v[8], weight[8];
+    load_input<int(AffineMmaInput::Kind::plain)>(p, t, e, active, v);
+    const N* norm_w = static_cast<const N*>(p.norm_w) + e;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) w[j] = active ? to_float(norm_w[j]) : 0.0f;
+    for (int j = 0; j < 8; ++j) weight[j] = active ? to_float(norm_w[j]) : 0.0f;
     const float4* row = reinterpret_cast<const float4*>(p.x + int64_t(t) * p.full);
     float sum = 0;
-    for (int r = threadIdx.x; r < p.full / 8; r += blockDim.x) {
-      const float4 a = row[2 * r], b = row[2 * r + 1];
+    for (int s = threadIdx.x; s < runs; s += blockDim.x) {
+      const float4 a = row[2 * s], b = row[2 * s + 1];
       sum += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
     }
     __shared__ float partial[32];
@@ -277,8 +290,10 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     const float inv = rsqrtf(total / float(p.full) + p.eps);
     if (r - lane >= runs) return;  // the whole warp is past the end
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = w[j] * (v[j] * inv);  // as load_input's RMSNorm
-    stage_values<kBits, kGroup>(v, p.T, t, active ? 8 * r : 0, active, p.x_stride, p.staged, p.x_bytes);
+    for (int j = 0; j < 8; ++j) v[j] = weight[j] * (v[j] * inv);  // RMSNorm(h) w, as rms_norm
+    int e_in_part = 0;
+    uint8_t* staged = part_image(p, e, e_in_part);
+    stage_values<kBits, kGroup>(v, p.T, t, e_in_part, active, p.x_stride, staged, p.x_bytes);
   }
 }
 
@@ -529,6 +544,10 @@ struct Variant {
   static Layout layout_for(int64_t in, int64_t T) {
     return layout(int(in), kGroup, int(T), Sh::kStageBytes, Sh::kStages);
   }
+  // One part's image in the scratch, rounded to whole 16-byte copies.
+  static int64_t part_image_bytes(int64_t part_in, int64_t T) {
+    return (layout_for(part_in, T).staged_bytes + 15) / 16 * 16;
+  }
   // The launches a row is cut into: the fewest, of whole stages each, whose x
   // fits in a block's shared memory with the rings (down_proj's 14336 columns
   // at 4-8 tokens take 2-3); 0 if none does.
@@ -544,6 +563,11 @@ struct Variant {
     constexpr uintptr_t kScaleCopy = Sh::kScaleRowBytes < 16 ? Sh::kScaleRowBytes : 16;
     return w.in % Sh::kStageValues == 0 && reinterpret_cast<uintptr_t>(w.scales) % kScaleCopy == 0 &&
            reinterpret_cast<uintptr_t>(w.biases) % kScaleCopy == 0 && parts_for(w, T) > 0;
+  }
+  // The scratch launch() needs: every part's image.
+  static int64_t scratch_bytes(const AffineArgs& w, int64_t T) {
+    const int parts = parts_for(w, T);
+    return parts > 0 ? parts * part_image_bytes(w.in / parts, T) : 0;
   }
   static int blocks_per_sm(int64_t smem) {
     static const cudaError_t raised =
@@ -577,7 +601,6 @@ struct Variant {
     Problem p{};
     p.row_bytes = w.in * kBits / 8;
     p.scale_stride = int(w.in / kGroup);
-    p.staged = static_cast<const uint8_t*>(scratch);
     p.x_stride = l.x_stride;
     p.x_bytes = l.x_bytes;
     p.staged_bytes = l.staged_bytes;
@@ -588,37 +611,39 @@ struct Variant {
     p.n_groups = int(in / kGroup);
     p.split = split;
     p.n_units = (n_tiles + kWarps / split - 1) / (kWarps / split);
-    Prepare prep{input.x, input.norm_w, input.eps, int(w.in), 0, int(T), int(in), l.x_stride,
-                 static_cast<uint8_t*>(scratch), l.x_bytes};
-    const dim3 runs_grid(unsigned(ceil_div(int(T * in / 8), 256)));  // a thread a run
-    const dim3 token_grid(unsigned(ceil_div(int(in / 8), 256)), unsigned(T));  // kRmsNormed
-    const int grid = int(std::min<int64_t>(p.n_units, slots));
+    // One launch converts the whole row into the parts' images; then each part's
+    // matvec adds its columns' product into y, the first with the bias (and
+    // setting y unless the caller accumulates).
+    const int64_t part_bytes = part_image_bytes(in, T);
+    const Prepare prep{input.x, input.norm_w, input.eps, int(w.in), int(T), int(in), l.x_stride,
+                       static_cast<uint8_t*>(scratch), l.x_bytes, part_bytes};
+    const dim3 runs_grid(unsigned(ceil_div(int(T * w.in / 8), 256)));          // a thread a run
+    const dim3 token_grid(unsigned(ceil_div(int(w.in / 8), 256)), unsigned(T));  // kRmsNormed
     using Kind = AffineMmaInput::Kind;
+    cudaError_t status = cudaSuccess;
+    if (input.kind == Kind::rms_normed) {
+      const cudaError_t visited = visit_float(input.norm_dtype, [&]<typename N>() {
+        status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::rms_normed), N>, token_grid,
+                               dim3(256), 0, stream, prep);
+      });
+      if (visited != cudaSuccess) return visited;
+    } else if (input.kind == Kind::silu_gated) {
+      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::silu_gated), float>, runs_grid,
+                             dim3(256), 0, stream, prep);
+    } else {
+      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::plain), float>, runs_grid, dim3(256),
+                             0, stream, prep);
+    }
+    if (status != cudaSuccess) return status;
+    const int grid = int(std::min<int64_t>(p.n_units, slots));
     for (int part = 0; part < parts; ++part) {
-      // Each launch adds its columns' product into y; the first adds the bias
-      // (and sets y unless the caller accumulates).
       const int64_t col0 = part * in;
       p.packed = reinterpret_cast<const uint8_t*>(w.packed) + col0 * kBits / 8;
       p.scales = static_cast<const S*>(w.scales) + col0 / kGroup;
       p.biases = static_cast<const S*>(w.biases) + col0 / kGroup;
+      p.staged = static_cast<const uint8_t*>(scratch) + part * part_bytes;
       p.bias = part == 0 ? bias : nullptr;
       p.accumulate = accumulate || part > 0;
-      prep.col0 = int(col0);
-      cudaError_t status = cudaSuccess;
-      if (input.kind == Kind::rms_normed) {
-        const cudaError_t visited = visit_float(input.norm_dtype, [&]<typename N>() {
-          status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::rms_normed), N>, token_grid,
-                                 dim3(256), 0, stream, prep);
-        });
-        if (visited != cudaSuccess) return visited;
-      } else if (input.kind == Kind::silu_gated) {
-        status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::silu_gated), float>, runs_grid,
-                               dim3(256), 0, stream, prep);
-      } else {
-        status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::plain), float>, runs_grid,
-                               dim3(256), 0, stream, prep);
-      }
-      if (status != cudaSuccess) return status;
       status = launch_kernel(kernel, dim3(grid), dim3(kWarps * 32), size_t(l.total), stream, p);
       if (status != cudaSuccess) return status;
     }
@@ -664,7 +689,10 @@ bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T) {
 }
 
 int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T) {
-  return layout(int(w.in), int(w.group_size), int(T), 0, 0).staged_bytes;
+  int64_t bytes = layout(int(w.in), int(w.group_size), int(T), 0, 0).staged_bytes;
+  if (shape_supported(w, T))
+    visit_variant(w, T, [&](auto variant) { bytes = std::max(bytes, decltype(variant)::scratch_bytes(w, T)); });
+  return bytes;
 }
 
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y,
