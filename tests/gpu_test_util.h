@@ -1,5 +1,6 @@
-// Helpers the GPU tests share: seeded random tensors, copies to the GPU, the
-// relative error they report ("[ gpu ]" lines) and assert on, and kernel timing.
+// Helpers the GPU tests share: seeded random tensors and MLX affine weights,
+// copies to the GPU, the relative error they report ("[ gpu ]" lines) and
+// assert on, and kernel timing.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,7 +14,9 @@
 #include <string>
 
 #include "core/device.h"
+#include "ops/cuda/affine_launchers.h"
 #include "ops/ops.h"
+#include "ops/weight.h"
 #include "test_util.h"
 
 namespace mere::test {
@@ -26,6 +29,24 @@ inline Tensor random(Shape shape, DType dt, uint64_t seed, float scale = 1.0f, f
 }
 
 inline Tensor gpu(const Tensor& t) { return t.to_device(Device::cuda); }
+
+// An MLX affine weight [out, in] (CPU) of random codes; scales near 1e-2 and
+// biases near -scale 2^(bits-1), so the weights centre on zero as a quantized
+// trained matrix's do.
+inline AffineWeight random_affine(int64_t out, int64_t in, int bits, int group, DType dt, uint64_t seed) {
+  Tensor packed = Tensor::empty({out, in * bits / 32}, DType::u32);
+  ops::fill_random_bytes(packed, seed, 0xff);
+  const float s0 = 1e-2f;
+  Tensor scales = random({out, in / group}, dt, seed + 1, 0.5f * s0, s0);
+  Tensor biases = random({out, in / group}, dt, seed + 2, s0, -s0 * float(1 << (bits - 1)));
+  return AffineWeight{packed, scales, biases, bits, group};
+}
+
+// The launchers' view of an affine weight of `in` columns (on the GPU).
+inline cuda::AffineArgs affine_args(const AffineWeight& a, int64_t in) {
+  return {static_cast<const uint32_t*>(a.packed.raw()), a.scales.raw(), a.biases.raw(), a.scales.dtype(), a.bits,
+          a.group_size, in, a.packed.dim(0)};
+}
 
 // max |got - want| / max |want|, printed with the case unless `print` is false; a
 // non-finite element of `got` is a failure and gives infinity.

@@ -25,25 +25,10 @@ namespace {
 using test::gpu;
 using test::random;
 using test::relative_error;
+using test::random_affine;
 using test::seconds_per_launch;
 
 cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
-
-// Random codes; scales near 1e-2 and biases near -scale 2^(bits-1), so the
-// weights centre on zero as a trained matrix's do.
-AffineWeight random_affine(int64_t out, int64_t in, int bits, int group, DType dt, uint64_t seed) {
-  Tensor packed = Tensor::empty({out, in * bits / 32}, DType::u32);
-  ops::fill_random_bytes(packed, seed, 0xff);
-  const float s0 = 1e-2f;
-  Tensor scales = random({out, in / group}, dt, seed + 1, 0.5f * s0, s0);
-  Tensor biases = random({out, in / group}, dt, seed + 2, s0, -s0 * float(1 << (bits - 1)));
-  return AffineWeight{packed, scales, biases, bits, group};
-}
-
-mere::cuda::AffineArgs args_of(const AffineWeight& a, int64_t in) {
-  return {static_cast<const uint32_t*>(a.packed.raw()), a.scales.raw(), a.biases.raw(), a.scales.dtype(), a.bits,
-          a.group_size, in, a.packed.dim(0)};
-}
 
 Tensor as_dtype(const Tensor& t, DType dt) {
   Tensor out = Tensor::empty(t.shape(), dt, t.device());
@@ -82,7 +67,7 @@ TEST_F(AffineGemm, MatchesTheProductOfTheDequantizedBf16Weights) {
         Tensor want = ops::linear(x, as_dtype(w.dequantize(DType::bf16), DType::f32), b);
         const Weight wd = w.to_device(Device::cuda);
         const AffineWeight& ad = wd.affine();
-        const mere::cuda::AffineArgs args = args_of(ad, c.in);
+        const mere::cuda::AffineArgs args = test::affine_args(ad, c.in);
         ASSERT_TRUE(mere::cuda::affine_gemm_supports(args, c.T));
         Tensor xd = gpu(x), bd = with_bias ? gpu(b) : Tensor();
         Tensor scratch = Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(args, c.T)}, DType::u8, Device::cuda);
@@ -106,15 +91,15 @@ TEST_F(AffineGemm, MatchesTheProductOfTheDequantizedBf16Weights) {
 // number of 64-value tiles, more row tiles than a grid holds.
 TEST_F(AffineGemm, RefusesShapesItCannotTake) {
   const Weight b = Weight(random_affine(128, 96, 4, 32, DType::bf16, 8), 96).to_device(Device::cuda);
-  EXPECT_FALSE(mere::cuda::affine_gemm_supports(args_of(b.affine(), 96), 64));  // not a whole number of tiles
+  EXPECT_FALSE(mere::cuda::affine_gemm_supports(test::affine_args(b.affine(), 96), 64));  // not a whole number of tiles
   Tensor x = Tensor::empty({64, 96}, DType::f32, Device::cuda), y = Tensor::empty({64, 128}, DType::f32, Device::cuda);
   Tensor scratch = Tensor::empty({64 * 96 * 2}, DType::u8, Device::cuda);
-  EXPECT_EQ(mere::cuda::launch_affine_gemm(args_of(b.affine(), 96), x.data<float>(), scratch.raw(), nullptr,
+  EXPECT_EQ(mere::cuda::launch_affine_gemm(test::affine_args(b.affine(), 96), x.data<float>(), scratch.raw(), nullptr,
                                            y.data<float>(), 64, stream()),
             cudaErrorInvalidValue);
   // More rows than the grid's 65535 row tiles (the query reads no weights).
   const Weight c = Weight(random_affine(128, 1024, 4, 64, DType::bf16, 9), 1024).to_device(Device::cuda);
-  mere::cuda::AffineArgs huge = args_of(c.affine(), 1024);
+  mere::cuda::AffineArgs huge = test::affine_args(c.affine(), 1024);
   EXPECT_TRUE(mere::cuda::affine_gemm_supports(huge, 64));
   huge.out = int64_t(65535) * 128 + 1;
   EXPECT_FALSE(mere::cuda::affine_gemm_supports(huge, 64));
@@ -133,7 +118,7 @@ TEST_F(AffineGemm, LeverTakesShortPrefillsOfLargeMatricesOnly) {
   for (const Case& c : cases) {
     const int64_t in = c.in, out = c.out, T = c.T;
     const Weight w = Weight(random_affine(out, in, 4, 64, DType::bf16, 11), in).to_device(Device::cuda);
-    const mere::cuda::AffineArgs args = args_of(w.affine(), in);
+    const mere::cuda::AffineArgs args = test::affine_args(w.affine(), in);
     Tensor x = gpu(random({T, in}, DType::f32, 12 + uint64_t(T)));
     ops::set_launch_settings({});
     Tensor off = ops::linear(x, w).to_device(Device::cpu);

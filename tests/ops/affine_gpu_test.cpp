@@ -25,32 +25,10 @@ namespace {
 using test::gpu;
 using test::random;
 using test::relative_error;
+using test::random_affine;
 using test::seconds_per_launch;
 
-
-uint32_t random_word(uint64_t seed, uint64_t i) {  // SplitMix64
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return uint32_t((z ^ (z >> 31)) >> 16);
-}
-
-// Random packed words; scales near 1e-2 and biases near -scale * 2^(bits-1),
-// so the weights are centred on zero as a quantized trained matrix's are.
-AffineWeight random_affine(int64_t out, int64_t in, int bits, int group, DType dt, uint64_t seed) {
-  Tensor packed = Tensor::empty({out, in * bits / 32}, DType::u32);
-  for (int64_t i = 0; i < packed.numel(); ++i) packed.data<uint32_t>()[i] = random_word(seed, uint64_t(i));
-  const float s0 = 1e-2f;
-  Tensor scales = random({out, in / group}, dt, seed + 1, 0.5f * s0, s0);
-  Tensor biases = random({out, in / group}, dt, seed + 2, s0, -s0 * float(1 << (bits - 1)));
-  return AffineWeight{packed, scales, biases, bits, group};
-}
-
-mere::cuda::AffineArgs args_of(const Weight& w) {
-  const AffineWeight& a = w.affine();
-  return {a.packed.data<uint32_t>(), a.scales.raw(), a.biases.raw(), a.scales.dtype(), a.bits, a.group_size,
-          w.cols(),  w.rows()};
-}
+mere::cuda::AffineArgs args_of(const Weight& w) { return test::affine_args(w.affine(), w.cols()); }
 
 // The matvec launched directly with a plan's hints (x staged or not, a forced split).
 Tensor launch_matvec(const Weight& w, const Tensor& x, const Tensor& bias, mere::cuda::AffineMatvecPlan hint) {
