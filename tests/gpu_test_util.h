@@ -21,6 +21,27 @@
 
 namespace mere::test {
 
+// A GPU test's fixture: it fails (never skips) where there is no GPU, so that a
+// GPU run cannot pass by running nothing.
+template <typename Base = ::testing::Test>
+class NeedsGpu : public Base {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  }
+};
+
+// The same, starting and ending at the default launch settings (for tests that
+// change them through ops::set_launch_settings).
+class NeedsGpuDefaultLaunch : public NeedsGpu<> {
+ protected:
+  void SetUp() override {
+    NeedsGpu::SetUp();
+    if (!HasFatalFailure()) ops::set_launch_settings({});
+  }
+  void TearDown() override { ops::set_launch_settings({}); }
+};
+
 // offset + scale * u, u uniform in [-1, 1), from a counter-based hash of the seed (CPU).
 inline Tensor random(Shape shape, DType dt, uint64_t seed, float scale = 1.0f, float offset = 0.0f) {
   Tensor t = Tensor::empty(std::move(shape), dt);

@@ -9,6 +9,7 @@
 #include "core/device.h"
 #include "engine/generate.h"
 #include "models/model.h"
+#include "gpu_test_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -115,11 +116,8 @@ void expect_stops_roll_back(const std::filesystem::path& dir, const std::vector<
               dir.filename().c_str(), first);
 }
 
-class DecodeLoopGpu : public ::testing::TestWithParam<std::string> {
+class DecodeLoopGpu : public test::NeedsGpu<::testing::TestWithParam<std::string>> {
  protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  }
   std::filesystem::path dir() const {
     return test::model_dir(GetParam());
   }

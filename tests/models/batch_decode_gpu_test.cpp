@@ -9,6 +9,7 @@
 
 #include "core/device.h"
 #include "models/batch_decode_util.h"
+#include "gpu_test_util.h"
 #include "test_util.h"
 
 namespace mere {
@@ -30,11 +31,8 @@ TEST(BatchDecodeGpu, SequencesGetTheirTokensAlone) {
   }
 }
 
-class BatchDecodeLoopGpu : public ::testing::TestWithParam<std::string> {
+class BatchDecodeLoopGpu : public test::NeedsGpu<::testing::TestWithParam<std::string>> {
  protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  }
   std::unique_ptr<Model> load() const {
     const auto dir =
         test::model_dir(GetParam());

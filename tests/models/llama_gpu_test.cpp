@@ -12,18 +12,14 @@
 #include "io/npy.h"
 #include "models/model.h"
 #include "models/shapes.h"
+#include "gpu_test_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mere {
 namespace {
 
-class LlamaGpu : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  }
-};
+class LlamaGpu : public test::NeedsGpu<::testing::TestWithParam<std::string>> {};
 
 TEST_P(LlamaGpu, LogitsMatchTransformersAndGreedyAgreesWithCpu) {
   auto dir = test::fixtures_dir() / GetParam();

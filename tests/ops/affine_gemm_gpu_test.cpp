@@ -36,14 +36,7 @@ Tensor as_dtype(const Tensor& t, DType dt) {
   return out;
 }
 
-class AffineGemm : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-    ops::set_launch_settings({});
-  }
-  void TearDown() override { ops::set_launch_settings({}); }
-};
+class AffineGemm : public test::NeedsGpuDefaultLaunch {};
 
 // Every bits / group / scale dtype, every token tile (32 to 256), one or
 // two splits of the k-tiles, token counts off the tiles and row counts off

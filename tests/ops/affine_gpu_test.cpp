@@ -39,14 +39,7 @@ Tensor launch_matvec(const Weight& w, const Tensor& x, const Tensor& bias, mere:
   return y;
 }
 
-class Affine : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-    ops::set_launch_settings({});
-  }
-  void TearDown() override { ops::set_launch_settings({}); }
-};
+class Affine : public test::NeedsGpuDefaultLaunch {};
 
 TEST_F(Affine, MatvecAndPrefillMatchTheDequantizedReference) {
   struct Shape2 { int64_t in, out; };

@@ -18,12 +18,7 @@ using test::random;
 using test::relative_error;
 
 
-class CudaOps : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  }
-};
+class CudaOps : public test::NeedsGpu<> {};
 
 TEST_F(CudaOps, RandomFillMatchesCpuBitForBit) {
   Tensor cpu = random({1000, 37}, DType::bf16, 5);

@@ -53,12 +53,7 @@ Inputs make_inputs(int64_t T, int64_t pos0, int64_t heads, int64_t kv_heads, int
   return in;
 }
 
-class FlashAttention : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  }
-};
+class FlashAttention : public test::NeedsGpu<> {};
 
 TEST_F(FlashAttention, MatchesCpuThroughBothOverloads) {
   struct Heads { int64_t heads, kv_heads; };

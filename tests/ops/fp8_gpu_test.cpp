@@ -87,13 +87,7 @@ Tensor round_activations_to_e4m3(const Tensor& x) {
   return r;
 }
 
-class Fp8Gpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-    ops::set_launch_settings({});
-  }
-};
+class Fp8Gpu : public test::NeedsGpuDefaultLaunch {};
 
 TEST_F(Fp8Gpu, LinearMatchesTheDequantizedReference) {
   ops::set_launch_settings({.fp8_activation_gemm = true});  // the FP8 GEMM where a shape allows it

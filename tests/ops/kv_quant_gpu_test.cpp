@@ -25,12 +25,7 @@ using test::gpu;
 using test::random;
 using test::relative_error;
 
-class KvQuantGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  }
-};
+class KvQuantGpu : public test::NeedsGpu<> {};
 
 // Rows with awkward groups: a constant group, an outlier, a tiny value.
 Tensor awkward_rows(int64_t T, int64_t heads, int64_t d, uint64_t seed) {

@@ -15,12 +15,7 @@ using test::gpu;
 using test::random;
 using test::relative_error;
 
-class MoeOpsGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  }
-};
+class MoeOpsGpu : public test::NeedsGpu<> {};
 
 void expect_same_choice(const ops::MoeChoice& got, const ops::MoeChoice& want, const char* label) {
   const Tensor ids = got.ids.to_device(Device::cpu);

@@ -22,12 +22,7 @@ using test::gpu;
 using test::random;
 using test::relative_error;
 
-class SplitAttentionGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  }
-};
+class SplitAttentionGpu : public test::NeedsGpu<> {};
 
 TEST_F(SplitAttentionGpu, RowsOffSixteenBytesMatchTheCpu) {
   cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());

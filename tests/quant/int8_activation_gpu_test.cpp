@@ -10,17 +10,13 @@
 #include "core/device.h"
 #include "io/npy.h"
 #include "models/model.h"
+#include "gpu_test_util.h"
 #include "test_util.h"
 
 namespace mere {
 namespace {
 
-class Int8ActivationFixture : public ::testing::TestWithParam<const char*> {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  }
-};
+class Int8ActivationFixture : public test::NeedsGpu<::testing::TestWithParam<const char*>> {};
 
 int64_t argmax(const Tensor& row) {
   int64_t best = 0;

@@ -13,18 +13,14 @@
 
 #include "core/device.h"
 #include "core/tensor.h"
+#include "gpu_test_util.h"
 #include "sampling/device_sampler.h"
 #include "sampling/sampler.h"
 
 namespace mere {
 namespace {
 
-class DeviceSamplerGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  }
-};
+class DeviceSamplerGpu : public test::NeedsGpu<> {};
 
 struct Mode {
   std::string name;

@@ -17,17 +17,15 @@
 #include "models/shapes.h"
 #include "ops/cuda/launchers.h"
 #include "state/kv_cache.h"
+#include "gpu_test_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mere {
 namespace {
 
-class KvCacheGpu : public ::testing::TestWithParam<std::string> {
+class KvCacheGpu : public test::NeedsGpu<::testing::TestWithParam<std::string>> {
  protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  }
   std::filesystem::path dir() const {
     return test::model_dir(GetParam());
   }

@@ -77,12 +77,7 @@ struct Shape3 {
   int64_t heads, kv_heads, head_dim;
 };
 
-class PagedKvGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  }
-};
+class PagedKvGpu : public test::NeedsGpu<> {};
 
 // One sequence of S positions in 40 scrambled blocks of a 64-block storage,
 // against a contiguous cache of the same 640 rows (so the graph form's split
