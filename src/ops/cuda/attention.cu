@@ -485,9 +485,28 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int64_t base = (int64_t(t) * n_heads + h) * n_splits;
   __shared__ float warp_part[kMergeThreads / 32];
   __shared__ float row_acc[kMergeThreads];
+  const int cols = min(kMergeThreads, (head_dim + 31) / 32 * 32), rows = kMergeThreads / cols;
+  const int row = threadIdx.x / cols, col = threadIdx.x % cols;
 
-  float m = -INFINITY;
-  for (int s = threadIdx.x; s < n_splits; s += kMergeThreads) m = fmaxf(m, part_m[base + s]);
+  // Loaded before anything is reduced, so that no read waits for a reduction:
+  // split threadIdx.x's max and sum, and the first kEarly of this thread's
+  // splits' maxima and outputs (column col). The sums below add the same terms
+  // in the same order as loading each where it is used.
+  const bool first = int(threadIdx.x) < n_splits;
+  const float first_m = first ? part_m[base + threadIdx.x] : -INFINITY;
+  const float first_l = first ? part_l[base + threadIdx.x] : 0.0f;
+  constexpr int kEarly = 16;
+  float early_m[kEarly], early_o[kEarly];
+#pragma unroll
+  for (int i = 0; i < kEarly; ++i) {
+    const int s = row + i * rows;
+    const bool ok = row < rows && col < head_dim && s < n_splits;
+    early_m[i] = ok ? part_m[base + s] : -INFINITY;
+    early_o[i] = ok ? part_o[(base + s) * head_dim + col] : 0.0f;
+  }
+
+  float m = fmaxf(-INFINITY, first_m);
+  for (int s = threadIdx.x + kMergeThreads; s < n_splits; s += kMergeThreads) m = fmaxf(m, part_m[base + s]);
   m = warp_max(m);
   if (lane == 0) warp_part[warp] = m;
   __syncthreads();
@@ -496,7 +515,8 @@ __global__ void __launch_bounds__(kMergeThreads)
   __syncthreads();
 
   float l = 0;
-  for (int s = threadIdx.x; s < n_splits; s += kMergeThreads)
+  if (first_m != -INFINITY) l += first_l * __expf(first_m - m);
+  for (int s = threadIdx.x + kMergeThreads; s < n_splits; s += kMergeThreads)
     if (part_m[base + s] != -INFINITY) l += part_l[base + s] * __expf(part_m[base + s] - m);
   l = warp_sum(l);
   if (lane == 0) warp_part[warp] = l;
@@ -504,14 +524,18 @@ __global__ void __launch_bounds__(kMergeThreads)
   l = 0;
   for (int w = 0; w < kMergeThreads / 32; ++w) l += warp_part[w];
 
-  const int cols = min(kMergeThreads, (head_dim + 31) / 32 * 32), rows = kMergeThreads / cols;
-  const int row = threadIdx.x / cols, col = threadIdx.x % cols;
-  for (int j0 = 0; j0 < head_dim; j0 += cols) {
+  for (int j0 = 0; j0 < head_dim; j0 += cols) {  // one pass: head_dim <= kMaxAttentionHeadDim = kMergeThreads
     const int j = j0 + col;
     float acc = 0;
     if (row < rows && j < head_dim) {
+      int s = row;
+      if (j0 == 0) {
+#pragma unroll
+        for (int i = 0; i < kEarly; ++i, s += rows)
+          if (early_m[i] != -INFINITY) acc += early_o[i] * __expf(early_m[i] - m);
+      }
 #pragma unroll 4
-      for (int s = row; s < n_splits; s += rows) {
+      for (; s < n_splits; s += rows) {
         const float ms = part_m[base + s];
         if (ms != -INFINITY) acc += part_o[(base + s) * head_dim + j] * __expf(ms - m);
       }
