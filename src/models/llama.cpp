@@ -200,10 +200,13 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* cons
     kk = kk.reshape({T, k.n_kv_heads, k.head_dim});
     v = v.reshape({T, k.n_kv_heads, k.head_dim});
     // Qwen3's per-head q/k RMSNorm (w.q_norm defined), RoPE, the cache write, attention.
+    // Folded, a split-K decode attention is merged on its way into o_proj.
+    ops::AttentionSplits splits;
     Tensor a = attend_cached(q, kk, v, w.attn.q_norm, w.attn.k_norm, k.norm_eps, k.rope, pos, states, l,
-                             info_.options.fuse_rope_store);  // [T, n_heads * head_dim]
+                             info_.options.fuse_rope_store, fold_norms ? &splits : nullptr);  // [T, n_heads * head_dim]
     if (fold_norms) {
-      ops::linear_add(h, a, w.attn.o, w.attn.o_bias);
+      a.defined() ? ops::linear_add(h, a, w.attn.o, w.attn.o_bias)
+                  : ops::attention_linear_add(h, splits, w.attn.o, w.attn.o_bias);
       w.mlp.add_normed(h, w.mlp_norm, k.norm_eps);
       continue;
     }

@@ -334,6 +334,43 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   return out;
 }
 
+bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
+                        const KvPages& pages, AttentionSplits& out) {
+  if (q.device() != Device::cuda) return false;
+  check_same_device("attention", q, start_pos);
+  MERE_CHECK(q.rank() == 3 && k.rank() == 3 && v.shape() == k.shape() && q.dim(2) == k.dim(2) &&
+                 q.dim(1) % k.dim(1) == 0 && q.dtype() == DType::f32,
+             "attention: q {} k {} v {} do not fit", shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
+  check_same_device("attention", q, k);
+  if (pages.paged()) return paged::attention_unmerged(q, k, v, start_pos, scale, pages, out);
+  return cuda::attention_unmerged(q, k, v, start_pos, scale, pages, out);
+}
+
+Tensor merge_attention(const AttentionSplits& splits) {
+  const Tensor& o = splits.out;
+  const bool fits = o.rank() == 4 && splits.max.shape() == Shape({o.dim(0), o.dim(1), o.dim(2)}) &&
+                    splits.sum.shape() == splits.max.shape();
+  MERE_CHECK(fits && o.dtype() == DType::f32 && o.device() == Device::cuda,
+             "merge_attention: splits of outputs {} and maxima {} do not fit (or are not on the GPU)",
+             shape_str(o.shape()), shape_str(splits.max.shape()));
+  Tensor out = Tensor::empty({o.dim(0), o.dim(1), o.dim(3)}, DType::f32, Device::cuda);
+  cuda::merge_attention(splits, out);
+  return out;
+}
+
+void attention_linear_add(Tensor& h, const AttentionSplits& splits, const Weight& w, const Tensor& bias) {
+  const Tensor& o = splits.out;
+  MERE_CHECK(o.rank() == 4 && h.rank() == 2 && h.dim(0) == o.dim(0) && h.dim(1) == w.rows() &&
+                 w.cols() == o.dim(1) * o.dim(3),
+             "attention_linear_add: {} += linear of attention splits {} by [{}, {}] does not fit",
+             shape_str(h.shape()), shape_str(o.shape()), w.rows(), w.cols());
+  if (h.device() == Device::cuda && h.dtype() == DType::f32 && w.kind() == Weight::Kind::affine &&
+      w.device() == Device::cuda && (!bias.defined() || bias.shape() == Shape{w.rows()}) &&
+      cuda::affine_attention_linear_add(h, splits, w.affine(), bias))
+    return;
+  linear_add(h, merge_attention(splits).reshape({o.dim(0), -1}), w, bias);
+}
+
 void store_rows(const Tensor& src, Tensor& dst, const Tensor& start_pos, const KvPages& pages) {
   MERE_CHECK(src.rank() >= 1 && dst.rank() == src.rank() && src.numel() / std::max<int64_t>(src.dim(0), 1) ==
                  dst.numel() / std::max<int64_t>(dst.dim(0), 1) && src.dtype() == DType::f32,
@@ -531,6 +568,15 @@ Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, cons
   Tensor out = Tensor::empty(q.shape(), DType::f32, q.device());
   cuda::attention(q, k, v, start_pos, scale, out);
   return out;
+}
+
+bool attention_unmerged(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos,
+                        float scale, const KvPages& pages, AttentionSplits& out) {
+  if (q.device() != Device::cuda) return false;
+  check_same_device("attention", q, start_pos);
+  check_affine_attention(q, k, v);
+  if (pages.paged()) return paged::attention_unmerged(q, k, v, start_pos, scale, pages, out);
+  return cuda::attention_unmerged(q, k, v, start_pos, scale, pages, out);
 }
 
 Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale) {

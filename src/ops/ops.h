@@ -205,6 +205,27 @@ Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int6
 Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale,
                  const KvPages& pages);
 
+// Split-K decode attention before its merge (CUDA): per split of the visible
+// keys, each head's running max and sum of exp(score - max) and its output not
+// yet divided by the sum. merge_attention gives what attention gives.
+struct AttentionSplits {
+  Tensor max, sum;  // f32 [T, n_heads, splits]
+  Tensor out;       // f32 [T, n_heads, splits, head_dim]
+};
+// The graph forms of attention (position on the device, dense or quantized
+// cache, paged or not) without the merge, where they run split-K on the GPU
+// (decode); false, with nothing run, where they do not (the CPU, a prefill).
+bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
+                        const KvPages& pages, AttentionSplits& out);
+bool attention_unmerged(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos,
+                        float scale, const KvPages& pages, AttentionSplits& out);
+// The splits merged: [T, n_heads, head_dim] f32.
+Tensor merge_attention(const AttentionSplits& splits);
+// h += linear(merge_attention(splits) as [T, n_heads * head_dim], w, bias). The
+// tensor-core affine matvec merges the splits as it forms its input, one kernel
+// fewer (lever fused_norm_matvec).
+void attention_linear_add(Tensor& h, const AttentionSplits& splits, const Weight& w, const Tensor& bias = Tensor());
+
 // Fills t (f32/f16/bf16, CPU or GPU) with offset + scale * u, u uniform in [-1, 1),
 // from a counter-based hash of (seed, index): the same values on every device.
 void fill_random(Tensor& t, uint64_t seed, float scale, float offset = 0.0f);

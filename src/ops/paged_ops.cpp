@@ -228,5 +228,17 @@ Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, cons
   return attend(q, k, v, start_pos, scale, pages, gather_affine);
 }
 
+bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
+                        const KvPages& pages, AttentionSplits& out) {
+  check_pages("attention", pages, q.dim(0), k.device());
+  return cuda::attention_unmerged(q, k, v, start_pos, scale, pages, out);
+}
+
+bool attention_unmerged(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos,
+                        float scale, const KvPages& pages, AttentionSplits& out) {
+  check_pages("attention", pages, q.dim(0), k.device());
+  return cuda::attention_unmerged(q, k, v, start_pos, scale, pages, out);
+}
+
 }  // namespace paged
 }  // namespace mere::ops

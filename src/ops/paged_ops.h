@@ -20,5 +20,9 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                  const KvPages& pages);
 Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale,
                  const KvPages& pages);
+bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
+                        const KvPages& pages, AttentionSplits& out);
+bool attention_unmerged(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos,
+                        float scale, const KvPages& pages, AttentionSplits& out);
 
 }  // namespace mere::ops::paged

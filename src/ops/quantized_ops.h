@@ -7,6 +7,8 @@
 
 namespace mere::ops {
 
+struct AttentionSplits;  // ops.h
+
 // out [T, w.rows()] = x [T, w.cols()] @ w^T (+ bias), w quantized; on x's device.
 void quantized_linear(const Tensor& x, const Weight& w, const Tensor& bias, Tensor& out);
 // out [T, w.cols()] = rows ids of w, dequantized.
@@ -28,6 +30,7 @@ bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, co
                             Tensor& out);
 bool affine_linear_add(Tensor& h, const Tensor& x, const AffineWeight& w, const Tensor& bias);
 bool affine_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const AffineWeight& w, const Tensor& bias);
+bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const AffineWeight& w, const Tensor& bias);
 bool affine_one_token_on_tensor_cores(const AffineWeight& w, int64_t in);  // under lever tensor_core_affine_matvec
 void fp8_embed(const Fp8Weight& w, const Tensor& ids, Tensor& out);                            // ops/cuda/fp8_ops.cpp
 }  // namespace cuda

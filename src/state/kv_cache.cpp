@@ -136,8 +136,23 @@ QuantizedRows& KvCache::quantized_values_for_write() {
   return qv_;
 }
 
+bool KvCache::attend_unmerged(const Tensor& q, const Tensor& pos, float scale, const ops::KvPages& pages,
+                              ops::AttentionSplits& out) const {
+  const int64_t T = q.dim(0);
+  if (device_ != Device::cuda) return false;
+  if (pages.paged()) {
+    if (!pages.per_sequence_rows() && T >= kPagedGatherMinTokens) return false;  // a prefill: gathered first
+    return quantized() ? ops::attention_unmerged(q, qk_, qv_, pos, scale, pages, out)
+                       : ops::attention_unmerged(q, k_, v_, pos, scale, pages, out);
+  }
+  if (quantized()) return T == 1 && ops::attention_unmerged(q, qk_, qv_, pos, scale, {}, out);
+  return ops::attention_unmerged(q, k_, v_, pos, scale, {}, out);
+}
+
 Tensor KvCache::attend(const Tensor& q, const Tensor& pos, int64_t length, float scale,
                        const ops::KvPages& pages) const {
+  ops::AttentionSplits splits;
+  if (attend_unmerged(q, pos, scale, pages, splits)) return ops::merge_attention(splits);
   const int64_t T = q.dim(0);
   if (pages.paged()) {
     const bool gather = !pages.per_sequence_rows() && T >= kPagedGatherMinTokens;

@@ -76,6 +76,11 @@ class KvCache {
   // sequence) read the rows through the tables; a prefill (kPagedGatherMinTokens
   // or more tokens of one sequence) gathers its visible rows first.
   Tensor attend(const Tensor& q, const Tensor& pos, int64_t length, float scale, const ops::KvPages& pages = {}) const;
+  // The same without the merge where attend runs split-K on the GPU (decode):
+  // the partials go to `out` (ops::attention_unmerged). False, with nothing
+  // run, elsewhere.
+  bool attend_unmerged(const Tensor& q, const Tensor& pos, float scale, const ops::KvPages& pages,
+                       ops::AttentionSplits& out) const;
   static constexpr int64_t kPagedGatherMinTokens = 16;
   // Key (or value) rows [begin, begin + n) as f32 [n, n_kv_heads, head_dim]
   // (CPU): copied, converted from bf16 or dequantized.

@@ -145,6 +145,12 @@ void SeqState::write_kv(int layer, const Tensor& pos, const Tensor& k, const Ten
   storage(layer).write(pos, k, v, pages());
 }
 
+bool SeqState::attend_unmerged(int layer, const Tensor& q, const Tensor& pos, float scale,
+                               ops::AttentionSplits& out) const {
+  if (!pool_) return layers_[size_t(layer)].attend_unmerged(q, pos, scale, {}, out);
+  return pool_->layer(layer).attend_unmerged(q, pos, scale, pages(), out);
+}
+
 Tensor SeqState::attend(int layer, const Tensor& q, const Tensor& pos, float scale) const {
   if (!pool_) return layers_[size_t(layer)].attend(q, pos, length_, scale);
   const int64_t bs = pool_->block_size(), n = length_ + q.dim(0);

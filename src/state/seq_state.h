@@ -96,6 +96,9 @@ class SeqState {
   // over the layer's cached rows (written already) -> [T, n_heads, head_dim].
   // `pos` equals length() on the host until advance().
   Tensor attend(int layer, const Tensor& q, const Tensor& pos, float scale) const;
+  // The same without the merge where it runs split-K on the GPU
+  // (KvCache::attend_unmerged); false, with nothing run, elsewhere.
+  bool attend_unmerged(int layer, const Tensor& q, const Tensor& pos, float scale, ops::AttentionSplits& out) const;
   // The layer's storage (the pool's for a paged state), for fused kernels that
   // write rows themselves at the positions pages() maps.
   KvCache& storage(int layer) { return pool_ ? pool_->layer(layer) : layers_[size_t(layer)]; }

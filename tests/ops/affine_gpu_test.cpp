@@ -255,6 +255,67 @@ TEST_F(Affine, TensorCoreMatvecFormsItsInputAndAddsIntoTheResidual) {
   }
 }
 
+// o_proj's fused input (lever fused_norm_matvec): split-K attention's partials,
+// merged by the matvec's prepare kernel, against the merge done on the CPU in
+// double, then the dequantized product. Some splits are empty (max -inf, the
+// outputs never written), as the last splits of a short context are.
+TEST_F(Affine, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
+  struct Case { int64_t T, heads, splits, head_dim, out; int bits, group; };
+  for (const Case& c : {Case{1, 32, 33, 128, 4096, 4, 64}, Case{3, 8, 5, 64, 200, 8, 32},
+                        Case{8, 4, 1, 128, 96, 4, 128}, Case{2, 16, 64, 64, 130, 8, 64}}) {
+    const int64_t in = c.heads * c.head_dim;
+    const std::string label = fmt::format("int{} g{} T={} {} heads x {} splits x {}", c.bits, c.group, c.T, c.heads,
+                                          c.splits, c.head_dim);
+    Weight w(random_affine(c.out, in, c.bits, c.group, DType::bf16, uint64_t(c.T * 5 + c.splits)), in);
+    const Weight wg = w.to_device(Device::cuda);
+    ops::AttentionSplits cpu{random({c.T, c.heads, c.splits}, DType::f32, 21, 4.0f),
+                             random({c.T, c.heads, c.splits}, DType::f32, 22, 20.0f, 30.0f),
+                             random({c.T, c.heads, c.splits, c.head_dim}, DType::f32, 23, 10.0f)};
+    // Every third split of a row after its first is empty.
+    for (int64_t r = 0; r < c.T * c.heads; ++r)
+      for (int64_t s = 1; s < c.splits; s += 3) cpu.max.data<float>()[r * c.splits + s] = -INFINITY;
+    Tensor merged = Tensor::empty({c.T, in}, DType::f32);
+    for (int64_t r = 0; r < c.T * c.heads; ++r) {
+      const float* m = cpu.max.data<float>() + r * c.splits;
+      const float* l = cpu.sum.data<float>() + r * c.splits;
+      const float* o = cpu.out.data<float>() + r * c.splits * c.head_dim;
+      const double top = *std::max_element(m, m + c.splits);
+      for (int64_t d = 0; d < c.head_dim; ++d) {
+        double num = 0, den = 0;
+        for (int64_t s = 0; s < c.splits; ++s) {
+          if (m[s] == -INFINITY) continue;
+          num += double(o[s * c.head_dim + d]) * std::exp(double(m[s]) - top);
+          den += double(l[s]) * std::exp(double(m[s]) - top);
+        }
+        merged.data<float>()[r * c.head_dim + d] = float(num / den);
+      }
+    }
+    const ops::AttentionSplits splits{gpu(cpu.max), gpu(cpu.sum), gpu(cpu.out)};
+    const Tensor residual = random({c.T, c.out}, DType::f32, 24), bias = random({c.out}, DType::f32, 25, 0.1f);
+    Tensor want = residual.clone();
+    ops::add_inplace(want, ops::linear(merged, w.dequantize(DType::f32), bias));
+
+    EXPECT_LE(relative_error(ops::merge_attention(splits).to_device(Device::cpu).reshape({c.T, in}), merged,
+                             label + " merge_attention"),
+              1e-6f);
+    ops::set_launch_settings({.tensor_core_affine_matvec = true});
+    Tensor fused = gpu(residual);
+    EXPECT_TRUE(ops::cuda::affine_attention_linear_add(fused, splits, wg.affine(), gpu(bias))) << label;
+    EXPECT_LE(relative_error(fused.to_device(Device::cpu), want, label + " fused"), 1e-5f);
+    Tensor via_ops = gpu(residual);
+    ops::attention_linear_add(via_ops, splits, wg, gpu(bias));
+    EXPECT_EQ(std::memcmp(via_ops.to_device(Device::cpu).raw(), fused.to_device(Device::cpu).raw(), fused.size_bytes()),
+              0)
+        << label;
+    ops::set_launch_settings({});
+    // Without the lever the fused form declines; the op merges, then multiplies.
+    Tensor declined = gpu(residual);
+    EXPECT_FALSE(ops::cuda::affine_attention_linear_add(declined, splits, wg.affine(), gpu(bias))) << label;
+    ops::attention_linear_add(declined, splits, wg, gpu(bias));
+    EXPECT_LE(relative_error(declined.to_device(Device::cpu), want, label + " merged, then multiplied"), 1e-5f);
+  }
+}
+
 // x far outside f16's range, in both directions and in one row: each group of
 // each token is scaled by its own power of two before it is rounded to digits,
 // so huge values do not overflow and tiny ones keep their digits; a NaN gives

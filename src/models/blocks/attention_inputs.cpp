@@ -60,7 +60,7 @@ void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
 
 Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                      float eps, const ops::RopeTable& rope, const Tensor& pos, std::span<SeqState* const> states,
-                     int layer, bool fused_rope_store) {
+                     int layer, bool fused_rope_store, ops::AttentionSplits* unmerged) {
   const int64_t T = q.shape()[0];
   const float scale = 1.0f / std::sqrt(float(q.shape()[2]));
   if (states.size() > 1) {  // one token per sequence, each against its own cache
@@ -70,6 +70,7 @@ Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q
       for (SeqState* s : states) pages.tables.push_back(s->pages().tables.front());
       KvCache& cache = states.front()->storage(layer);
       rotate_and_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache, pages, fused_rope_store);
+      if (unmerged && cache.attend_unmerged(q, pos, scale, pages, *unmerged)) return Tensor();
       return cache.attend(q, pos, states.front()->length(), scale, pages).reshape({T, -1});
     }
     Tensor out = Tensor::empty({T, q.dim(1) * q.dim(2)}, DType::f32, q.device());
@@ -83,6 +84,7 @@ Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q
   }
   SeqState& state = *states.front();
   rotate_and_cache(q, k, v, q_norm, k_norm, eps, rope, pos, state, layer, fused_rope_store);
+  if (unmerged && state.attend_unmerged(layer, q, pos, scale, *unmerged)) return Tensor();
   Tensor a = state.attend(layer, q, pos, scale);  // [T, n_heads, head_dim]
   return a.reshape({T, -1});
 }

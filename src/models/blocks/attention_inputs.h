@@ -28,9 +28,13 @@ void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
 // states[b], every sequence at position *pos; each attends to its own cache.
 // States paged on one pool take one K/V write and one attention launch for the
 // whole batch (each sequence through its own block table); others, one per sequence.
+//
+// With `unmerged` set, a split-K attention on the GPU (decode) leaves its
+// partials there unmerged and returns an undefined tensor, for a caller that
+// merges them on the way into o_proj (ops::attention_linear_add).
 Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                      float eps, const ops::RopeTable& rope, const Tensor& pos, std::span<SeqState* const> states,
-                     int layer, bool fused_rope_store);
+                     int layer, bool fused_rope_store, ops::AttentionSplits* unmerged = nullptr);
 
 // The rows of the final hidden state whose logits a step returns: one per
 // sequence for a batch, else the last token's, or every token's with all_logits.

@@ -59,15 +59,22 @@ cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const 
                                      void* scratch, cudaStream_t stream);
 
 // The same with the input formed on the way in (lever fused_norm_matvec):
-// RMSNorm(h) norm_w, or silu(gate) up from gate_up [T, 2 in] (as
-// silu_mul_halves); accumulate adds the product into y (the residual).
+// RMSNorm(h) norm_w, silu(gate) up from gate_up [T, 2 in] (as
+// silu_mul_halves), or split-K attention's partials merged (as
+// launch_attention_merge; in = heads * head_dim, head_dim a multiple of 8);
+// accumulate adds the product into y (the residual).
 struct AffineMmaInput {
-  enum class Kind { plain, rms_normed, silu_gated };
+  enum class Kind { plain, rms_normed, silu_gated, attention_splits };
   Kind kind = Kind::plain;
-  const float* x = nullptr;  // [T, in]; rms_normed: h [T, in]; silu_gated: gate_up [T, 2 in]
+  // [T, in]; rms_normed: h [T, in]; silu_gated: gate_up [T, 2 in];
+  // attention_splits: the partial outputs [T, heads, splits, head_dim]
+  const float* x = nullptr;
   const void* norm_w = nullptr;
   DType norm_dtype = DType::f32;
   float eps = 0;
+  const float* split_max = nullptr;  // attention_splits: [T, heads, splits]
+  const float* split_sum = nullptr;
+  int splits = 0, head_dim = 0;
 };
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y,
                                      int64_t T, void* scratch, cudaStream_t stream, bool accumulate);

@@ -32,8 +32,8 @@
 // matvec block copies it with cp.async (converting it in every block cost more
 // than the weights of a small matrix at 8 tokens, and lost 8% of a Llama-3-8B
 // decode at one). For the fused decode forms (lever fused_norm_matvec) that
-// kernel also forms the input, RMSNorm(h) w or silu(gate) up, and the matvec
-// adds its product into y. Where x is too long for a block's shared memory
+// kernel also forms the input, RMSNorm(h) w, silu(gate) up or attention's
+// split-K partials merged, and the matvec adds its product into y. Where x is too long for a block's shared memory
 // with the rings (down_proj's 14336 columns from 4 tokens), the row is cut into
 // launches of whole stages, each adding its columns' product into y; the first
 // kernel converts the whole row once, into one image per launch.
@@ -208,13 +208,17 @@ __device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, 
 // One launch converts the whole row. A row cut into launches (x too long for
 // shared memory) has one image per launch's columns, part_bytes apart.
 struct Prepare {
-  const float* x;  // [T, full]; kRmsNormed: h [T, full]; kSiluGated: gate_up [T, 2 full]
+  // [T, full]; kRmsNormed: h [T, full]; kSiluGated: gate_up [T, 2 full];
+  // kAttentionSplits: the partial outputs [T, heads, splits, head_dim]
+  const float* x;
   const void* norm_w;
   float eps;
   int full;                // the row's length
   int T, part, x_stride;   // part: the columns of one matvec launch (all of them unless the row is cut)
   uint8_t* staged;         // the image of part k at staged + k part_bytes
   int64_t x_bytes, part_bytes;
+  const float *split_max, *split_sum;  // kAttentionSplits: [T, heads, splits]
+  int splits, head_dim;
 };
 
 // Column e of the row: its part's image, and its column there.
@@ -295,6 +299,76 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     uint8_t* staged = part_image(p, e, e_in_part);
     stage_values<kBits, kGroup>(v, p.T, t, e_in_part, active, p.x_stride, staged, p.x_bytes);
   }
+}
+
+// Attention's split-K partials merged into o_proj's input (kAttentionSplits),
+// as attention_merge_kernel merges them: a block takes 32 runs of 8 columns
+// (each within one head) and one warp per 8 splits, warp w of W the splits w,
+// w + W, ... of all 32 runs, a lane a run, with every load issued at once. The
+// warps' maxima, sums and outputs then meet in warp order, and warp 0 stages
+// the merged runs.
+constexpr int kSplitsPerWarp = 8;
+constexpr int kMaxSplitWarps = kMaxAttentionSplits / kSplitsPerWarp;
+
+template <int kBits, int kGroup>
+__global__ void __launch_bounds__(kMaxSplitWarps * 32)
+    affine_mma_prepare_splits_kernel(const __grid_constant__ Prepare p) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, runs = p.full / 8;
+  const int i = blockIdx.x * 32 + lane;  // the lane's run; T * runs is a multiple of G / 8
+  const bool active = i < p.T * runs;
+  const int t = active ? i / runs : 0, e = active ? 8 * (i - t * runs) : 0;
+  const int head = e / p.head_dim, d = e - head * p.head_dim;
+  const int64_t base = (int64_t(t) * (p.full / p.head_dim) + head) * p.splits;
+
+  float ms[kSplitsPerWarp], ls[kSplitsPerWarp], os[kSplitsPerWarp][8];
+#pragma unroll
+  for (int k = 0; k < kSplitsPerWarp; ++k) {
+    const int s = warp + k * warps;
+    const bool used = active && s < p.splits;
+    ms[k] = used ? __ldg(p.split_max + base + s) : -INFINITY;
+    ls[k] = used ? __ldg(p.split_sum + base + s) : 0.0f;
+    const float4* o = reinterpret_cast<const float4*>(p.x + (base + s) * p.head_dim + d);
+    const float4 a = used ? __ldg(o) : make_float4(0, 0, 0, 0), b = used ? __ldg(o + 1) : a;
+    os[k][0] = a.x, os[k][1] = a.y, os[k][2] = a.z, os[k][3] = a.w;
+    os[k][4] = b.x, os[k][5] = b.y, os[k][6] = b.z, os[k][7] = b.w;
+  }
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kSplitsPerWarp; ++k) m = fmaxf(m, ms[k]);
+  float l = 0, acc[8] = {};
+#pragma unroll
+  for (int k = 0; k < kSplitsPerWarp; ++k) {
+    if (ms[k] == -INFINITY) continue;  // an empty split (its outputs unwritten), or none
+    const float w = __expf(ms[k] - m);
+    l += ls[k] * w;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] += os[k][j] * w;
+  }
+  __shared__ float shared[kMaxSplitWarps][10][32];  // per warp: max, sum, 8 outputs; lanes innermost
+  shared[warp][0][lane] = m;
+  shared[warp][1][lane] = l;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) shared[warp][2 + j][lane] = acc[j];
+  __syncthreads();
+  if (warp != 0) return;
+  float top = -INFINITY;
+  for (int w = 0; w < warps; ++w) top = fmaxf(top, shared[w][0][lane]);
+  float sum = 0, v[8] = {};
+  for (int w = 0; w < warps; ++w) {
+    const float mw = shared[w][0][lane];
+    if (mw == -INFINITY) continue;
+    const float scale = __expf(mw - top);
+    sum += shared[w][1][lane] * scale;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] += shared[w][2 + j][lane] * scale;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = active ? v[j] / sum : 0.0f;
+  int e_in_part = 0;
+  uint8_t* staged = part_image(p, e, e_in_part);
+  stage_values<kBits, kGroup>(v, p.T, t, e_in_part, active, p.x_stride, staged, p.x_bytes);
 }
 
 template <int kWords>
@@ -615,8 +689,9 @@ struct Variant {
     // matvec adds its columns' product into y, the first with the bias (and
     // setting y unless the caller accumulates).
     const int64_t part_bytes = part_image_bytes(in, T);
-    const Prepare prep{input.x, input.norm_w, input.eps, int(w.in), int(T), int(in), l.x_stride,
-                       static_cast<uint8_t*>(scratch), l.x_bytes, part_bytes};
+    const Prepare prep{input.x,     input.norm_w,     input.eps,    int(w.in),      int(T),
+                       int(in),     l.x_stride,       static_cast<uint8_t*>(scratch), l.x_bytes,
+                       part_bytes,  input.split_max,  input.split_sum, input.splits, input.head_dim};
     const dim3 runs_grid(unsigned(ceil_div(int(T * w.in / 8), 256)));          // a thread a run
     const dim3 token_grid(unsigned(ceil_div(int(w.in / 8), 256)), unsigned(T));  // kRmsNormed
     using Kind = AffineMmaInput::Kind;
@@ -627,6 +702,10 @@ struct Variant {
                                dim3(256), 0, stream, prep);
       });
       if (visited != cudaSuccess) return visited;
+    } else if (input.kind == Kind::attention_splits) {
+      status = launch_kernel(affine_mma_prepare_splits_kernel<kBits, kGroup>,
+                             dim3(unsigned(ceil_div(int(T * w.in / 8), 32))),
+                             dim3(unsigned(32 * ceil_div(input.splits, kSplitsPerWarp))), 0, stream, prep);
     } else if (input.kind == Kind::silu_gated) {
       status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::silu_gated), float>, runs_grid,
                              dim3(256), 0, stream, prep);
@@ -700,6 +779,10 @@ cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& 
   if (!shape_supported(w, T) || reinterpret_cast<uintptr_t>(input.x) % 16 || reinterpret_cast<uintptr_t>(scratch) % 16)
     return cudaErrorInvalidValue;
   if (input.kind == AffineMmaInput::Kind::rms_normed && !input.norm_w) return cudaErrorInvalidValue;
+  if (input.kind == AffineMmaInput::Kind::attention_splits &&
+      (!input.split_max || !input.split_sum || input.splits < 1 || input.splits > kMaxAttentionSplits ||
+       input.head_dim < 8 || input.head_dim % 8 || w.in % input.head_dim))
+    return cudaErrorInvalidValue;
   cudaError_t status = cudaSuccess;
   const cudaError_t dispatch = visit_variant(w, T, [&](auto variant) {
     status = decltype(variant)::launch(w, input, bias, y, T, scratch, accumulate, stream);

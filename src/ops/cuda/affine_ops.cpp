@@ -116,6 +116,16 @@ bool affine_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const AffineWeig
                             h.data<float>(), true);
 }
 
+bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const AffineWeight& w, const Tensor& bias) {
+  const Tensor& o = splits.out;  // [T, heads, splits, head_dim]
+  if (o.dim(3) % 8 != 0) return false;  // the prepare kernel merges runs of 8 columns of one head
+  const AffineMmaInput input{.kind = AffineMmaInput::Kind::attention_splits, .x = o.data<float>(),
+                             .split_max = splits.max.data<float>(), .split_sum = splits.sum.data<float>(),
+                             .splits = int(o.dim(2)), .head_dim = int(o.dim(3))};
+  return tensor_core_linear(affine_args(w, o.dim(1) * o.dim(3), "attention_linear_add"), o.dim(0), input, bias,
+                            h.data<float>(), true);
+}
+
 void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out) {
   MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
              dtype_name(bias.dtype()));
@@ -160,6 +170,7 @@ bool affine_rms_norm_linear(const Tensor&, const Tensor&, float, const AffineWei
 }
 bool affine_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
 bool affine_swiglu_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
+bool affine_attention_linear_add(Tensor&, const AttentionSplits&, const AffineWeight&, const Tensor&) { return false; }
 bool affine_one_token_on_tensor_cores(const AffineWeight&, int64_t) { return false; }
 
 }  // namespace mere::ops::cuda

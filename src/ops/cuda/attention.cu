@@ -585,7 +585,7 @@ void launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k, const
 // decoded 8-11% faster than 64 of 128 (H200, 2026-11-30).
 int attention_splits(int64_t n_keys, int64_t kv_heads) {
   const int64_t two_per_sm = std::max<int64_t>(1, 2 * sm_count() / std::max<int64_t>(1, kv_heads));
-  return int(std::min<int64_t>({ceil_div(std::max<int64_t>(n_keys, 1), kMinKeysPerSplit), two_per_sm, 64}));
+  return int(std::min<int64_t>({ceil_div(std::max<int64_t>(n_keys, 1), kMinKeysPerSplit), two_per_sm, int64_t(kMaxAttentionSplits)}));
 }
 
 cudaError_t launch_attention(const float* q, const void* k, const void* v, DType kv_dtype, float* part_m,
@@ -610,9 +610,13 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
     else go.template operator()<256>();
   });
   if (err != cudaSuccess) return err;
-  launch_kernel(attention_merge_kernel, dim3(n_heads, T), kMergeThreads, 0, stream, part_m, part_l, part_o, out, n_heads,
-                                                                         head_dim, n_splits);
-  return cudaGetLastError();
+  return out ? launch_attention_merge(part_m, part_l, part_o, out, T, n_heads, head_dim, n_splits, stream) : err;
+}
+
+cudaError_t launch_attention_merge(const float* part_m, const float* part_l, const float* part_o, float* out, int T,
+                                   int n_heads, int head_dim, int n_splits, cudaStream_t stream) {
+  return launch_kernel(attention_merge_kernel, dim3(n_heads, T), kMergeThreads, 0, stream, part_m, part_l, part_o,
+                       out, n_heads, head_dim, n_splits);
 }
 
 bool attention_affine_supports(int head_dim) {
@@ -635,8 +639,7 @@ cudaError_t launch_attention_affine(const float* q, const AffineKv& kv, float* p
     err = launch_attention_affine_mma(q, kv, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim, pos_dev, pos0,
                                       n_splits, scale, tables, stream);
     if (err == cudaSuccess)
-      return launch_kernel(attention_merge_kernel, dim3(n_heads, T), kMergeThreads, 0, stream, part_m, part_l, part_o,
-                           out, n_heads, head_dim, n_splits);
+      return out ? launch_attention_merge(part_m, part_l, part_o, out, T, n_heads, head_dim, n_splits, stream) : err;
     if (err != cudaErrorInvalidValue) return err;  // else rows off its alignment: the CUDA-core kernel below
   }
   const AffineGroups groups{static_cast<const uint16_t*>(kv.k_scales), static_cast<const uint16_t*>(kv.k_biases),
@@ -658,9 +661,7 @@ cudaError_t launch_attention_affine(const float* q, const AffineKv& kv, float* p
   else go_bits.template operator()<4>();
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  launch_kernel(attention_merge_kernel, dim3(n_heads, T), kMergeThreads, 0, stream, part_m, part_l, part_o, out,
-                n_heads, head_dim, n_splits);
-  return cudaGetLastError();
+  return out ? launch_attention_merge(part_m, part_l, part_o, out, T, n_heads, head_dim, n_splits, stream) : err;
 }
 
 }  // namespace mere::cuda

@@ -326,40 +326,64 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, 
                              pos0, splits, scale, KvTables{}, stream()));
 }
 
+namespace {
+
+AttentionSplits empty_splits(int64_t T, int64_t n_heads, int splits, int64_t head_dim) {
+  return {Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda),
+          Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda),
+          Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda)};
+}
+
+// The split-K graph form over a dense cache (contiguous or through the tables):
+// its partials into s, merged into out unless out is null.
+void split_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
+                     const KvPages& pages, const AttentionSplits& s, float* out) {
+  const int n_heads = int(q.dim(1)), head_dim = int(q.dim(2)), splits = int(s.max.dim(2));
+  for_each_launch(pages, q.dim(0), [&](int64_t b, int64_t e, const KvTables& tables) {
+    MERE_CUDA(launch_attention(q.slice_rows(b, e).data<float>(), k.raw(), v.raw(), k.dtype(),
+                               s.max.slice_rows(b, e).data<float>(), s.sum.slice_rows(b, e).data<float>(),
+                               s.out.slice_rows(b, e).data<float>(), out ? out + b * n_heads * head_dim : nullptr,
+                               int(e - b), n_heads, int(k.dim(1)), head_dim, start_pos.data<int32_t>(), 0, splits,
+                               scale, tables, stream()));
+  });
+}
+
+void check_head_dim(int64_t head_dim) {
+  MERE_CHECK(head_dim <= kMaxAttentionHeadDim, "attention (CUDA): head_dim {} exceeds {}", head_dim,
+             kMaxAttentionHeadDim);
+}
+
+}  // namespace
+
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale, Tensor& out,
                const KvPages& pages) {
   const int T = int(q.dim(0)), n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
-  MERE_CHECK(head_dim <= kMaxAttentionHeadDim, "attention (CUDA): head_dim {} exceeds {}", head_dim,
-             kMaxAttentionHeadDim);
-  if (pages.paged()) {  // split-K through the tables (a prefill gathers first: ops/paged_ops.cpp)
-    const int splits = graph_splits(k.dim(0), pages, k.dim(1));
-    for_each_launch(pages, T, [&](int64_t b, int64_t e, const KvTables& tables) {
-      const int rows = int(e - b);
-      Tensor part_m = Tensor::empty({rows, n_heads, splits}, DType::f32, Device::cuda);
-      Tensor part_l = Tensor::empty({rows, n_heads, splits}, DType::f32, Device::cuda);
-      Tensor part_o = Tensor::empty({rows, n_heads, splits, head_dim}, DType::f32, Device::cuda);
-      Tensor out_b = out.slice_rows(b, e);
-      MERE_CUDA(launch_attention(q.slice_rows(b, e).data<float>(), k.raw(), v.raw(), k.dtype(), part_m.data<float>(),
-                                 part_l.data<float>(), part_o.data<float>(), out_b.data<float>(), rows, n_heads,
-                                 int(k.dim(1)), head_dim, start_pos.data<int32_t>(), 0, splits, scale, tables,
-                                 stream()));
-    });
-    return;
-  }
-  if (flash_attention_applies(q, k, v)) {
+  check_head_dim(head_dim);
+  // Paged: split-K through the tables (a prefill gathers first: ops/paged_ops.cpp).
+  if (!pages.paged() && flash_attention_applies(q, k, v)) {
     MERE_CUDA(launch_flash_attention(q.data<float>(), k.raw(), v.raw(), out.data<float>(), T, n_heads, int(k.dim(1)),
                                      head_dim, start_pos.data<int32_t>(), 0, scale, stream()));
     return;
   }
   // The split count is fixed at capture: enough shares of the whole cache to keep
   // every SM busy at long contexts, at most 64 so short ones waste few blocks.
-  const int splits = graph_splits(k.dim(0), pages, k.dim(1));
-  Tensor part_m = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
-  Tensor part_l = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
-  Tensor part_o = Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda);
-  MERE_CUDA(launch_attention(q.data<float>(), k.raw(), v.raw(), k.dtype(), part_m.data<float>(), part_l.data<float>(),
-                             part_o.data<float>(), out.data<float>(), T, n_heads, int(k.dim(1)), head_dim,
-                             start_pos.data<int32_t>(), 0, splits, scale, KvTables{}, stream()));
+  const AttentionSplits s = empty_splits(T, n_heads, graph_splits(k.dim(0), pages, k.dim(1)), head_dim);
+  split_attention(q, k, v, start_pos, scale, pages, s, out.data<float>());
+}
+
+bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
+                        const KvPages& pages, AttentionSplits& out) {
+  check_head_dim(q.dim(2));
+  if (!pages.paged() && flash_attention_applies(q, k, v)) return false;
+  out = empty_splits(q.dim(0), q.dim(1), graph_splits(k.dim(0), pages, k.dim(1)), q.dim(2));
+  split_attention(q, k, v, start_pos, scale, pages, out, nullptr);
+  return true;
+}
+
+void merge_attention(const AttentionSplits& s, Tensor& out) {
+  MERE_CUDA(launch_attention_merge(s.max.data<float>(), s.sum.data<float>(), s.out.data<float>(), out.data<float>(),
+                                   int(s.out.dim(0)), int(s.out.dim(1)), int(s.out.dim(3)), int(s.out.dim(2)),
+                                   stream()));
 }
 
 static_assert(mere::cuda::kKvQuantGroup == ops::kKvQuantGroup);
@@ -370,20 +394,19 @@ AffineKv affine_kv(const AffineRows& k, const AffineRows& v) {
   return {k.codes.raw(), v.codes.raw(), k.scales.raw(), k.biases.raw(), v.scales.raw(), v.biases.raw(), k.bits};
 }
 
+// Split-K over a quantized cache: the partials into s, merged into out unless
+// out is null.
 void attention_affine(const Tensor& q, const AffineRows& k, const AffineRows& v, const int32_t* pos_dev,
-                      int64_t pos0, int splits, float scale, Tensor& out, const KvPages& pages = {}) {
-  const int n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
+                      int64_t pos0, float scale, const AttentionSplits& s, float* out, const KvPages& pages = {}) {
+  const int n_heads = int(q.dim(1)), head_dim = int(q.dim(2)), splits = int(s.max.dim(2));
   MERE_CHECK(attention_affine_supports(head_dim),
              "attention (CUDA) over a quantized cache: head_dim {} must be a multiple of 8, at most {}", head_dim,
              kMaxAttentionHeadDim);
   for_each_launch(pages, q.dim(0), [&](int64_t b, int64_t e, const KvTables& tables) {
-    const int rows = int(e - b);
-    Tensor part_m = Tensor::empty({rows, n_heads, splits}, DType::f32, Device::cuda);
-    Tensor part_l = Tensor::empty({rows, n_heads, splits}, DType::f32, Device::cuda);
-    Tensor part_o = Tensor::empty({rows, n_heads, splits, head_dim}, DType::f32, Device::cuda);
-    Tensor out_b = out.slice_rows(b, e);
-    MERE_CUDA(launch_attention_affine(q.slice_rows(b, e).data<float>(), affine_kv(k, v), part_m.data<float>(),
-                                      part_l.data<float>(), part_o.data<float>(), out_b.data<float>(), rows, n_heads,
+    MERE_CUDA(launch_attention_affine(q.slice_rows(b, e).data<float>(), affine_kv(k, v),
+                                      s.max.slice_rows(b, e).data<float>(), s.sum.slice_rows(b, e).data<float>(),
+                                      s.out.slice_rows(b, e).data<float>(),
+                                      out ? out + b * n_heads * head_dim : nullptr, int(e - b), n_heads,
                                       int(k.heads()), head_dim, pos_dev, pos0, splits, scale, tables, stream()));
   });
 }
@@ -406,11 +429,20 @@ void dequantize_rows(const AffineRows& src, int64_t n, Tensor& dst) {
 void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale,
                Tensor& out, const KvPages& pages) {
   // As the dense graph form: the split count fixed by the reserved rows (or the tables).
-  attention_affine(q, k, v, start_pos.data<int32_t>(), 0, graph_splits(k.rows(), pages, k.heads()), scale, out, pages);
+  const AttentionSplits s = empty_splits(q.dim(0), q.dim(1), graph_splits(k.rows(), pages, k.heads()), q.dim(2));
+  attention_affine(q, k, v, start_pos.data<int32_t>(), 0, scale, s, out.data<float>(), pages);
+}
+
+bool attention_unmerged(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos,
+                        float scale, const KvPages& pages, AttentionSplits& out) {
+  out = empty_splits(q.dim(0), q.dim(1), graph_splits(k.rows(), pages, k.heads()), q.dim(2));
+  attention_affine(q, k, v, start_pos.data<int32_t>(), 0, scale, out, nullptr, pages);
+  return true;
 }
 
 void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale, Tensor& out) {
-  attention_affine(q, k, v, nullptr, pos0, attention_splits(pos0 + q.dim(0), k.heads()), scale, out);
+  const AttentionSplits s = empty_splits(q.dim(0), q.dim(1), attention_splits(pos0 + q.dim(0), k.heads()), q.dim(2));
+  attention_affine(q, k, v, nullptr, pos0, scale, s, out.data<float>());
 }
 
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
@@ -495,6 +527,15 @@ bool swiglu_linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { n
 void set_launch_settings(const LaunchSettings&) {}  // nothing launches
 void advance_position(Tensor&, int32_t) { no_cuda(); }
 void fill_random_bytes(Tensor&, uint64_t, uint8_t) { no_cuda(); }
+bool attention_unmerged(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, const KvPages&,
+                        AttentionSplits&) {
+  no_cuda();
+}
+bool attention_unmerged(const Tensor&, const AffineRows&, const AffineRows&, const Tensor&, float, const KvPages&,
+                        AttentionSplits&) {
+  no_cuda();
+}
+void merge_attention(const AttentionSplits&, Tensor&) { no_cuda(); }
 
 }  // namespace mere::ops::cuda
 

@@ -54,6 +54,13 @@ void dequantize_rows(const AffineRows& src, int64_t n, Tensor& dst);
 void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale,
                Tensor& out, const KvPages& pages = {});
 void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale, Tensor& out);
+// The split-K graph forms without their merge (ops.h attention_unmerged); false,
+// with nothing run, for a prefill the flash kernel takes.
+bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
+                        const KvPages& pages, AttentionSplits& out);
+bool attention_unmerged(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos,
+                        float scale, const KvPages& pages, AttentionSplits& out);
+void merge_attention(const AttentionSplits& splits, Tensor& out);
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                         float eps, const RopeTable& rope, const Tensor& start_pos, AffineRows& k_cache,
                         AffineRows& v_cache, const KvPages& pages = {});

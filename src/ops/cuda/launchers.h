@@ -124,16 +124,22 @@ cudaError_t launch_qk_norm_rope_store(float* q, const float* k, const float* v, 
 // keys a share, so short contexts leave the last splits empty); the partial
 // buffers hold T * n_heads * n_splits entries (times head_dim for part_o).
 // The first token's position is *pos_dev when pos_dev is set (graph replay), else pos0.
+// Then the partials are merged into out [T, n_heads, head_dim], unless out is
+// null: the caller merges them (launch_attention_merge, or the o_proj matvec's
+// input, lever fused_norm_matvec).
 // The split count for n_keys keys (the visible ones, or for a graph the most a
 // sequence can grow to) over kv_heads heads: about two blocks an SM at long
 // contexts, at most 64. It does not depend on the rows, so that a sequence's
 // attention is the same alone or in a batch.
 int attention_splits(int64_t n_keys, int64_t kv_heads);
+constexpr int kMaxAttentionSplits = 64;
 constexpr int kMaxAttentionHeadDim = 256;
 cudaError_t launch_attention(const float* q, const void* k, const void* v, DType kv_dtype, float* part_m,
                              float* part_l, float* part_o, float* out, int T, int n_heads, int n_kv_heads,
                              int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
                              const KvTables& tables, cudaStream_t stream);
+cudaError_t launch_attention_merge(const float* part_m, const float* part_l, const float* part_o, float* out, int T,
+                                   int n_heads, int head_dim, int n_splits, cudaStream_t stream);
 
 // The same attention for prefill on the tensor cores (flash_attention.cu): q f32
 // [T, n_heads, head_dim], a bf16 K/V cache, head_dim 64, 128 or 256, 16-byte
