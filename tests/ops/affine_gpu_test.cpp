@@ -207,8 +207,10 @@ TEST_F(Affine, OneTokenTensorCoreQueryFollowsTheFloor) {
 TEST_F(Affine, TensorCoreMatvecFormsItsInputAndAddsIntoTheResidual) {
   struct Case { int64_t T, out, in; int bits, group; DType norm_dt; };
   // The last two rows are too long for x in shared memory at 8 tokens: each launch takes part of them.
+  // 3-4 tokens of 4096 columns: one block an SM (x's copy is large), as Llama-3-8B's qkv and gate_up at B = 4.
   for (const Case& c : {Case{2, 96, 1024, 4, 64, DType::bf16}, Case{5, 130, 512, 8, 32, DType::f32},
                         Case{8, 64, 2048, 4, 128, DType::f16}, Case{1, 4096, 4096, 8, 64, DType::bf16},
+                        Case{4, 300, 4096, 4, 64, DType::bf16}, Case{3, 97, 4096, 8, 128, DType::f16},
                         Case{8, 80, 14336, 4, 64, DType::bf16}, Case{7, 33, 14336, 8, 32, DType::f32}}) {
     const std::string label = fmt::format("int{} g{} T={} {}x{}", c.bits, c.group, c.T, c.out, c.in);
     Weight w(random_affine(c.out, c.in, c.bits, c.group, DType::bf16, uint64_t(c.T * 7 + c.bits)), c.in);
@@ -262,7 +264,8 @@ TEST_F(Affine, TensorCoreMatvecFormsItsInputAndAddsIntoTheResidual) {
 TEST_F(Affine, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
   struct Case { int64_t T, heads, splits, head_dim, out; int bits, group; };
   for (const Case& c : {Case{1, 32, 33, 128, 4096, 4, 64}, Case{3, 8, 5, 64, 200, 8, 32},
-                        Case{8, 4, 1, 128, 96, 4, 128}, Case{2, 16, 64, 64, 130, 8, 64}}) {
+                        Case{8, 4, 1, 128, 96, 4, 128}, Case{2, 16, 64, 64, 130, 8, 64},
+                        Case{4, 32, 17, 128, 256, 4, 64}}) {
     const int64_t in = c.heads * c.head_dim;
     const std::string label = fmt::format("int{} g{} T={} {} heads x {} splits x {}", c.bits, c.group, c.T, c.heads,
                                           c.splits, c.head_dim);
