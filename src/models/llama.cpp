@@ -205,8 +205,8 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* cons
     Tensor a = attend_cached(q, kk, v, w.attn.q_norm, w.attn.k_norm, k.norm_eps, k.rope, pos, states, l,
                              info_.options.fuse_rope_store, fold_norms ? &splits : nullptr);  // [T, n_heads * head_dim]
     if (fold_norms) {
-      a.defined() ? ops::linear_add(h, a, w.attn.o, w.attn.o_bias)
-                  : ops::attention_linear_add(h, splits, w.attn.o, w.attn.o_bias);
+      if (a.defined()) ops::linear_add(h, a, w.attn.o, w.attn.o_bias);
+      else ops::attention_linear_add(h, splits, w.attn.o, w.attn.o_bias);
       w.mlp.add_normed(h, w.mlp_norm, k.norm_eps);
       continue;
     }

@@ -118,7 +118,8 @@ bool affine_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const AffineWeig
 
 bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const AffineWeight& w, const Tensor& bias) {
   const Tensor& o = splits.out;  // [T, heads, splits, head_dim]
-  if (o.dim(3) % 8 != 0) return false;  // the prepare kernel merges runs of 8 columns of one head
+  // The prepare kernel merges runs of 8 columns of one head, at most kMaxAttentionSplits splits.
+  if (o.dim(3) % 8 != 0 || o.dim(2) > kMaxAttentionSplits) return false;
   const AffineMmaInput input{.kind = AffineMmaInput::Kind::attention_splits, .x = o.data<float>(),
                              .split_max = splits.max.data<float>(), .split_sum = splits.sum.data<float>(),
                              .splits = int(o.dim(2)), .head_dim = int(o.dim(3))};

@@ -306,33 +306,35 @@ bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v) 
          flash_attention_supports(int(q.dim(2))) && aligned(q) && aligned(k) && aligned(v);
 }
 
-}  // namespace
-
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
-  const int T = int(q.dim(0)), n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
+void check_head_dim(int64_t head_dim) {
   MERE_CHECK(head_dim <= kMaxAttentionHeadDim, "attention (CUDA): head_dim {} exceeds {}", head_dim,
              kMaxAttentionHeadDim);
-  if (flash_attention_applies(q, k, v)) {
-    MERE_CUDA(launch_flash_attention(q.data<float>(), k.raw(), v.raw(), out.data<float>(), T, n_heads, int(k.dim(1)),
-                                     head_dim, nullptr, pos0, scale, stream()));
-    return;
-  }
-  const int splits = attention_splits(pos0 + T, k.dim(1));
-  Tensor part_m = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
-  Tensor part_l = Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda);
-  Tensor part_o = Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda);
-  MERE_CUDA(launch_attention(q.data<float>(), k.raw(), v.raw(), k.dtype(), part_m.data<float>(), part_l.data<float>(),
-                             part_o.data<float>(), out.data<float>(), T, n_heads, int(k.dim(1)), head_dim, nullptr,
-                             pos0, splits, scale, KvTables{}, stream()));
 }
 
-namespace {
-
+// Split-K's partials for T rows of n_heads heads.
 AttentionSplits empty_splits(int64_t T, int64_t n_heads, int splits, int64_t head_dim) {
   return {Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda),
           Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda),
           Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda)};
 }
+
+}  // namespace
+
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
+  const int T = int(q.dim(0)), n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
+  check_head_dim(head_dim);
+  if (flash_attention_applies(q, k, v)) {
+    MERE_CUDA(launch_flash_attention(q.data<float>(), k.raw(), v.raw(), out.data<float>(), T, n_heads, int(k.dim(1)),
+                                     head_dim, nullptr, pos0, scale, stream()));
+    return;
+  }
+  AttentionSplits s = empty_splits(T, n_heads, attention_splits(pos0 + T, k.dim(1)), head_dim);
+  MERE_CUDA(launch_attention(q.data<float>(), k.raw(), v.raw(), k.dtype(), s.max.data<float>(), s.sum.data<float>(),
+                             s.out.data<float>(), out.data<float>(), T, n_heads, int(k.dim(1)), head_dim, nullptr,
+                             pos0, int(s.max.dim(2)), scale, KvTables{}, stream()));
+}
+
+namespace {
 
 // The split-K graph form over a dense cache (contiguous or through the tables):
 // its partials into s, merged into out unless out is null.
@@ -346,11 +348,6 @@ void split_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Te
                                int(e - b), n_heads, int(k.dim(1)), head_dim, start_pos.data<int32_t>(), 0, splits,
                                scale, tables, stream()));
   });
-}
-
-void check_head_dim(int64_t head_dim) {
-  MERE_CHECK(head_dim <= kMaxAttentionHeadDim, "attention (CUDA): head_dim {} exceeds {}", head_dim,
-             kMaxAttentionHeadDim);
 }
 
 }  // namespace
