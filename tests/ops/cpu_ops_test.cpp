@@ -91,6 +91,38 @@ TEST(CpuOps, CausalGqaAttentionByHand) {
   EXPECT_THROW(ops::attention(q, k.slice_rows(0, 1), v.slice_rows(0, 1), 0, 1.0f), Error);
 }
 
+// Split-K attention's unmerged partials exist on the GPU only: the CPU has none
+// to leave (attention_unmerged declines, running nothing), and partials that do
+// not fit their op are refused with its name.
+TEST(CpuOps, UnmergedAttentionIsGpuOnlyAndChecked) {
+  const Tensor k = Tensor::from_floats({1, 0, 0, 1}, {2, 1, 2}), v = Tensor::from_floats({1, 2, 3, 4}, {2, 1, 2});
+  const Tensor q = Tensor::from_floats({1, 0, 0, 1}, {1, 2, 2});
+  Tensor pos = Tensor::zeros({1}, DType::i32);
+  pos.data<int32_t>()[0] = 1;
+  ops::AttentionSplits splits;
+  EXPECT_FALSE(ops::attention_unmerged(q, k, v, pos, 1.0f, {}, splits));
+  EXPECT_FALSE(splits.out.defined());
+
+  const ops::AttentionSplits partials{Tensor::zeros({1, 2, 3}, DType::f32), Tensor::zeros({1, 2, 3}, DType::f32),
+                                      Tensor::zeros({1, 2, 3, 2}, DType::f32)};
+  auto message = [](auto&& run) {
+    try {
+      run();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { ops::merge_attention(partials); }).find("merge_attention"), std::string::npos);
+  Tensor h = Tensor::zeros({1, 4}, DType::f32);
+  const Weight too_wide(Tensor::zeros({4, 5}, DType::f32));  // 5 columns for 2 heads x 2
+  EXPECT_NE(message([&] { ops::attention_linear_add(h, partials, too_wide); }).find("attention_linear_add"),
+            std::string::npos);
+  const ops::AttentionSplits mismatched{Tensor::zeros({1, 2, 2}, DType::f32), Tensor::zeros({1, 2, 3}, DType::f32),
+                                        Tensor::zeros({1, 2, 3, 2}, DType::f32)};
+  EXPECT_NE(message([&] { ops::merge_attention(mismatched); }).find("do not fit"), std::string::npos);
+}
+
 TEST(CpuOps, EmbedChecksIds) {
   Tensor table = Tensor::from_floats({1, 2, 3, 4, 5, 6}, {3, 2}).to(DType::f16);
   Tensor e = ops::embed(table, {2, 0});
