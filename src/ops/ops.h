@@ -213,8 +213,9 @@ struct AttentionSplits {
   Tensor out;       // f32 [T, n_heads, splits, head_dim]
 };
 // The graph forms of attention (position on the device, dense or quantized
-// cache, paged or not) without the merge, where they run split-K on the GPU
-// (decode); false, with nothing run, where they do not (the CPU, a prefill).
+// cache, paged or not) without the merge, where they run split-K on the GPU;
+// false, with nothing run, where they do not (the CPU, or a dense cache's
+// prefill, which the flash kernel takes).
 bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
                         const KvPages& pages, AttentionSplits& out);
 bool attention_unmerged(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos,

@@ -33,10 +33,11 @@
 // than the weights of a small matrix at 8 tokens, and lost 8% of a Llama-3-8B
 // decode at one). For the fused decode forms (lever fused_norm_matvec) that
 // kernel also forms the input, RMSNorm(h) w, silu(gate) up or attention's
-// split-K partials merged, and the matvec adds its product into y. Where x is too long for a block's shared memory
-// with the rings (down_proj's 14336 columns from 4 tokens), the row is cut into
-// launches of whole stages, each adding its columns' product into y; the first
-// kernel converts the whole row once, into one image per launch.
+// split-K partials merged, and the matvec adds its product into y. Where x is
+// too long for a block's shared memory with the rings (down_proj's 14336
+// columns from 4 tokens), the row is cut into launches of whole stages, each
+// adding its columns' product into y; the first kernel converts the whole row
+// once, into one image per launch.
 // Each warp streams its 16-row tiles' codes, at least 128 contiguous bytes of
 // each row a stage, with their scales and biases, through a ring of cp.async
 // stages in shared memory (several KB in flight per warp, none in registers);
@@ -302,7 +303,8 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
 }
 
 // Attention's split-K partials merged into o_proj's input (kAttentionSplits),
-// as attention_merge_kernel merges them: a block takes 32 runs of 8 columns
+// with attention_merge_kernel's formula (its sums in another order, so the
+// bits may differ from the unfused path's): a block takes 32 runs of 8 columns
 // (each within one head) and one warp per 8 splits, warp w of W the splits w,
 // w + W, ... of all 32 runs, a lane a run, with every load issued at once. The
 // warps' maxima, sums and outputs then meet in warp order, and warp 0 stages
@@ -689,9 +691,9 @@ struct Variant {
     // matvec adds its columns' product into y, the first with the bias (and
     // setting y unless the caller accumulates).
     const int64_t part_bytes = part_image_bytes(in, T);
-    const Prepare prep{input.x,     input.norm_w,     input.eps,    int(w.in),      int(T),
-                       int(in),     l.x_stride,       static_cast<uint8_t*>(scratch), l.x_bytes,
-                       part_bytes,  input.split_max,  input.split_sum, input.splits, input.head_dim};
+    const Prepare prep{input.x,         input.norm_w,    input.eps,    int(w.in),     int(T),
+                       int(in),         l.x_stride,      static_cast<uint8_t*>(scratch), l.x_bytes, part_bytes,
+                       input.split_max, input.split_sum, input.splits, input.head_dim};
     const dim3 runs_grid(unsigned(ceil_div(int(T * w.in / 8), 256)));          // a thread a run
     const dim3 token_grid(unsigned(ceil_div(int(w.in / 8), 256)), unsigned(T));  // kRmsNormed
     using Kind = AffineMmaInput::Kind;

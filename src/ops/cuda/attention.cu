@@ -585,7 +585,8 @@ void launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k, const
 // decoded 8-11% faster than 64 of 128 (H200, 2026-11-30).
 int attention_splits(int64_t n_keys, int64_t kv_heads) {
   const int64_t two_per_sm = std::max<int64_t>(1, 2 * sm_count() / std::max<int64_t>(1, kv_heads));
-  return int(std::min<int64_t>({ceil_div(std::max<int64_t>(n_keys, 1), kMinKeysPerSplit), two_per_sm, int64_t(kMaxAttentionSplits)}));
+  const int64_t by_keys = ceil_div(std::max<int64_t>(n_keys, 1), kMinKeysPerSplit);
+  return int(std::min<int64_t>({by_keys, two_per_sm, int64_t(kMaxAttentionSplits)}));
 }
 
 cudaError_t launch_attention(const float* q, const void* k, const void* v, DType kv_dtype, float* part_m,
