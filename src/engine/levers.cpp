@@ -38,6 +38,7 @@ Levers Levers::from_env() {
   l.int8_activation_matvec = env_flag("MERERUN_INT8_ACTIVATION_MATVEC", l.int8_activation_matvec);
   l.tensor_core_kv_attention = env_flag("MERERUN_TENSOR_CORE_KV_ATTENTION", l.tensor_core_kv_attention);
   l.tensor_core_affine_matvec = env_flag("MERERUN_TENSOR_CORE_AFFINE_MATVEC", l.tensor_core_affine_matvec);
+  l.int16_activation_matvec = env_flag("MERERUN_INT16_ACTIVATION_MATVEC", l.int16_activation_matvec);
   l.tensor_core_affine_gemm = env_mode("MERERUN_TENSOR_CORE_AFFINE_GEMM", l.tensor_core_affine_gemm);
   l.fused_moe_gate_up = env_flag("MERERUN_PSI_FUSED_MOE", l.fused_moe_gate_up);
   l.prefix_cache = env_flag("MERERUN_PREFIX_CACHE", l.prefix_cache);
@@ -56,6 +57,7 @@ std::string Levers::describe(Device device) const {
          " fp8_activation_gemm=" + on(fp8_activation_gemm) + " int8_activation_matvec=" + on(int8_activation_matvec) +
          " tensor_core_kv_attention=" + on(tensor_core_kv_attention) +
          " tensor_core_affine_matvec=" + on(tensor_core_affine_matvec) +
+         " int16_activation_matvec=" + on(int16_activation_matvec) +
          " tensor_core_affine_gemm=" + lever_mode_name(tensor_core_affine_gemm) +
          " fused_moe_gate_up=" + on(fused_moe_gate_up) + " prefix_cache=" + on(prefix_cache);
 }
@@ -71,6 +73,7 @@ LoadOptions Levers::load_options(Device device) const {
                      .int8_activation_matvec = int8_activation_matvec && cuda,
                      .tensor_core_kv_attention = tensor_core_kv_attention && cuda,
                      .tensor_core_affine_matvec = tensor_core_affine_matvec && cuda,
+                     .int16_activation_matvec = int16_activation_matvec && cuda,
                      .tensor_core_affine_gemm = cuda ? tensor_core_affine_gemm : LeverMode::off,
                      .fuse_moe_gate_up = fused_moe_gate_up};
 }

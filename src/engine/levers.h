@@ -67,6 +67,13 @@ struct Levers {
   // the demo: KL 4e-8 to 7e-8, greedy 100%; Llama-3-8B int4 +37%, int8 +19% at
   // batch 1, +72-75% at batch 8 (docs/levers.md).
   bool tensor_core_affine_matvec = true;
+  // Those tensor-core matvecs, from 2 tokens, take x rounded to 15 bits per
+  // group (two s8 digits) instead of 23 (three): a token takes two B columns
+  // instead of four, so four tokens share an mma and batches of 3-8 run half the
+  // mmas. Default: demo model KL 7e-7 nats, argmax and ppl unchanged (within the
+  // audit's parity bounds); Llama-3-8B int4 decode of 3-8 sequences +19-24%,
+  // int8 +2-30% (docs/levers.md). One token keeps three digits.
+  bool int16_activation_matvec = true;
   // Prefill of MLX affine (int8/int4) weights on a GEMM that dequantizes its
   // tiles in registers (wgmma) instead of writing a bf16 copy of each weight
   // first: 9 to 384 tokens of matrices of 2^24 weights or more; longer prompts
@@ -92,15 +99,16 @@ struct Levers {
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
   // MERERUN_FUSED_NORM_MATVEC (0|1|auto), MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
-  // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_TENSOR_CORE_AFFINE_GEMM
-  // (0|1|auto), MERERUN_PSI_FUSED_MOE, MERERUN_PREFIX_CACHE (0|1)
+  // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC,
+  // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto), MERERUN_PSI_FUSED_MOE, MERERUN_PREFIX_CACHE (0|1)
   // override the defaults.
   static Levers from_env();
   static Levers all_off() {
     return Levers{.cuda_graphs = false, .pipelined_decode = false, .fused_projections = false, .fused_rope_store = false,
                   .fused_norm_matvec = LeverMode::off, .programmatic_launch = false, .matvec_split_k = false,
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,
-                  .tensor_core_affine_matvec = false, .tensor_core_affine_gemm = LeverMode::off,
+                  .tensor_core_affine_matvec = false, .int16_activation_matvec = false,
+                  .tensor_core_affine_gemm = LeverMode::off,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false};
   }

@@ -71,6 +71,9 @@ struct LaunchSettings {
   bool int8_activation_matvec = false;  // lever int8_activation_matvec: affine decode matvecs on int8 x
   bool tensor_core_kv_attention = false;  // lever tensor_core_kv_attention: affine8/affine4 KV attention on mma
   bool tensor_core_affine_matvec = false;  // lever tensor_core_affine_matvec: affine decode matvecs on mma
+  // Lever int16_activation_matvec: those mma matvecs, from 2 tokens, take x rounded
+  // to 15 bits per group (two base-256 digits, four tokens an mma) instead of 23.
+  bool int16_activation_matvec = false;
   // Lever tensor_core_affine_gemm: affine prefill on the GEMM that dequantizes its
   // tiles, where it measured faster (auto), or at every size (on).
   bool tensor_core_affine_gemm = false;

@@ -46,5 +46,21 @@ TEST(Levers, TensorCoreAffineGemmIsAutomaticByDefaultOnCuda) {
                              "tensor_core_affine_gemm", "MERERUN_TENSOR_CORE_AFFINE_GEMM");
 }
 
+// int16_activation_matvec: on by default, a CUDA lever, switched off by its variable.
+TEST(Levers, Int16ActivationMatvecIsOnByDefaultAndCudaOnly) {
+  EXPECT_TRUE(Levers{}.int16_activation_matvec);
+  EXPECT_FALSE(Levers::all_off().int16_activation_matvec);
+  EXPECT_NE(Levers{}.describe(Device::cuda).find("int16_activation_matvec=on"), std::string::npos);
+  EXPECT_TRUE(Levers{}.load_options(Device::cuda).int16_activation_matvec);
+  EXPECT_FALSE(Levers{}.load_options(Device::cpu).int16_activation_matvec);
+  {
+    ScopedEnv env("MERERUN_INT16_ACTIVATION_MATVEC", "0");
+    EXPECT_FALSE(Levers::from_env().int16_activation_matvec);
+    EXPECT_FALSE(Levers::from_env().load_options(Device::cuda).int16_activation_matvec);
+  }
+  ScopedEnv bad("MERERUN_INT16_ACTIVATION_MATVEC", "maybe");
+  EXPECT_THROW(Levers::from_env(), Error);
+}
+
 }  // namespace
 }  // namespace mere

@@ -212,48 +212,53 @@ TEST_F(Affine, TensorCoreMatvecFormsItsInputAndAddsIntoTheResidual) {
                         Case{8, 64, 2048, 4, 128, DType::f16}, Case{1, 4096, 4096, 8, 64, DType::bf16},
                         Case{4, 300, 4096, 4, 64, DType::bf16}, Case{3, 97, 4096, 8, 128, DType::f16},
                         Case{8, 80, 14336, 4, 64, DType::bf16}, Case{7, 33, 14336, 8, 32, DType::f32}}) {
-    const std::string label = fmt::format("int{} g{} T={} {}x{}", c.bits, c.group, c.T, c.out, c.in);
     Weight w(random_affine(c.out, c.in, c.bits, c.group, DType::bf16, uint64_t(c.T * 7 + c.bits)), c.in);
     const Tensor dense = w.dequantize(DType::f32);
     const Weight wg = w.to_device(Device::cuda);
     const Tensor h = random({c.T, c.in}, DType::f32, 11, 2.0f), norm_w = random({c.in}, c.norm_dt, 12, 0.5f, 1.0f);
     const Tensor x = random({c.T, c.in}, DType::f32, 13), gate_up = random({c.T, 2 * c.in}, DType::f32, 14, 3.0f);
     const Tensor residual = random({c.T, c.out}, DType::f32, 15), bias = random({c.out}, DType::f32, 16, 0.1f);
-    ops::set_launch_settings({.tensor_core_affine_matvec = true});
+    for (bool int16 : {false, true}) {  // x in three digits, or two (lever int16_activation_matvec)
+      ops::set_launch_settings({.tensor_core_affine_matvec = true, .int16_activation_matvec = int16});
+      // Three digits: the f32 product; two: x rounded to 15 bits a group, a bounded change.
+      const float tol = int16 ? 2e-4f : 1e-5f;
+      const std::string label = fmt::format("int{} g{} T={} {}x{}{}", c.bits, c.group, c.T, c.out, c.in,
+                                            int16 ? " int16 x" : "");
 
-    const Tensor normed_want = ops::linear(ops::rms_norm(h, norm_w, 1e-5f), dense, bias);
-    Tensor normed = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
-    EXPECT_TRUE(ops::cuda::affine_rms_norm_linear(gpu(h), gpu(norm_w), 1e-5f, wg.affine(), gpu(bias), normed))
-        << label;
-    EXPECT_LE(relative_error(normed.to_device(Device::cpu), normed_want, label + " rms_norm_linear"), 1e-5f);
-    const Tensor via_ops = ops::rms_norm_linear(gpu(h), gpu(norm_w), 1e-5f, wg, gpu(bias)).to_device(Device::cpu);
-    EXPECT_EQ(std::memcmp(via_ops.raw(), normed.to_device(Device::cpu).raw(), via_ops.size_bytes()), 0) << label;
-
-    Tensor added_want = residual.clone();
-    ops::add_inplace(added_want, ops::linear(x, dense, bias));
-    Tensor added = gpu(residual);
-    EXPECT_TRUE(ops::cuda::affine_linear_add(added, gpu(x), wg.affine(), gpu(bias))) << label;
-    EXPECT_LE(relative_error(added.to_device(Device::cpu), added_want, label + " linear_add"), 1e-5f);
-
-    Tensor gated_want = residual.clone();
-    ops::add_inplace(gated_want, ops::linear(ops::silu_mul_halves(gate_up), dense, bias));
-    Tensor gated = gpu(residual);
-    EXPECT_TRUE(ops::cuda::affine_swiglu_linear_add(gated, gpu(gate_up), wg.affine(), gpu(bias))) << label;
-    EXPECT_LE(relative_error(gated.to_device(Device::cpu), gated_want, label + " swiglu_linear_add"), 1e-5f);
-    // The fused add equals the composition on the GPU bit for bit (the same
-    // product, then the same add) where one launch takes the whole row.
-    if (c.in * c.T <= 4096 * 8) {
-      Tensor composed = gpu(residual);
-      ops::add_inplace(composed, ops::linear(ops::silu_mul_halves(gpu(gate_up)), wg, gpu(bias)));
-      EXPECT_EQ(std::memcmp(composed.to_device(Device::cpu).raw(), gated.to_device(Device::cpu).raw(),
-                            gated.size_bytes()),
-                0)
+      const Tensor normed_want = ops::linear(ops::rms_norm(h, norm_w, 1e-5f), dense, bias);
+      Tensor normed = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
+      EXPECT_TRUE(ops::cuda::affine_rms_norm_linear(gpu(h), gpu(norm_w), 1e-5f, wg.affine(), gpu(bias), normed))
           << label;
+      EXPECT_LE(relative_error(normed.to_device(Device::cpu), normed_want, label + " rms_norm_linear"), tol);
+      const Tensor via_ops = ops::rms_norm_linear(gpu(h), gpu(norm_w), 1e-5f, wg, gpu(bias)).to_device(Device::cpu);
+      EXPECT_EQ(std::memcmp(via_ops.raw(), normed.to_device(Device::cpu).raw(), via_ops.size_bytes()), 0) << label;
+
+      Tensor added_want = residual.clone();
+      ops::add_inplace(added_want, ops::linear(x, dense, bias));
+      Tensor added = gpu(residual);
+      EXPECT_TRUE(ops::cuda::affine_linear_add(added, gpu(x), wg.affine(), gpu(bias))) << label;
+      EXPECT_LE(relative_error(added.to_device(Device::cpu), added_want, label + " linear_add"), tol);
+
+      Tensor gated_want = residual.clone();
+      ops::add_inplace(gated_want, ops::linear(ops::silu_mul_halves(gate_up), dense, bias));
+      Tensor gated = gpu(residual);
+      EXPECT_TRUE(ops::cuda::affine_swiglu_linear_add(gated, gpu(gate_up), wg.affine(), gpu(bias))) << label;
+      EXPECT_LE(relative_error(gated.to_device(Device::cpu), gated_want, label + " swiglu_linear_add"), tol);
+      // The fused add equals the composition on the GPU bit for bit (the same
+      // product, then the same add) where one launch takes the whole row.
+      if (c.in * c.T <= 4096 * 8) {
+        Tensor composed = gpu(residual);
+        ops::add_inplace(composed, ops::linear(ops::silu_mul_halves(gpu(gate_up)), wg, gpu(bias)));
+        EXPECT_EQ(std::memcmp(composed.to_device(Device::cpu).raw(), gated.to_device(Device::cpu).raw(),
+                              gated.size_bytes()),
+                  0)
+            << label;
+      }
+      ops::set_launch_settings({});
+      // Without the lever the fused forms decline and the ops compose the steps.
+      Tensor declined = gpu(residual);
+      EXPECT_FALSE(ops::cuda::affine_linear_add(declined, gpu(x), wg.affine(), gpu(bias))) << label;
     }
-    ops::set_launch_settings({});
-    // Without the lever the fused forms decline and the ops compose the steps.
-    Tensor declined = gpu(residual);
-    EXPECT_FALSE(ops::cuda::affine_linear_add(declined, gpu(x), wg.affine(), gpu(bias))) << label;
   }
 }
 
@@ -310,6 +315,16 @@ TEST_F(Affine, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
     EXPECT_EQ(std::memcmp(via_ops.to_device(Device::cpu).raw(), fused.to_device(Device::cpu).raw(), fused.size_bytes()),
               0)
         << label;
+    // Under lever int16_activation_matvec the merged input of 2 tokens or more is rounded to 15 bits a group.
+    ops::set_launch_settings({.tensor_core_affine_matvec = true, .int16_activation_matvec = true});
+    Tensor int16_x = gpu(residual);
+    EXPECT_TRUE(ops::cuda::affine_attention_linear_add(int16_x, splits, wg.affine(), gpu(bias))) << label;
+    EXPECT_LE(relative_error(int16_x.to_device(Device::cpu), want, label + " fused, int16 x"), 2e-4f);
+    // One token keeps three digits.
+    EXPECT_EQ(std::memcmp(int16_x.to_device(Device::cpu).raw(), fused.to_device(Device::cpu).raw(), fused.size_bytes()) ==
+                  0,
+              c.T == 1)
+        << label;
     ops::set_launch_settings({});
     // Without the lever the fused form declines; the op merges, then multiplies.
     Tensor declined = gpu(residual);
@@ -351,6 +366,79 @@ TEST_F(Affine, TensorCoreMatvecKeepsHugeAndTinyInputs) {
     ops::set_launch_settings({});
     for (int64_t r = 0; r < out; ++r) EXPECT_TRUE(std::isnan(nan_y.data<float>()[out + r])) << "int" << bits << " row " << r;
     EXPECT_LE(relative_error(nan_y.slice_rows(0, 1), plain, "finite token"), 1e-5f);
+  }
+}
+
+// x as lever int16_activation_matvec rounds it: per token and group, scaled by
+// the power of two that puts its largest |x| in [2^13, 2^14), rounded to an
+// integer (half to even) and scaled back.
+Tensor int16_rounded(const Tensor& x, int64_t group) {
+  Tensor r = Tensor::empty(x.shape(), DType::f32);
+  const float* src = x.data<float>();
+  float* dst = r.data<float>();
+  for (int64_t b = 0; b < x.numel(); b += group) {
+    float amax = 0;
+    for (int64_t i = b; i < b + group; ++i) amax = std::max(amax, std::fabs(src[i]));
+    int exponent = 0;
+    std::frexp(amax, &exponent);  // amax in [2^(exponent - 1), 2^exponent)
+    exponent = amax > 0 ? std::max(exponent, -100) : 0;
+    for (int64_t i = b; i < b + group; ++i)
+      dst[i] = std::ldexp(std::nearbyint(std::ldexp(src[i], 14 - exponent)), exponent - 14);
+  }
+  return r;
+}
+
+// Lever int16_activation_matvec: the tensor-core matvec on x in two digits (15
+// bits a group, four tokens an mma) equals the f32 product on x rounded that
+// way: T 1-8 (one or two mmas), int4/int8, groups 32/64/128, scale dtypes, rows
+// off the tiles, more tiles than blocks, split-K and a row cut into launches.
+// ops::linear runs it under the lever from 2 tokens (bit for bit the direct
+// launch; one token keeps three digits), and against the exact three-digit
+// form it moves the product by the rounding alone.
+TEST_F(Affine, Int16ActivationsMatchTheRoundedReference) {
+  struct Case { int64_t T, out, in; int bits, group; DType dt; };
+  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
+  int n = 0;
+  for (const Case& c : {Case{1, 77, 512, 4, 64, DType::bf16}, Case{2, 131, 1024, 8, 32, DType::f16},
+                        Case{3, 40, 4096, 4, 64, DType::bf16}, Case{4, 9000, 256, 8, 128, DType::f32},
+                        Case{5, 33, 512, 4, 128, DType::bf16}, Case{6, 300, 2048, 8, 64, DType::bf16},
+                        Case{7, 64, 4096, 4, 32, DType::f16}, Case{8, 48, 1024, 8, 64, DType::bf16},
+                        Case{8, 100, 14336, 4, 64, DType::bf16}, Case{1, 4096, 4096, 4, 64, DType::bf16}}) {
+    const std::string label =
+        fmt::format("int16 x, int{} g{} {} T={} {}x{}", c.bits, c.group, dtype_name(c.dt), c.T, c.out, c.in);
+    Weight w(random_affine(c.out, c.in, c.bits, c.group, c.dt, uint64_t(2000 + n++)), c.in);
+    Tensor x = random({c.T, c.in}, DType::f32, uint64_t(n));
+    x.data<float>()[37] = 40.0f;  // an outlier: the rest of its group keeps fewer bits
+    const Tensor b = random({c.out}, DType::f32, 6, 0.1f);
+    const Tensor dense = w.dequantize(DType::f32);
+    const Tensor want = ops::linear(int16_rounded(x, c.group), dense, b);
+    const Tensor exact = ops::linear(x, dense, b);
+    const Weight wg = w.to_device(Device::cuda);
+    const Tensor xg = gpu(x), bg = gpu(b);
+    const mere::cuda::AffineArgs a = args_of(wg);
+    ASSERT_TRUE(mere::cuda::affine_matvec_mma_supports(a, c.T, 2)) << label;
+    Tensor direct = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
+    Tensor scratch = Tensor::empty({mere::cuda::affine_matvec_mma_scratch_bytes(a, c.T, 2)}, DType::u8, Device::cuda);
+    ASSERT_EQ(mere::cuda::launch_affine_matvec_mma(a, xg.data<float>(), bg.data<float>(), direct.data<float>(), c.T,
+                                                   scratch.raw(), stream, 2),
+              cudaSuccess)
+        << label;
+    const Tensor got = direct.to_device(Device::cpu);
+    EXPECT_LE(relative_error(got, want, label), 1e-5f) << label;
+    // What the rounding costs against f32 x (about 2^-14 of a group's largest value a term).
+    EXPECT_LE(relative_error(got, exact, label + ": against f32 x"), 1e-3f);
+    EXPECT_GT(test::max_abs_diff(got, exact).diff, 0.0f) << label << ": the rounding changed nothing";
+
+    ops::set_launch_settings({.tensor_core_affine_matvec = true, .int16_activation_matvec = true});
+    const Tensor lever = ops::linear(xg, wg, bg).to_device(Device::cpu);
+    ops::set_launch_settings({.tensor_core_affine_matvec = true});
+    const Tensor three_digits = ops::linear(xg, wg, bg).to_device(Device::cpu);
+    ops::set_launch_settings({});
+    if (c.T >= 2) {
+      EXPECT_EQ(std::memcmp(lever.raw(), got.raw(), got.size_bytes()), 0) << label << ": ops::linear under the lever";
+    } else {  // one token keeps three digits (or the CUDA-core kernel below the tensor cores' floor)
+      EXPECT_EQ(std::memcmp(lever.raw(), three_digits.raw(), got.size_bytes()), 0) << label;
+    }
   }
 }
 
@@ -553,12 +641,14 @@ TEST_F(Affine, TimingOnLlama3Matrices) {
         run(1, {});
         run(1, {.stage = 2});
         for (int64_t T : {1, 2, 4, 8})  // lever tensor_core_affine_matvec, where x fits in shared memory
-          if ((T == 1 || group == 64) && mere::cuda::affine_matvec_mma_supports(a, T))
-            report(fmt::format("{:8s} {}x{} int{} g{} T={} tensor cores", m.name, m.out, m.in, bits, group, T), bytes,
-                   seconds_per_launch([&] {
-                     mere::cuda::launch_affine_matvec_mma(a, x.data<float>(), nullptr, y.data<float>(), T,
-                                                          scratch.raw(), stream);
-                   }));
+          for (int digits : {3, 2})          // 2: lever int16_activation_matvec
+            if ((T == 1 || group == 64) && mere::cuda::affine_matvec_mma_supports(a, T, digits))
+              report(fmt::format("{:8s} {}x{} int{} g{} T={} tensor cores{}", m.name, m.out, m.in, bits, group, T,
+                                 digits == 2 ? ", int16 x" : ""),
+                     bytes, seconds_per_launch([&] {
+                       mere::cuda::launch_affine_matvec_mma(a, x.data<float>(), nullptr, y.data<float>(), T,
+                                                            scratch.raw(), stream, digits);
+                     }));
         if (group != 64) continue;
         for (int64_t T : {2, 4, 8}) run(T, {});
         for (int64_t T : {2, 4, 8}) run(T, {.stage = 2});

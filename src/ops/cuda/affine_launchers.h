@@ -46,17 +46,18 @@ cudaError_t launch_affine_matvec(const AffineArgs& w, const float* x, const floa
 
 // The same product on the tensor cores (affine_matvec_mma.cu, lever
 // tensor_core_affine_matvec): u8 codes times the s8 base-256 digits of x
-// rounded to 23 bits per group, s32 sums. T <= 8, bits 4 or 8, groups of 32,
-// 64 or 128, a row a whole number of stages (256 values; 128 for int8 with
-// groups of 32 or 64). x's converted copy (3 T in bytes) goes to each block's
-// shared memory; where it does not fit, the row runs as up to 8 launches of
-// whole stages, each adding into y. `scratch` (16-byte aligned,
+// rounded per group to 23 bits (3 digits) or, under lever
+// int16_activation_matvec, to 15 bits (2 digits), s32 sums. T <= 8, bits 4 or
+// 8, groups of 32, 64 or 128, a row a whole number of stages (256 values; 128
+// for int8 with groups of 32 or 64). x's converted copy (digits x T x in bytes)
+// goes to each block's shared memory; where it does not fit, the row runs as up
+// to 8 launches of whole stages, each adding into y. `scratch` (16-byte aligned,
 // affine_matvec_mma_scratch_bytes) holds that copy, one image per launch's
 // columns, all written by one first kernel; two calls on one stream may share it.
-bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T);
-int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T);
+bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T, int digits = 3);
+int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T, int digits = 3);
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,
-                                     void* scratch, cudaStream_t stream);
+                                     void* scratch, cudaStream_t stream, int digits = 3);
 
 // The same with the input formed on the way in (lever fused_norm_matvec):
 // RMSNorm(h) norm_w, silu(gate) up from gate_up [T, 2 in] (as
@@ -75,6 +76,7 @@ struct AffineMmaInput {
   const float* split_max = nullptr;  // attention_splits: [T, heads, splits]
   const float* split_sum = nullptr;
   int splits = 0, head_dim = 0;
+  int digits = 3;  // x's base-256 digits: 3 (23 bits) or 2 (15 bits, lever int16_activation_matvec)
 };
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y,
                                      int64_t T, void* scratch, cudaStream_t stream, bool accumulate);

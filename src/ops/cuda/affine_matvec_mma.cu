@@ -24,6 +24,12 @@
 // to 24 bits, 2^-32 of the group's sum, below the f32 accumulation's rounding).
 // The staged table holds 2^-k (or 2^-k 65536) and 2^-k sum x' per lane quad;
 // quads of tokens past T hold zeros.
+// Lever int16_activation_matvec (affine_ops.cpp: from 2 tokens): x' is rounded
+// to 15 bits instead (largest |x'| in [2^13, 2^14)), two digits d0 + 256 d1,
+// so a token takes two columns and four tokens share an mma (T <= 4 takes one
+// per step, T <= 8 two): half the mmas, B loads and per-group sums from 3
+// tokens on, and 2/3 of x's copy. Every lane quad then holds one token's two
+// digits and writes its sums.
 //
 // Shape: a first kernel converts x once into a scratch buffer, the image of
 // what every block stages in shared memory: digit rows (row 3t + d) of s8 in
@@ -60,7 +66,6 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kTileRows = 16;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight (at least 3 stages)
-constexpr int kDigits = 3;            // base-256 digits of x'
 constexpr int kMaxParts = 8;          // launches a row may be cut into (x too long for shared memory)
 
 // Bytes after each staged row (codes or digits) whose lanes load `lane_bytes`
@@ -88,8 +93,16 @@ struct Shape {
   static constexpr int kSteps = kGroup / 32;  // k32 steps per group
 };
 
-// mmas a k32 step: one per 8 B columns, four columns a token.
-__host__ __device__ constexpr int mmas_for(int T) { return (T + 1) / 2; }
+// B columns a token takes: its digits, padded to a power of two (3 digits: 4).
+__host__ __device__ constexpr int columns_per_token(int digits) { return digits == 3 ? 4 : digits; }
+// mmas a k32 step: one per 8 B columns.
+__host__ __device__ constexpr int mmas_for(int T, int digits) {
+  const int tokens_per_mma = 8 / columns_per_token(digits);
+  return (T + tokens_per_mma - 1) / tokens_per_mma;
+}
+// The largest |x'| of a group lies in [2^(top - 1), 2^top): 23 significant
+// bits in three digits, 15 in two (the top digit then in [-64, 64]).
+__host__ __device__ constexpr int top_bit(int digits) { return digits == 3 ? 22 : 14; }
 
 // One launch's share of the columns (all of them unless x is too long for
 // shared memory: then launches of whole stages, each adding into y).
@@ -112,19 +125,20 @@ struct Problem {
 };
 
 // The converted x, and the start of a block's shared memory: digit rows
-// [3 T][in + pad] s8, then per group, mma and lane quad q the float2 {w, b} of
-// its C columns: for token t = 2 mma + q / 2, q even (digits 0 and 1)
-// {2^-k, 2^-k sum x'}, q odd (digit 2) {2^-k 65536, 0}; then the warps' rings
-// and their partial sums [kWarps][mmas][32] float2.
+// [digits T][in + pad] s8, then per group, mma and lane quad q the float2
+// {w, b} of its C columns: 3 digits, for token t = 2 mma + q / 2, q even
+// (digits 0 and 1) {2^-k, 2^-k sum x'}, q odd (digit 2) {2^-k 65536, 0};
+// 2 digits, for token t = 4 mma + q, {2^-k, 2^-k sum x'}; then the warps'
+// rings and their partial sums [kWarps][mmas][32] float2.
 struct Layout {
   int x_stride;  // bytes
   int64_t x_bytes, staged_bytes, ring_bytes, total;
 };
-Layout layout(int in, int group, int T, int stage_bytes, int stages) {
-  const int mmas = mmas_for(T);
+Layout layout(int in, int group, int T, int digits, int stage_bytes, int stages) {
+  const int mmas = mmas_for(T, digits);
   Layout l;
   l.x_stride = in + row_pad(group / 4);  // a multiple of 16: in % 128 == 0
-  l.x_bytes = int64_t(kDigits) * T * l.x_stride;
+  l.x_bytes = int64_t(digits) * T * l.x_stride;
   l.staged_bytes = l.x_bytes + int64_t(in / group) * mmas * 4 * 8;
   l.ring_bytes = int64_t(kWarps) * stages * stage_bytes;
   l.total = l.staged_bytes + l.ring_bytes + int64_t(kWarps) * mmas * 32 * 8;
@@ -148,16 +162,20 @@ __device__ __forceinline__ void mma(int (&d)[4], const uint32_t (&a)[4], uint32_
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A group's factors of token t in the staged table: its two lane quads' float2.
+// A group's factors of token t in the staged table: its lane quads' float2
+// (two of them with 3 digits, one with 2).
+template <int kDigits>
 __device__ __forceinline__ float2* token_factors(uint8_t* staged, int64_t x_bytes, int group, int mmas, int t) {
-  return reinterpret_cast<float2*>(staged + x_bytes) + (int64_t(group) * mmas + t / 2) * 4 + t % 2 * 2;
+  constexpr int kTokens = 8 / columns_per_token(kDigits);  // a mma's
+  return reinterpret_cast<float2*>(staged + x_bytes) + (int64_t(group) * mmas + t / kTokens) * 4 +
+         t % kTokens * (4 / kTokens);
 }
 
 // Eight values of x (token t, columns e to e + 8) into the staged image: their
 // digits (4 bits: stored as 0 2 4 6 1 3 5 7) and, with the group's other runs,
 // its factors. The G / 8 lanes of a group are consecutive lanes of one warp
 // and all call this, those past the end with active false.
-template <int kBits, int kGroup>
+template <int kBits, int kGroup, int kDigits>
 __device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, int e, bool active, int x_stride,
                                              uint8_t* staged, int64_t x_bytes) {
   constexpr int kLanes = kGroup / 8;
@@ -170,21 +188,22 @@ __device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, 
   frexpf(amax, &exponent);  // amax in [2^(exponent-1), 2^exponent)
   const bool finite = amax <= 3.4e38f;
   exponent = amax > 0 && finite ? max(exponent, -100) : 0;
-  const float up = ldexpf(1.0f, 22 - exponent);
+  constexpr int kTop = top_bit(kDigits);
+  const float up = ldexpf(1.0f, kTop - exponent);
   // A group holding inf or NaN gives NaN rows, as the f32 product would give inf or NaN.
-  const float down = finite ? ldexpf(1.0f, exponent - 22) : __int_as_float(0x7fc00000);
+  const float down = finite ? ldexpf(1.0f, exponent - kTop) : __int_as_float(0x7fc00000);
   int sum = 0;
   uint32_t digits[kDigits][2] = {};
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     // Staged position k holds value j: 8 bits in place, 4 bits 0 2 4 6 1 3 5 7.
     const int j = kBits == 8 ? k : (k < 4 ? 2 * k : 2 * (k - 4) + 1);
-    const int xq = finite ? __float2int_rn(v[j] * up) : 0;  // |xq| <= 2^22
+    const int xq = finite ? __float2int_rn(v[j] * up) : 0;  // |xq| <= 2^kTop
     sum += xq;
     int rest = xq;
 #pragma unroll
     for (int d = 0; d < kDigits; ++d) {
-      const int digit = d + 1 < kDigits ? ((rest + 128) & 255) - 128 : rest;  // the last one in [-64, 64]
+      const int digit = d + 1 < kDigits ? ((rest + 128) & 255) - 128 : rest;  // the top one in [-64, 64]
       rest = (rest - digit) >> 8;
       digits[d][k / 4] |= uint32_t(digit & 255) << (8 * (k % 4));
     }
@@ -196,13 +215,16 @@ __device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, 
   for (int d = 0; d < kDigits; ++d)
     *reinterpret_cast<uint2*>(staged + int64_t(kDigits * t + d) * x_stride + e) = make_uint2(digits[d][0], digits[d][1]);
   if (threadIdx.x % kLanes != 0) return;
-  const int group = e / kGroup, mmas = mmas_for(T);
-  float2* f = token_factors(staged, x_bytes, group, mmas, t);
-  f[0] = make_float2(down, float(sum) * down);  // C0 + 256 C1, and the bias term
-  f[1] = make_float2(ldexpf(down, 16), 0.0f);   // C2
-  if (t == 0 && T % 2) {  // the token past T in the last mma
-    float2* past = token_factors(staged, x_bytes, group, mmas, T);
-    past[0] = past[1] = make_float2(0.0f, 0.0f);
+  const int group = e / kGroup, mmas = mmas_for(T, kDigits);
+  constexpr int kQuads = 4 / (8 / columns_per_token(kDigits));  // a token's lane quads
+  float2* f = token_factors<kDigits>(staged, x_bytes, group, mmas, t);
+  f[0] = make_float2(down, float(sum) * down);                // C0 + 256 C1, and the bias term
+  if constexpr (kQuads == 2) f[1] = make_float2(ldexpf(down, 16), 0.0f);  // C2
+  if (t != 0) return;
+  for (int u = T; u < mmas * 8 / columns_per_token(kDigits); ++u) {  // tokens past T in the last mma
+    float2* past = token_factors<kDigits>(staged, x_bytes, group, mmas, u);
+#pragma unroll
+    for (int k = 0; k < kQuads; ++k) past[k] = make_float2(0.0f, 0.0f);
   }
 }
 
@@ -253,7 +275,7 @@ __device__ __forceinline__ void load_input(const Prepare& p, int t, int e, bool 
 // kRmsNormed: blocks (b, t) take token t's runs from 256 b, each first summing
 // the squares of the whole row (f32, in the same order in every block) for
 // RMSNorm: one block a token left the other SMs idle at one token.
-template <int kBits, int kGroup, int kKind, typename N>
+template <int kBits, int kGroup, int kDigits, int kKind, typename N>
 __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
   allow_next_kernel();
   wait_for_previous_kernel();
@@ -267,7 +289,7 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     load_input<kKind>(p, t, e, active, v);
     int e_in_part = 0;
     uint8_t* staged = part_image(p, e, e_in_part);
-    stage_values<kBits, kGroup>(v, p.T, t, e_in_part, active, p.x_stride, staged, p.x_bytes);
+    stage_values<kBits, kGroup, kDigits>(v, p.T, t, e_in_part, active, p.x_stride, staged, p.x_bytes);
   } else {
     const int t = blockIdx.y;
     // The thread's own run of h and its norm weights are read first, with the
@@ -298,7 +320,7 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     for (int j = 0; j < 8; ++j) v[j] = weight[j] * (v[j] * inv);  // RMSNorm(h) w, as rms_norm
     int e_in_part = 0;
     uint8_t* staged = part_image(p, e, e_in_part);
-    stage_values<kBits, kGroup>(v, p.T, t, e_in_part, active, p.x_stride, staged, p.x_bytes);
+    stage_values<kBits, kGroup, kDigits>(v, p.T, t, e_in_part, active, p.x_stride, staged, p.x_bytes);
   }
 }
 
@@ -312,7 +334,7 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
 constexpr int kSplitsPerWarp = 8;
 constexpr int kMaxSplitWarps = kMaxAttentionSplits / kSplitsPerWarp;
 
-template <int kBits, int kGroup>
+template <int kBits, int kGroup, int kDigits>
 __global__ void __launch_bounds__(kMaxSplitWarps * 32)
     affine_mma_prepare_splits_kernel(const __grid_constant__ Prepare p) {
   allow_next_kernel();
@@ -370,7 +392,7 @@ __global__ void __launch_bounds__(kMaxSplitWarps * 32)
   for (int j = 0; j < 8; ++j) v[j] = active ? v[j] / sum : 0.0f;
   int e_in_part = 0;
   uint8_t* staged = part_image(p, e, e_in_part);
-  stage_values<kBits, kGroup>(v, p.T, t, e_in_part, active, p.x_stride, staged, p.x_bytes);
+  stage_values<kBits, kGroup, kDigits>(v, p.T, t, e_in_part, active, p.x_stride, staged, p.x_bytes);
 }
 
 template <int kWords>
@@ -405,10 +427,15 @@ __device__ __forceinline__ float unpack_scale(const uint32_t* words, int i) {
 
 // Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
 // 16 rows, warp w its tile w / split and the share w % split of its stages.
-template <int kBits, int kGroup, typename S, int kMmas>
+template <int kBits, int kGroup, typename S, int kMmas, int kDigits>
 __global__ void __launch_bounds__(kWarps * 32)
     affine_matvec_mma_kernel(const __grid_constant__ Problem p) {
   using Sh = Shape<kBits, kGroup, S>;
+  // 3 digits: lane quads q and q + 1 hold token 2 m + q / 2, q even its digits
+  // 0 and 1, q odd digit 2 (and an unused column); 2 digits: quad q holds token
+  // 4 m + q, both digits.
+  constexpr bool kPairedQuads = kDigits == 3;
+  auto token_of = [](int m, int quad) { return kPairedQuads ? 2 * m + quad / 2 : 4 * m + quad; };
   constexpr int kSg = Sh::kStageGroups;
   extern __shared__ __align__(16) uint8_t smem[];
   const float2* factors = reinterpret_cast<const float2*>(smem + p.x_bytes);
@@ -479,7 +506,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   allow_next_kernel();
   wait_for_previous_kernel();
-  // What a writing lane (part 0, q even, a token below T) adds its rows' sums
+  // What a writing lane (part 0, q even with 3 digits, a token below T) adds its rows' sums
   // to: y itself when accumulating (the residual), and the bias. They are read
   // here, once y is final, and for the next tile right after each write, so
   // that no read waits at the end of a tile.
@@ -491,8 +518,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       bias[h] = p.bias && row < p.out && part == 0 ? p.bias[row] : 0.0f;
 #pragma unroll
       for (int m = 0; m < kMmas; ++m) {
-        const int t = 2 * m + q / 2;
-        const bool writes = part == 0 && q % 2 == 0 && t < p.T && row < p.out;
+        const int t = token_of(m, q);
+        const bool writes = part == 0 && (!kPairedQuads || q % 2 == 0) && t < p.T && row < p.out;
         prior[m][h] = p.accumulate && writes ? p.y[int64_t(t) * p.out + row] : 0.0f;
       }
     }
@@ -505,17 +532,21 @@ __global__ void __launch_bounds__(kWarps * 32)
   __syncthreads();
 
   float acc[kMmas][2] = {};  // per mma: rows g and g + 8 of the lane's columns
-  // B: lane g loads column 8 m + g, digit g % 4 of token 2 m + g / 4, its
-  // digits at q G / 4 of each group. Column 3 of a token and the tokens past T
+  // B: lane g loads column 8 m + g, digit g % 4 of token 2 m + g / 4 (3
+  // digits) or digit g % 2 of token 4 m + g / 2 (2 digits), its digits at
+  // q G / 4 of each group. Column 3 of a token (3 digits) and the tokens past T
   // load a digit row in use: the former is weighted 0 (`high`), the latter have
   // zero factors.
   const uint8_t* b_row[kMmas];
 #pragma unroll
   for (int m = 0; m < kMmas; ++m) {
-    const int digit_row = kDigits * min(2 * m + g / 4, p.T - 1) + min(g % 4, kDigits - 1);
+    constexpr int kColumns = columns_per_token(kDigits);
+    const int token = m * (8 / kColumns) + g / kColumns;
+    const int digit_row = kDigits * min(token, p.T - 1) + min(g % kColumns, kDigits - 1);
     b_row[m] = smem + digit_row * p.x_stride + q * (kGroup / 4);
   }
-  const int high = q % 2 ? 0 : 256;  // q even holds digits 0 and 1: C0 + 256 C1; q odd digit 2 (and column 3)
+  // Quads holding digits 0 and 1 sum C0 + 256 C1; with 3 digits q odd holds digit 2 (and column 3).
+  const int high = kPairedQuads && q % 2 ? 0 : 256;
   int row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, stage = stage_begin;
   uint32_t slot_addr = ring_addr;
 
@@ -570,7 +601,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (++stage != stage_end) continue;
 
     // The tile's last stage: the split warps' sums meet in a fixed order, then
-    // lane q + 1 adds its digit 2 to lane q's digits 0 and 1, which writes.
+    // (3 digits) lane q + 1 adds its digit 2 to lane q's digits 0 and 1, which writes.
     if (p.split > 1) {
 #pragma unroll
       for (int m = 0; m < kMmas; ++m) partial[(warp * kMmas + m) * 32 + lane] = make_float2(acc[m][0], acc[m][1]);
@@ -587,10 +618,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (part == 0) {
 #pragma unroll
       for (int m = 0; m < kMmas; ++m) {
-        const float top = acc[m][0] + __shfl_xor_sync(0xffffffffu, acc[m][0], 1);
-        const float bottom = acc[m][1] + __shfl_xor_sync(0xffffffffu, acc[m][1], 1);
-        const int t = 2 * m + q / 2;
-        if (q % 2 || t >= p.T) continue;
+        float top = acc[m][0], bottom = acc[m][1];
+        if constexpr (kPairedQuads) {
+          top += __shfl_xor_sync(0xffffffffu, top, 1);
+          bottom += __shfl_xor_sync(0xffffffffu, bottom, 1);
+          if (q % 2) continue;
+        }
+        const int t = token_of(m, q);
+        if (t >= p.T) continue;
         float* y = p.y + int64_t(t) * p.out;
         if (row0 + g < p.out) y[row0 + g] = prior[m][0] + (top + bias[0]);
         if (row0 + g + 8 < p.out) y[row0 + g + 8] = prior[m][1] + (bottom + bias[1]);
@@ -612,13 +647,13 @@ int max_smem() {
   return bytes;
 }
 
-template <int kBits, int kGroup, typename S, int kMmas>
+template <int kBits, int kGroup, typename S, int kMmas, int kDigits>
 struct Variant {
   using Sh = Shape<kBits, kGroup, S>;
-  static constexpr auto kernel = affine_matvec_mma_kernel<kBits, kGroup, S, kMmas>;
+  static constexpr auto kernel = affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits>;
 
   static Layout layout_for(int64_t in, int64_t T) {
-    return layout(int(in), kGroup, int(T), Sh::kStageBytes, Sh::kStages);
+    return layout(int(in), kGroup, int(T), kDigits, Sh::kStageBytes, Sh::kStages);
   }
   // One part's image in the scratch, rounded to whole 16-byte copies.
   static int64_t part_image_bytes(int64_t part_in, int64_t T) {
@@ -700,20 +735,20 @@ struct Variant {
     cudaError_t status = cudaSuccess;
     if (input.kind == Kind::rms_normed) {
       const cudaError_t visited = visit_float(input.norm_dtype, [&]<typename N>() {
-        status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::rms_normed), N>, token_grid,
+        status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, kDigits, int(Kind::rms_normed), N>, token_grid,
                                dim3(256), 0, stream, prep);
       });
       if (visited != cudaSuccess) return visited;
     } else if (input.kind == Kind::attention_splits) {
-      status = launch_kernel(affine_mma_prepare_splits_kernel<kBits, kGroup>,
+      status = launch_kernel(affine_mma_prepare_splits_kernel<kBits, kGroup, kDigits>,
                              dim3(unsigned(ceil_div(int(T * w.in / 8), 32))),
                              dim3(unsigned(32 * ceil_div(input.splits, kSplitsPerWarp))), 0, stream, prep);
     } else if (input.kind == Kind::silu_gated) {
-      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::silu_gated), float>, runs_grid,
-                             dim3(256), 0, stream, prep);
+      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, kDigits, int(Kind::silu_gated), float>,
+                             runs_grid, dim3(256), 0, stream, prep);
     } else {
-      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, int(Kind::plain), float>, runs_grid, dim3(256),
-                             0, stream, prep);
+      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, kDigits, int(Kind::plain), float>, runs_grid,
+                             dim3(256), 0, stream, prep);
     }
     if (status != cudaSuccess) return status;
     const int grid = int(std::min<int64_t>(p.n_units, slots));
@@ -732,29 +767,37 @@ struct Variant {
   }
 };
 
-// Calls fn with the Variant for the weight's bits, group, scale type and T.
+// Calls fn with the Variant for the weight's bits, group, scale type, T and x's digits.
 template <typename Fn>
-cudaError_t visit_variant(const AffineArgs& w, int64_t T, Fn&& fn) {
+cudaError_t visit_variant(const AffineArgs& w, int64_t T, int digits, Fn&& fn) {
   return visit_float(w.scale_dtype, [&]<typename S>() {
-    auto by_group = [&]<int kBits, int kMmas>() {
-      if (w.group_size == 32) fn(Variant<kBits, 32, S, kMmas>{});
-      else if (w.group_size == 64) fn(Variant<kBits, 64, S, kMmas>{});
-      else fn(Variant<kBits, 128, S, kMmas>{});
+    auto by_group = [&]<int kBits, int kMmas, int kDigits>() {
+      if (w.group_size == 32) fn(Variant<kBits, 32, S, kMmas, kDigits>{});
+      else if (w.group_size == 64) fn(Variant<kBits, 64, S, kMmas, kDigits>{});
+      else fn(Variant<kBits, 128, S, kMmas, kDigits>{});
     };
     auto by_mmas = [&]<int kBits>() {
-      const int mmas = mmas_for(int(T));
-      if (mmas == 1) by_group.template operator()<kBits, 1>();
-      else if (mmas == 2) by_group.template operator()<kBits, 2>();
-      else if (mmas == 3) by_group.template operator()<kBits, 3>();
-      else by_group.template operator()<kBits, 4>();
+      const int mmas = mmas_for(int(T), digits);
+      if (digits == 2) {  // at most 2 mmas
+        if (mmas == 1) by_group.template operator()<kBits, 1, 2>();
+        else by_group.template operator()<kBits, 2, 2>();
+      } else if (mmas == 1) {
+        by_group.template operator()<kBits, 1, 3>();
+      } else if (mmas == 2) {
+        by_group.template operator()<kBits, 2, 3>();
+      } else if (mmas == 3) {
+        by_group.template operator()<kBits, 3, 3>();
+      } else {
+        by_group.template operator()<kBits, 4, 3>();
+      }
     };
     w.bits == 4 ? by_mmas.template operator()<4>() : by_mmas.template operator()<8>();
   });
 }
 
 // What visit_variant can dispatch; each Variant then checks that it fits.
-bool shape_supported(const AffineArgs& w, int64_t T) {
-  if (T < 1 || T > 8 || (w.bits != 4 && w.bits != 8)) return false;
+bool shape_supported(const AffineArgs& w, int64_t T, int digits) {
+  if (T < 1 || T > 8 || (w.bits != 4 && w.bits != 8) || (digits != 2 && digits != 3)) return false;
   if (w.group_size != 32 && w.group_size != 64 && w.group_size != 128) return false;
   if (w.in <= 0 || w.out <= 0 || w.in > (1 << 20) || w.out > (1 << 30)) return false;
   return reinterpret_cast<uintptr_t>(w.packed) % 16 == 0;
@@ -762,23 +805,25 @@ bool shape_supported(const AffineArgs& w, int64_t T) {
 
 }  // namespace
 
-bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T) {
-  if (!shape_supported(w, T)) return false;
+bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T, int digits) {
+  if (!shape_supported(w, T, digits)) return false;
   bool fits = false;
-  visit_variant(w, T, [&](auto variant) { fits = decltype(variant)::fits(w, T); });
+  visit_variant(w, T, digits, [&](auto variant) { fits = decltype(variant)::fits(w, T); });
   return fits;
 }
 
-int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T) {
-  int64_t bytes = layout(int(w.in), int(w.group_size), int(T), 0, 0).staged_bytes;
-  if (shape_supported(w, T))
-    visit_variant(w, T, [&](auto variant) { bytes = std::max(bytes, decltype(variant)::scratch_bytes(w, T)); });
+int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T, int digits) {
+  int64_t bytes = layout(int(w.in), int(w.group_size), int(T), digits, 0, 0).staged_bytes;
+  if (shape_supported(w, T, digits))
+    visit_variant(w, T, digits,
+                  [&](auto variant) { bytes = std::max(bytes, decltype(variant)::scratch_bytes(w, T)); });
   return bytes;
 }
 
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y,
                                      int64_t T, void* scratch, cudaStream_t stream, bool accumulate) {
-  if (!shape_supported(w, T) || reinterpret_cast<uintptr_t>(input.x) % 16 || reinterpret_cast<uintptr_t>(scratch) % 16)
+  if (!shape_supported(w, T, input.digits) || reinterpret_cast<uintptr_t>(input.x) % 16 ||
+      reinterpret_cast<uintptr_t>(scratch) % 16)
     return cudaErrorInvalidValue;
   if (input.kind == AffineMmaInput::Kind::rms_normed && !input.norm_w) return cudaErrorInvalidValue;
   if (input.kind == AffineMmaInput::Kind::attention_splits &&
@@ -786,15 +831,15 @@ cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& 
        input.head_dim < 8 || input.head_dim % 8 || w.in % input.head_dim))
     return cudaErrorInvalidValue;
   cudaError_t status = cudaSuccess;
-  const cudaError_t dispatch = visit_variant(w, T, [&](auto variant) {
+  const cudaError_t dispatch = visit_variant(w, T, input.digits, [&](auto variant) {
     status = decltype(variant)::launch(w, input, bias, y, T, scratch, accumulate, stream);
   });
   return status != cudaSuccess ? status : dispatch;
 }
 
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,
-                                     void* scratch, cudaStream_t stream) {
-  return launch_affine_matvec_mma(w, AffineMmaInput{.x = x}, bias, y, T, scratch, stream, false);
+                                     void* scratch, cudaStream_t stream, int digits) {
+  return launch_affine_matvec_mma(w, AffineMmaInput{.x = x, .digits = digits}, bias, y, T, scratch, stream, false);
 }
 
 }  // namespace mere::cuda

@@ -29,6 +29,9 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 constexpr int64_t kMinTensorCoreTokens = 2;
 constexpr int64_t kMinTensorCoreWeightsAtOneToken = int64_t(1) << 24;
 
+// Lever int16_activation_matvec applies from 2 tokens (four share an mma).
+constexpr int64_t kMinInt16Tokens = 2;
+
 bool tensor_cores_pay(const AffineArgs& a, int64_t T) {
   return T >= kMinTensorCoreTokens || a.out * a.in >= kMinTensorCoreWeightsAtOneToken;
 }
@@ -71,15 +74,19 @@ bool affine_gemm_pays(const AffineArgs& a, int64_t T) {
 
 // The tensor-core matvec where lever tensor_core_affine_matvec applies; false
 // where it does not (the caller then runs another kernel).
-bool tensor_core_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& input, const Tensor& bias, float* y,
+bool tensor_core_linear(const AffineArgs& a, int64_t T, AffineMmaInput input, const Tensor& bias, float* y,
                         bool accumulate) {
+  // x in two digits (15 bits) under lever int16_activation_matvec, else three
+  // (23 bits). One token keeps three: it takes one mma either way, and two
+  // digits there measured 2.5-3% slower at batch 1 (docs/benchmarks.md).
+  input.digits = int16_activation_matvec_enabled() && T >= kMinInt16Tokens ? 2 : 3;
   // int8_activation_matvec, an explicit accuracy trade, wins over this exact form.
   if (!tensor_core_affine_matvec_enabled() || int8_activation_matvec_enabled() || !tensor_cores_pay(a, T) ||
-      !affine_matvec_mma_supports(a, T) || !aligned16(input.x))
+      !affine_matvec_mma_supports(a, T, input.digits) || !aligned16(input.x))
     return false;
   MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
              dtype_name(bias.dtype()));
-  Tensor scratch = Tensor::empty({affine_matvec_mma_scratch_bytes(a, T)}, DType::u8, Device::cuda);
+  Tensor scratch = Tensor::empty({affine_matvec_mma_scratch_bytes(a, T, input.digits)}, DType::u8, Device::cuda);
   MERE_CUDA(launch_affine_matvec_mma(a, input, bias.defined() ? bias.data<float>() : nullptr, y, T, scratch.raw(),
                                      stream(), accumulate));
   return true;

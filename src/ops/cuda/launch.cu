@@ -1,7 +1,7 @@
 // Launch settings the kernel launchers share (levers programmatic_launch,
 // matvec_split_k, fp8_activation_gemm, int8_activation_matvec,
-// tensor_core_kv_attention, tensor_core_affine_matvec and tensor_core_affine_gemm),
-// and device queries.
+// tensor_core_kv_attention, tensor_core_affine_matvec, int16_activation_matvec
+// and tensor_core_affine_gemm), and device queries.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -13,6 +13,7 @@ bool fp8_activation_gemm = false;
 bool int8_activation_matvec = false;
 bool tensor_core_kv_attention = false;
 bool tensor_core_affine_matvec = false;
+bool int16_activation_matvec = false;
 bool tensor_core_affine_gemm = false;
 bool affine_gemm_every_size = false;
 }
@@ -29,6 +30,8 @@ bool tensor_core_kv_attention_enabled() { return tensor_core_kv_attention; }
 void set_tensor_core_kv_attention(bool on) { tensor_core_kv_attention = on; }
 bool tensor_core_affine_matvec_enabled() { return tensor_core_affine_matvec; }
 void set_tensor_core_affine_matvec(bool on) { tensor_core_affine_matvec = on; }
+bool int16_activation_matvec_enabled() { return int16_activation_matvec; }
+void set_int16_activation_matvec(bool on) { int16_activation_matvec = on; }
 bool tensor_core_affine_gemm_enabled() { return tensor_core_affine_gemm; }
 bool affine_gemm_at_every_size() { return affine_gemm_every_size; }
 void set_tensor_core_affine_gemm(bool on, bool every_size) {

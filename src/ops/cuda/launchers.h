@@ -38,6 +38,11 @@ bool tensor_core_kv_attention_enabled();
 // MLX affine decode matvecs (T <= 8) on the tensor cores (lever
 // tensor_core_affine_matvec, affine_matvec_mma.cu); off: the CUDA-core kernels.
 void set_tensor_core_affine_matvec(bool on);
+// Those tensor-core matvecs round x of 2 tokens or more to 15 bits per group,
+// two base-256 digits (lever int16_activation_matvec); off, and for one token:
+// 23 bits, three digits. Off unless set.
+void set_int16_activation_matvec(bool on);
+bool int16_activation_matvec_enabled();
 bool tensor_core_affine_matvec_enabled();
 // MLX affine prefill on the GEMM that dequantizes its tiles (lever
 // tensor_core_affine_gemm, affine_gemm.cu): where affine_ops.cpp measured it
