@@ -154,12 +154,13 @@ __device__ __forceinline__ void copy_async_small(uint32_t dst, const void* src) 
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(src), "n"(kBytes) : "memory");
 }
 
-// d += a b: a 16x32 tile of u8 codes, b 32x8 s8 digits, s32 sums.
+// d += a b: a 16x32 tile of u8 codes, b 32x8 s8 digits, s32 sums. Not
+// volatile: a pure function of its operands, which the compiler may schedule.
 __device__ __forceinline__ void mma(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};"
-               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // A group's factors of token t in the staged table: its lane quads' float2
@@ -573,7 +574,12 @@ __global__ void __launch_bounds__(kWarps * 32)
       uint32_t b[kMmas][kGroup / 16];
 #pragma unroll
       for (int m = 0; m < kMmas; ++m) load_words(b[m], b_row[m] + group * kGroup);
-      int c[kMmas][4] = {};
+      // With two mmas a step or more, consecutive k-steps sum into separate
+      // accumulators (two chains), so that no mma waits for the one before it:
+      // int4 T = 8 +5% (docs/benchmarks.md); integer sums, so the result is the
+      // same. With one, the adds cost more than the wait (T = 1-4 -0.5%).
+      constexpr int kChains = Sh::kSteps >= 2 && kMmas >= 2 ? 2 : 1;
+      int c[kChains][kMmas][4] = {};
 #pragma unroll
       for (int s = 0; s < Sh::kSteps; ++s) {
         // A: k slots 4q..4q+3 (a0 row g, a1 row g + 8) and 16+4q..16+4q+3 (a2, a3).
@@ -585,14 +591,20 @@ __global__ void __launch_bounds__(kWarps * 32)
           a[2] = (top[s] >> 4) & 0x0F0F0F0Fu, a[3] = (bottom[s] >> 4) & 0x0F0F0F0Fu;
         }
 #pragma unroll
-        for (int m = 0; m < kMmas; ++m) mma(c[m], a, b[m][2 * s], b[m][2 * s + 1]);
+        for (int m = 0; m < kMmas; ++m) mma(c[s % kChains][m], a, b[m][2 * s], b[m][2 * s + 1]);
       }
+#pragma unroll
+      for (int k = 1; k < kChains; ++k)
+#pragma unroll
+        for (int m = 0; m < kMmas; ++m)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) c[0][m][j] += c[k][m][j];
       const float st = unpack_scale<S>(sb_top, gi), sb = unpack_scale<S>(sb_bottom, gi);
       const float bt = unpack_scale<S>(sb_top + kSb / 4, gi), bb = unpack_scale<S>(sb_bottom + kSb / 4, gi);
 #pragma unroll
       for (int m = 0; m < kMmas; ++m) {
         const float2 f = factors[(group * kMmas + m) * 4 + q];
-        const int sum_top = c[m][0] + high * c[m][1], sum_bottom = c[m][2] + high * c[m][3];
+        const int sum_top = c[0][m][0] + high * c[0][m][1], sum_bottom = c[0][m][2] + high * c[0][m][3];
         acc[m][0] = fmaf(st * f.x, __int2float_rn(sum_top), fmaf(bt, f.y, acc[m][0]));
         acc[m][1] = fmaf(sb * f.x, __int2float_rn(sum_bottom), fmaf(bb, f.y, acc[m][1]));
       }
