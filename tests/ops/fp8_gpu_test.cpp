@@ -126,12 +126,13 @@ TEST_F(Fp8Gpu, LinearMatchesTheDequantizedReference) {
   ops::set_launch_settings({});
 }
 
-// Every compiled tile shape and split of the matvec, on rows that end mid-block
-// (1040 columns) and rows split unevenly (14336 columns = 112 steps).
+// Every compiled tile shape and split of the matvec (T = 1 and 8; the default
+// tile at 3 and 5), on rows that end mid-block (1040 columns) and rows split
+// unevenly (14336 columns = 112 steps).
 TEST_F(Fp8Gpu, EveryMatvecTileMatches) {
   struct Case { int64_t out, in; };
   for (Case c : {Case{304, 4096}, Case{1000, 1040}, Case{77, 14336}})
-    for (int64_t T : {1, 8}) {
+    for (int64_t T : {1, 3, 5, 8}) {
       Weight w(random_fp8(c.out, c.in, 128, uint64_t(c.out + c.in)));
       Tensor values = gpu(w.fp8().values), scales = gpu(w.fp8().scale_inv);
       Tensor x = random_activations(T, c.in, 9), b = Tensor::empty({c.out}, DType::f32);

@@ -225,12 +225,12 @@ cudaError_t launch_matvec_for(const float* x, const Fp8WeightView& w, const floa
       return launch_fast<T, 2, 8, false>(x, w, bias, y, tile.split, stream);
     }
   }
-  // Each input load serves all rows of a warp: more rows as tokens add input
-  // loads. (H200, Llama-3-8B shapes, T = 1: 2 rows x 8 steps was the best of the
-  // tiles on every shape; T = 8: 2 rows x 8 pipelined measured 18-28% of the
-  // roofline against 11-24% for 4 x 4, not yet the default: its results are untested.)
+  // Each input load serves all rows of a warp. (H200, Llama-3-8B shapes, T = 1:
+  // 2 rows x 8 steps was the best of the tiles on every shape; T = 8: 2 rows x 8
+  // pipelined measured 18-28% of the roofline against 11-24% for 4 x 4, the
+  // earlier default from 3 tokens; docs/benchmarks.md.)
   if constexpr (T <= 2) return launch_fast<T, 2, 8, false>(x, w, bias, y, 1, stream);
-  else return launch_fast<T, 4, 4, false>(x, w, bias, y, 1, stream);
+  else return launch_fast<T, 2, 8, true>(x, w, bias, y, 1, stream);
 }
 
 // One warp per (token, 128-column block); each lane holds 4 of its values.
