@@ -74,6 +74,13 @@ struct Levers {
   // audit's parity bounds); Llama-3-8B int4 decode of 3-8 sequences +19-24%,
   // int8 +2-30% (docs/levers.md). One token keeps three digits.
   bool int16_activation_matvec = true;
+  // FP8 checkpoints' decode matvecs on the tensor cores, for 2-8 tokens and for
+  // one token of a matrix of 2^24 weights or more: E4M3 weights as f16 mma
+  // operands, x per token and 128 columns as two f16 (22 bits), f32 sums (the
+  // CUDA-core kernel multiplies every weight once per token). Default: audit of
+  // the demo converted to FP8, KL 1.1e-7 nats, greedy 100%; Llama-3-8B shape
+  // +8% at batch 1, x3 at batch 8 (docs/levers.md).
+  bool tensor_core_fp8_matvec = true;
   // Prefill of MLX affine (int8/int4) weights on a GEMM that dequantizes its
   // tiles in registers (wgmma) instead of writing a bf16 copy of each weight
   // first: 9 to 384 tokens of matrices of 2^24 weights or more; longer prompts
@@ -100,7 +107,8 @@ struct Levers {
   // MERERUN_FUSED_NORM_MATVEC (0|1|auto), MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC,
-  // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto), MERERUN_PSI_FUSED_MOE, MERERUN_PREFIX_CACHE (0|1)
+  // MERERUN_TENSOR_CORE_FP8_MATVEC, MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto), MERERUN_PSI_FUSED_MOE,
+  // MERERUN_PREFIX_CACHE (0|1)
   // override the defaults.
   static Levers from_env();
   static Levers all_off() {
@@ -108,6 +116,7 @@ struct Levers {
                   .fused_norm_matvec = LeverMode::off, .programmatic_launch = false, .matvec_split_k = false,
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,
                   .tensor_core_affine_matvec = false, .int16_activation_matvec = false,
+                  .tensor_core_fp8_matvec = false,
                   .tensor_core_affine_gemm = LeverMode::off,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false};

@@ -74,6 +74,7 @@ struct LaunchSettings {
   // Lever int16_activation_matvec: those mma matvecs, from 2 tokens, take x rounded
   // to 15 bits per group (two base-256 digits, four tokens an mma) instead of 23.
   bool int16_activation_matvec = false;
+  bool tensor_core_fp8_matvec = false;  // lever tensor_core_fp8_matvec: FP8 decode matvecs on mma
   // Lever tensor_core_affine_gemm: affine prefill on the GEMM that dequantizes its
   // tiles, where it measured faster (auto), or at every size (on).
   bool tensor_core_affine_gemm = false;

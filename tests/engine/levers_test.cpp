@@ -62,5 +62,21 @@ TEST(Levers, Int16ActivationMatvecIsOnByDefaultAndCudaOnly) {
   EXPECT_THROW(Levers::from_env(), Error);
 }
 
+// tensor_core_fp8_matvec: on by default, a CUDA lever switched by its variable.
+TEST(Levers, TensorCoreFp8MatvecIsACudaLever) {
+  EXPECT_TRUE(Levers{}.tensor_core_fp8_matvec);
+  EXPECT_TRUE(Levers{}.load_options(Device::cuda).tensor_core_fp8_matvec);
+  EXPECT_FALSE(Levers::all_off().tensor_core_fp8_matvec);
+  EXPECT_FALSE(Levers{}.load_options(Device::cpu).tensor_core_fp8_matvec);
+  for (const char* value : {"0", "1"}) {
+    ScopedEnv env("MERERUN_TENSOR_CORE_FP8_MATVEC", value);
+    const bool on = value[0] == '1';
+    EXPECT_EQ(Levers::from_env().tensor_core_fp8_matvec, on);
+    EXPECT_EQ(Levers::from_env().load_options(Device::cuda).tensor_core_fp8_matvec, on);
+    EXPECT_NE(Levers::from_env().describe(Device::cuda).find(std::string("tensor_core_fp8_matvec=") + (on ? "on" : "off")),
+              std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace mere

@@ -126,6 +126,86 @@ TEST_F(Fp8Gpu, LinearMatchesTheDequantizedReference) {
   ops::set_launch_settings({});
 }
 
+// Lever tensor_core_fp8_matvec: the tensor-core matvec (x as two f16 per token
+// and block, f32 sums) against the f32 reference, T 1-8 (one or two mmas), rows
+// off the 16-row tiles, more tiles than blocks (9000 rows), split-K (40 rows),
+// long rows cut into launches (14336 columns at 4-8 tokens), activations 1000x
+// apart between blocks; ops::linear takes it under the lever from 2 tokens (bit
+// for bit the direct launch) and the CUDA-core kernel without it, at one token
+// of these small matrices, or where it does not apply (a row not a multiple of 128).
+TEST_F(Fp8Gpu, TensorCoreMatvecMatchesTheDequantizedReference) {
+  struct Case { int64_t out, in; };
+  int n = 0;
+  for (Case c : {Case{304, 4096}, Case{9000, 256}, Case{40, 4096}, Case{77, 14336}, Case{130, 1040}})
+    for (int64_t T : {1, 2, 3, 4, 5, 8}) {
+      const std::string label = fmt::format("tensor-core fp8 T={} {}x{}", T, c.out, c.in);
+      Weight w(random_fp8(c.out, c.in, 128, uint64_t(c.out + c.in + n++)));
+      const Weight wg = w.to_device(Device::cuda);
+      const Tensor x = random_activations(T, c.in, uint64_t(n)), b = random({c.out}, DType::f32, 10, 0.5f);
+      const Tensor want = ops::linear(x, w.dequantize(DType::f32), b);
+      const Tensor xd = gpu(x), bd = gpu(b);
+      const cuda::Fp8WeightView view{wg.fp8().values.data<uint8_t>(), wg.fp8().scale_inv.data<float>(), c.out, c.in,
+                                     wg.fp8().scale_inv.dim(1), 128};
+      const bool supported = cuda::fp8_matvec_mma_supports(view, T);
+      EXPECT_EQ(supported, c.in % 128 == 0) << label;
+      Tensor direct;
+      if (supported) {
+        direct = Tensor::empty({T, c.out}, DType::f32, Device::cuda);
+        Tensor scratch = Tensor::empty({cuda::fp8_matvec_mma_scratch_bytes(view, T)}, DType::u8, Device::cuda);
+        ASSERT_EQ(cuda::launch_fp8_matvec_mma(xd.data<float>(), view, bd.data<float>(), direct.data<float>(), T,
+                                              scratch.raw(), stream()),
+                  cudaSuccess)
+            << label;
+        EXPECT_LE(relative_error(direct, want, label), kMatvecTolerance) << label;
+        direct = direct.to_device(Device::cpu);
+      }
+      ops::set_launch_settings({});
+      const Tensor cuda_cores = ops::linear(xd, wg, bd).to_device(Device::cpu);
+      ops::set_launch_settings({.tensor_core_fp8_matvec = true});
+      const Tensor lever = ops::linear(xd, wg, bd).to_device(Device::cpu);
+      ops::set_launch_settings({});
+      // One token of a matrix below 2^24 weights keeps the CUDA-core kernel.
+      const bool applies = supported && (T >= 2 || c.out * c.in >= (int64_t(1) << 24));
+      const Tensor& expected = applies ? direct : cuda_cores;
+      EXPECT_EQ(std::memcmp(lever.raw(), expected.raw(), lever.size_bytes()), 0) << label;
+      if (applies) {
+        EXPECT_NE(std::memcmp(lever.raw(), cuda_cores.raw(), lever.size_bytes()), 0) << label;
+      }
+    }
+}
+
+// x far outside f16's range in both directions (each token's block is scaled
+// by its own power of two before the split into f16), and a NaN, which makes
+// its token's outputs NaN and leaves the others alone.
+TEST_F(Fp8Gpu, TensorCoreMatvecKeepsHugeAndTinyInputs) {
+  const int64_t in = 1024, out = 96;
+  Weight w(random_fp8(out, in, 128, 77));
+  const Weight wg = w.to_device(Device::cuda);
+  Tensor x = random({3, in}, DType::f32, 5);
+  float* v = x.data<float>();
+  for (int64_t i = 0; i < in; ++i) {
+    v[i] *= 3e5f;                                            // token 0: beyond f16's 65504
+    v[in + i] *= 1e-7f;                                      // token 1: below f16's normal range
+    v[2 * in + i] *= float(1 << ((i / 128) % 16)) * 1e-3f;  // token 2: each block at its own scale
+  }
+  const Tensor want = ops::linear(x, w.dequantize(DType::f32), Tensor());
+  ops::set_launch_settings({.tensor_core_fp8_matvec = true});
+  const Tensor got = ops::linear(gpu(x), wg, Tensor()).to_device(Device::cpu);
+  ops::set_launch_settings({});
+  for (int64_t t = 0; t < 3; ++t) {
+    const std::string label = fmt::format("tensor-core fp8, token {}", t);
+    EXPECT_LE(relative_error(got.slice_rows(t, t + 1), want.slice_rows(t, t + 1), label), kMatvecTolerance) << label;
+  }
+  Tensor nan_x = random({2, in}, DType::f32, 6);
+  nan_x.data<float>()[in + 300] = std::nanf("");
+  const Tensor finite = ops::linear(nan_x.slice_rows(0, 1), w.dequantize(DType::f32), Tensor());
+  ops::set_launch_settings({.tensor_core_fp8_matvec = true});
+  const Tensor nan_y = ops::linear(gpu(nan_x), wg, Tensor()).to_device(Device::cpu);
+  ops::set_launch_settings({});
+  for (int64_t r = 0; r < out; ++r) EXPECT_TRUE(std::isnan(nan_y.data<float>()[out + r])) << "row " << r;
+  EXPECT_LE(relative_error(nan_y.slice_rows(0, 1), finite, "tensor-core fp8, the finite token"), kMatvecTolerance);
+}
+
 // Every compiled tile shape and split of the matvec (T = 1 and 8; the default
 // tile at 3 and 5), on rows that end mid-block (1040 columns) and rows split
 // unevenly (14336 columns = 112 steps).
@@ -335,6 +415,18 @@ TEST_F(Fp8Gpu, DecodeSpeedOnLlama3Shapes) {
         }
         report(tile, time_ms(launch, 50));
         if (variant < 0) report("default, graph+PDL", time_graph_ms(launch, 50));
+      }
+      // Lever tensor_core_fp8_matvec.
+      const cuda::Fp8WeightView first{values.data<uint8_t>(), scales.data<float>(), s.out, s.in, scales.dim(1), 128};
+      if (cuda::fp8_matvec_mma_supports(first, T)) {
+        Tensor scratch = Tensor::empty({cuda::fp8_matvec_mma_scratch_bytes(first, T)}, DType::u8, Device::cuda);
+        auto launch = [&](int i) {
+          cuda::Fp8WeightView w = first;
+          w.values += (i % copies) * s.out * s.in;
+          return cuda::launch_fp8_matvec_mma(x.data<float>(), w, nullptr, y.data<float>(), T, scratch.raw(), stream());
+        };
+        report("tensor cores", time_ms(launch, 50));
+        report("tensor cores, graph+PDL", time_graph_ms(launch, 50));
       }
     }
   }

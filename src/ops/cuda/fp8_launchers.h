@@ -36,6 +36,18 @@ struct Fp8MatvecTile {
 int fp8_matvec_variants();
 Fp8MatvecTile fp8_matvec_tile(int variant);
 
+// The same product on the tensor cores (fp8_matvec_mma.cu, lever
+// tensor_core_fp8_matvec): E4M3 weights as f16 mma operands, x per token and
+// 128 columns as two f16 (hi and lo, 22 bits), f32 sums. T <= 8, block 128, in
+// a multiple of 128, 16-byte aligned values, x and scratch. x's converted copy
+// (4 T in bytes) goes to each block's shared memory; where it does not fit, the
+// row runs as up to 8 launches of whole blocks, each adding into y. `scratch`
+// (fp8_matvec_mma_scratch_bytes) holds that copy, written by one first kernel.
+bool fp8_matvec_mma_supports(const Fp8WeightView& w, int64_t T);
+int64_t fp8_matvec_mma_scratch_bytes(const Fp8WeightView& w, int64_t T);
+cudaError_t launch_fp8_matvec_mma(const float* x, const Fp8WeightView& w, const float* bias, float* y, int64_t T,
+                                  void* scratch, cudaStream_t stream);
+
 // Activations for the FP8 GEMM: x [T, in] f32 -> q [T, in] E4M3 with one scale
 // per token and 128 columns, scales[kb * scale_ld + t] = amax / 448 (cuBLASLt's
 // VEC128_32F layout, tokens contiguous, scale_ld >= T), so that x ~ q * scale.

@@ -1,5 +1,6 @@
 // FP8 (E4M3, 128x128 block scales) matmul and embedding on CUDA. Decode (T <= 8)
-// runs the fp8 matvec (fp8_matvec.cu). Prefill quantizes the activations to E4M3
+// runs the fp8 matvec (fp8_matvec.cu, or on the tensor cores fp8_matvec_mma.cu
+// under lever tensor_core_fp8_matvec). Prefill quantizes the activations to E4M3
 // with one scale per token and 128 columns and runs cuBLASLt's block-scaled FP8
 // GEMM on Hopper's tensor cores: weight scales BLK128x128_32F, activation scales
 // VEC128_32F (cuBLAS 12.9+, sm_90). Where cuBLASLt offers no such algorithm (rows
@@ -26,6 +27,13 @@ namespace {
 using namespace mere::cuda;
 
 cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
+
+// Lever tensor_core_fp8_matvec takes 2-8 tokens, and one token of a matrix this
+// large (all of Llama-3-8B's: +8% at batch 1); a smaller one at one token pays
+// more for the extra launch that converts x than it gains (the demo model in FP8
+// decoded 26% slower with the kernel at every T; docs/levers.md), as for the
+// affine kernel (affine_ops.cpp).
+constexpr int64_t kMinTensorCoreWeightsAtOneToken = int64_t(1) << 24;
 
 Fp8WeightView view_of(const Fp8Weight& w) {
   Fp8WeightView v;
@@ -171,7 +179,14 @@ void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor&
   if (T == 0) return;
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
   if (T <= kMaxFp8MatvecTokens) {
-    MERE_CUDA(launch_fp8_matvec(x.data<float>(), view_of(w), b, out.data<float>(), T, stream()));
+    const Fp8WeightView v = view_of(w);
+    if (tensor_core_fp8_matvec_enabled() && (T >= 2 || v.out * v.in >= kMinTensorCoreWeightsAtOneToken) &&
+        fp8_matvec_mma_supports(v, T) && reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0) {
+      Tensor scratch = Tensor::empty({fp8_matvec_mma_scratch_bytes(v, T)}, DType::u8, Device::cuda);
+      MERE_CUDA(launch_fp8_matvec_mma(x.data<float>(), v, b, out.data<float>(), T, scratch.raw(), stream()));
+      return;
+    }
+    MERE_CUDA(launch_fp8_matvec(x.data<float>(), v, b, out.data<float>(), T, stream()));
     return;
   }
   if (fp8_activation_gemm_enabled() && fp8_gemm(x, w, out)) {

@@ -1,7 +1,7 @@
 // Launch settings the kernel launchers share (levers programmatic_launch,
 // matvec_split_k, fp8_activation_gemm, int8_activation_matvec,
-// tensor_core_kv_attention, tensor_core_affine_matvec, int16_activation_matvec
-// and tensor_core_affine_gemm), and device queries.
+// tensor_core_kv_attention, tensor_core_affine_matvec, int16_activation_matvec,
+// tensor_core_fp8_matvec and tensor_core_affine_gemm), and device queries.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -14,6 +14,7 @@ bool int8_activation_matvec = false;
 bool tensor_core_kv_attention = false;
 bool tensor_core_affine_matvec = false;
 bool int16_activation_matvec = false;
+bool tensor_core_fp8_matvec = false;
 bool tensor_core_affine_gemm = false;
 bool affine_gemm_every_size = false;
 }
@@ -32,6 +33,8 @@ bool tensor_core_affine_matvec_enabled() { return tensor_core_affine_matvec; }
 void set_tensor_core_affine_matvec(bool on) { tensor_core_affine_matvec = on; }
 bool int16_activation_matvec_enabled() { return int16_activation_matvec; }
 void set_int16_activation_matvec(bool on) { int16_activation_matvec = on; }
+bool tensor_core_fp8_matvec_enabled() { return tensor_core_fp8_matvec; }
+void set_tensor_core_fp8_matvec(bool on) { tensor_core_fp8_matvec = on; }
 bool tensor_core_affine_gemm_enabled() { return tensor_core_affine_gemm; }
 bool affine_gemm_at_every_size() { return affine_gemm_every_size; }
 void set_tensor_core_affine_gemm(bool on, bool every_size) {

@@ -43,6 +43,10 @@ void set_tensor_core_affine_matvec(bool on);
 // 23 bits, three digits. Off unless set.
 void set_int16_activation_matvec(bool on);
 bool int16_activation_matvec_enabled();
+// FP8 decode matvecs on the tensor cores (lever tensor_core_fp8_matvec,
+// fp8_matvec_mma.cu); off: the CUDA-core kernel. Off unless set.
+void set_tensor_core_fp8_matvec(bool on);
+bool tensor_core_fp8_matvec_enabled();
 bool tensor_core_affine_matvec_enabled();
 // MLX affine prefill on the GEMM that dequantizes its tiles (lever
 // tensor_core_affine_gemm, affine_gemm.cu): where affine_ops.cpp measured it

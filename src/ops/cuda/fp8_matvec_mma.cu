@@ -1,0 +1,401 @@
+// FP8 E4M3 decode matvecs (T <= 8 tokens, 128x128 block scales) on the tensor
+// cores: lever tensor_core_fp8_matvec (fp8_ops.cpp).
+//
+// Why: the CUDA-core kernel (fp8_matvec.cu) converts and multiplies every
+// weight once per token, so its rate falls with the tokens (Llama-3-8B shapes:
+// 12-25% of the roofline at 8). Here a 16-row tile of weights is the A operand
+// of f16 mmas (m16n8k16, f32 sums): E4M3 converts to f16 exactly, two values an
+// instruction, and T = 8 costs the weight reads of T = 1 plus one more mma a step.
+//
+// Exactness: per token and 128-column block, x is scaled by the power of two
+// 2^k that puts its largest |x| in [2^14, 2^15) and split into two f16, hi =
+// f16(x 2^k) and lo = f16(x 2^k - hi): 22 significant bits. A token takes two
+// B columns (hi, lo), so four tokens share an mma (T <= 4 one a step, T <= 8
+// two). A product of an E4M3 value (4 significant bits) and an f16 (11) is
+// exact in f32, and the mma sums in f32. Per stage (one 128-column block) the
+// lane holding a token's two columns adds them and scales the sum by the
+// block's weight scale and 2^-k.
+//
+// Shape (as affine_matvec_mma.cu): a first kernel converts x into the image a
+// block stages in shared memory (rows 2t and 2t + 1: token t's hi and lo, f16,
+// in column order; then 2^-k per token and block). Each warp streams its 16-row
+// tiles, 128 bytes of each row and the tile's block scale a stage, through a
+// ring of cp.async stages; `split` warps share a tile's stages and add their
+// sums in a fixed order. Lane (g, q) takes bytes [32 j + 8 q, +8) of rows g and
+// g + 8 for k32 chunk j, and the same 8 columns of x from its B column's row:
+// the first mma's k-slots 2q, 2q + 1 are columns +0, +1 and 2q + 8, 2q + 9
+// columns +2, +3, the second mma's +4 to +7 likewise. A row too long for x in
+// shared memory runs as launches of whole blocks, each adding into y.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/fp8_launchers.h"
+#include "ops/cuda/launchers.h"
+
+namespace mere::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kTileRows = 16;
+constexpr int kBlock = 128;                          // columns (bytes) of a stage: one scale block
+constexpr int kRowStride = kBlock + 32;              // 8-byte loads of 4 rows hit every bank once
+constexpr int kCodeBytes = kTileRows * kRowStride;   // a stage's weights
+constexpr int kStageBytes = kCodeBytes + 16;         // and the tile's block scale
+constexpr int kStages = 3;
+constexpr int kTop = 15;     // the largest |x 2^k| of a token's block lies in [2^(kTop - 1), 2^kTop)
+constexpr int kMaxParts = 8;  // launches a row may be cut into (x too long for shared memory)
+
+__host__ __device__ constexpr int mmas_for(int T) { return (T + 3) / 4; }
+
+struct Problem {
+  const uint8_t* values;  // the launch's first column of row 0; rows row_bytes apart
+  const float* scales;    // the launch's first block column of block row 0; rows scale_stride apart
+  int64_t row_bytes;
+  int scale_stride;
+  const uint8_t* staged;  // x converted (prepare kernel): the image of a block's x and factors
+  int x_stride;           // bytes per staged row (hi or lo of a token)
+  int64_t x_bytes, staged_bytes;
+  const float* bias;
+  float* y;
+  bool accumulate;  // y += the product (a later launch of a cut row), else y =
+  int out, T;
+  int n_blocks;  // the launch's 128-column blocks
+  int split;     // warps per tile
+  int n_units;   // units of kWarps / split tiles
+};
+
+// The converted x and the start of a block's shared memory: rows [2 T][in + pad]
+// of f16 (token t's hi, then lo), then 2^-k per token and block [T][n_blocks]
+// f32, then the warps' rings and their partial sums [kWarps][mmas][32] float2.
+struct Layout {
+  int x_stride;
+  int64_t x_bytes, staged_bytes, total;
+};
+Layout layout(int64_t in, int64_t T) {
+  Layout l;
+  l.x_stride = int(2 * in + 64);  // 2 in is a multiple of 256: rows 64 bytes apart mod 128
+  l.x_bytes = 2 * T * l.x_stride;
+  l.staged_bytes = l.x_bytes + (T * (in / kBlock) * 4 + 15) / 16 * 16;
+  l.total = l.staged_bytes + int64_t(kWarps) * kStages * kStageBytes + int64_t(kWarps) * mmas_for(int(T)) * 32 * 8;
+  return l;
+}
+
+// d += a b: a 16x16 tile of f16 weights, b 16x8 f16 (x's hi and lo columns), f32 sums.
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two E4M3 values (the low 16 bits, first in the low byte) as an f16 pair, exactly.
+__device__ __forceinline__ uint32_t f16_pair(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+__device__ __forceinline__ void copy_async_4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+
+// x [T, in] into the parts' images: a warp a (token, 128-column block), a lane
+// 4 values. A block holding inf or NaN gives NaN rows, as the f32 product would.
+__global__ void __launch_bounds__(256)
+    fp8_mma_prepare_kernel(const float* __restrict__ x, int T, int in, int part_in, int x_stride, uint8_t* staged,
+                           int64_t x_bytes, int64_t part_bytes) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int lane = threadIdx.x % 32, blocks = in / kBlock;
+  const int item = blockIdx.x * 8 + threadIdx.x / 32;
+  if (item >= T * blocks) return;
+  const int t = item / blocks, b = item % blocks;
+  const float4 v4 = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in + b * kBlock) + lane);
+  const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+  float amax = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) amax = fmaxf(amax, isfinite(v[j]) ? fabsf(v[j]) : INFINITY);  // NaN counts as inf
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  int exponent = 0;
+  frexpf(amax, &exponent);  // amax in [2^(exponent-1), 2^exponent)
+  const bool finite = amax <= 3.4e38f;
+  exponent = amax > 0 && finite ? max(exponent, -100) : 0;
+  const float up = ldexpf(1.0f, kTop - exponent);
+  const float down = finite ? ldexpf(1.0f, exponent - kTop) : __int_as_float(0x7fc00000);
+  uint32_t hi[2] = {}, lo[2] = {};  // f16 pairs, the first value in the low half
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float s = finite ? v[j] * up : 0.0f;
+    const __half h = __float2half_rn(s), l = __float2half_rn(s - __half2float(h));
+    hi[j / 2] |= uint32_t(__half_as_ushort(h)) << (16 * (j % 2));
+    lo[j / 2] |= uint32_t(__half_as_ushort(l)) << (16 * (j % 2));
+  }
+  const int k = b * kBlock / part_in, col = b * kBlock - k * part_in;  // the part, and the column in it
+  uint8_t* image = staged + k * part_bytes;
+  *reinterpret_cast<uint2*>(image + int64_t(2 * t) * x_stride + 2 * (col + 4 * lane)) = make_uint2(hi[0], hi[1]);
+  *reinterpret_cast<uint2*>(image + int64_t(2 * t + 1) * x_stride + 2 * (col + 4 * lane)) = make_uint2(lo[0], lo[1]);
+  if (lane == 0) reinterpret_cast<float*>(image + x_bytes)[t * (part_in / kBlock) + col / kBlock] = down;
+}
+
+// Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
+// 16 rows, warp w its tile w / split and the share w % split of its stages.
+template <int kMmas>
+__global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __grid_constant__ Problem p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const float* factors = reinterpret_cast<const float*>(smem + p.x_bytes);
+  uint8_t* ring = smem + p.staged_bytes + int64_t(threadIdx.x / 32) * kStages * kStageBytes;
+  float2* partial = reinterpret_cast<float2*>(smem + p.staged_bytes + int64_t(kWarps) * kStages * kStageBytes);
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
+  const int tiles_per_unit = kWarps / p.split, part = warp % p.split;
+  const int stage_begin = part * p.n_blocks / p.split, stage_end = (part + 1) * p.n_blocks / p.split;
+  const int my_units = (p.n_units - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
+  const int n_stages = my_units * (stage_end - stage_begin);
+
+  // Copy u of a lane takes chunk lane % 8 of row lane / 8 + 4 u; lane 0 copies
+  // the tile's block scale. Shared addresses are kept as offsets.
+  const uint32_t ring_addr = smem_address(ring), ring_end = ring_addr + kStages * kStageBytes;
+  const uint32_t copy_dst = (lane / 8) * kRowStride + (lane % 8) * 16;
+  int issue_row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, issue_stage = stage_begin;
+  const int unit_rows = int(gridDim.x) * tiles_per_unit * kTileRows;
+  const uint8_t* copy_src[4];
+  const float* scale_src;
+  auto point_at_tile = [&]() {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int row = min(issue_row0 + lane / 8 + 4 * u, p.out - 1);
+      copy_src[u] = p.values + row * p.row_bytes + (lane % 8) * 16;
+    }
+    scale_src = p.scales + int64_t(min(issue_row0, p.out - 1) / kBlock) * p.scale_stride;
+  };
+  point_at_tile();
+  uint32_t issue_addr = ring_addr;
+  auto issue = [&]() {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) copy_async_16(issue_addr + copy_dst + u * 4 * kRowStride, copy_src[u] + issue_stage * kBlock);
+    if (lane == 0) copy_async_4(issue_addr + kCodeBytes, scale_src + issue_stage);
+    issue_addr += kStageBytes;
+    if (issue_addr == ring_end) issue_addr = ring_addr;
+    if (++issue_stage == stage_end) {
+      issue_stage = stage_begin;
+      issue_row0 += unit_rows;
+      point_at_tile();
+    }
+  };
+
+  // Weights never change during a forward: the first stages load before the wait.
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_stages) issue();
+    copy_async_commit();
+  }
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  // What a writing lane (part 0, its token below T) adds its rows' sums to: y
+  // itself when accumulating, and the bias; read once y is final.
+  float prior[kMmas][2], bias[2];
+  auto read_addends = [&](int first_row) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = first_row + g + 8 * h;
+      bias[h] = p.bias && row < p.out && part == 0 ? p.bias[row] : 0.0f;
+#pragma unroll
+      for (int m = 0; m < kMmas; ++m) {
+        const int t = 4 * m + q;
+        const bool writes = part == 0 && t < p.T && row < p.out;
+        prior[m][h] = p.accumulate && writes ? p.y[int64_t(t) * p.out + row] : 0.0f;
+      }
+    }
+  };
+  read_addends((int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows);
+  for (int64_t b = int64_t(threadIdx.x) * 16; b < p.staged_bytes; b += int64_t(blockDim.x) * 16)
+    copy_async_16(smem_address(smem + b), p.staged + b);
+  copy_async_commit();
+  copy_async_wait<0>();
+  __syncthreads();
+
+  // B: lane g loads column 8 m + g, the hi (g even) or lo row of token 4 m + g / 2;
+  // tokens past T load the last token's rows, and their sums are never written.
+  const uint8_t* b_row[kMmas];
+#pragma unroll
+  for (int m = 0; m < kMmas; ++m)
+    b_row[m] = smem + int64_t(2 * min(4 * m + g / 2, p.T - 1) + g % 2) * p.x_stride + q * 16;
+  float acc[kMmas][2] = {};  // per mma: rows g and g + 8 of token 4 m + q
+  int row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, stage = stage_begin;
+  uint32_t slot_addr = ring_addr;
+
+  for (int i = 0; i < n_stages; ++i) {
+    if (i + kStages - 1 < n_stages) issue();
+    copy_async_commit();
+    copy_async_wait<kStages - 1>();
+    __syncwarp();
+    const uint8_t* slot = ring + (slot_addr - ring_addr);
+    slot_addr += kStageBytes;
+    if (slot_addr == ring_end) slot_addr = ring_addr;
+    // Two chains of sums (the chunks' first and second mmas), so that no mma
+    // waits for the one before it.
+    float c[2][kMmas][4] = {};
+    const int x_at = stage * 2 * kBlock;  // the block's columns in x's rows (f16)
+#pragma unroll
+    for (int j = 0; j < kBlock / 32; ++j) {
+      const uint2 top = *reinterpret_cast<const uint2*>(slot + g * kRowStride + 32 * j + 8 * q);
+      const uint2 bottom = *reinterpret_cast<const uint2*>(slot + (g + 8) * kRowStride + 32 * j + 8 * q);
+      const uint32_t first[4] = {f16_pair(top.x), f16_pair(bottom.x), f16_pair(top.x >> 16), f16_pair(bottom.x >> 16)};
+      const uint32_t second[4] = {f16_pair(top.y), f16_pair(bottom.y), f16_pair(top.y >> 16),
+                                  f16_pair(bottom.y >> 16)};
+#pragma unroll
+      for (int m = 0; m < kMmas; ++m) {
+        const uint4 xv = *reinterpret_cast<const uint4*>(b_row[m] + x_at + 64 * j);  // columns 32 j + 8 q, +8
+        mma(c[0][m], first, xv.x, xv.y);
+        mma(c[1][m], second, xv.z, xv.w);
+      }
+    }
+    const float scale = *reinterpret_cast<const float*>(slot + kCodeBytes);
+#pragma unroll
+    for (int m = 0; m < kMmas; ++m) {
+      const int t = 4 * m + q;
+      const float f = t < p.T ? scale * factors[t * p.n_blocks + stage] : 0.0f;
+      acc[m][0] = fmaf(f, (c[0][m][0] + c[1][m][0]) + (c[0][m][1] + c[1][m][1]), acc[m][0]);  // hi + lo, row g
+      acc[m][1] = fmaf(f, (c[0][m][2] + c[1][m][2]) + (c[0][m][3] + c[1][m][3]), acc[m][1]);  // row g + 8
+    }
+    __syncwarp();  // the slot is refilled next iteration
+    if (++stage != stage_end) continue;
+
+    // The tile's last stage: the split warps' sums meet in a fixed order.
+    if (p.split > 1) {
+#pragma unroll
+      for (int m = 0; m < kMmas; ++m) partial[(warp * kMmas + m) * 32 + lane] = make_float2(acc[m][0], acc[m][1]);
+      __syncthreads();
+      if (part == 0)
+        for (int w = warp + 1; w < warp + p.split; ++w)
+#pragma unroll
+          for (int m = 0; m < kMmas; ++m) {
+            const float2 o = partial[(w * kMmas + m) * 32 + lane];
+            acc[m][0] += o.x, acc[m][1] += o.y;
+          }
+      __syncthreads();  // partial is rewritten at the next tile
+    }
+    if (part == 0) {
+#pragma unroll
+      for (int m = 0; m < kMmas; ++m) {
+        const int t = 4 * m + q;
+        if (t >= p.T) continue;
+        float* y = p.y + int64_t(t) * p.out;
+        if (row0 + g < p.out) y[row0 + g] = prior[m][0] + (acc[m][0] + bias[0]);
+        if (row0 + g + 8 < p.out) y[row0 + g + 8] = prior[m][1] + (acc[m][1] + bias[1]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kMmas; ++m) acc[m][0] = acc[m][1] = 0;
+    stage = stage_begin;
+    row0 += unit_rows;
+    if (part == 0) read_addends(row0);
+  }
+  copy_async_wait<0>();
+}
+
+// ---- host side ----
+
+int max_smem() {
+  static const int bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  return bytes;
+}
+
+// The launches a row is cut into: the fewest, of whole blocks each, whose x
+// fits in a block's shared memory with the rings; 0 if none does.
+int parts_for(int64_t in, int64_t T) {
+  const int64_t blocks = in / kBlock;
+  for (int parts = 1; parts <= kMaxParts; ++parts)
+    if (blocks % parts == 0 && layout(in / parts, T).total <= max_smem()) return parts;
+  return 0;
+}
+
+int64_t part_image_bytes(int64_t part_in, int64_t T) { return (layout(part_in, T).staged_bytes + 15) / 16 * 16; }
+
+template <int kMmas>
+int blocks_per_sm(int64_t smem) {
+  static const cudaError_t raised = cudaFuncSetAttribute(fp8_matvec_mma_kernel<kMmas>,
+                                                         cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
+  (void)raised;
+  int blocks = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fp8_matvec_mma_kernel<kMmas>, kWarps * 32, size_t(smem));
+  return blocks;
+}
+
+template <int kMmas>
+cudaError_t launch_for(const float* x, const Fp8WeightView& w, const float* bias, float* y, int64_t T, void* scratch,
+                       cudaStream_t stream) {
+  const int parts = parts_for(w.in, T);
+  const int64_t in = w.in / parts;
+  const Layout l = layout(in, T);
+  const int per_sm = blocks_per_sm<kMmas>(l.total);
+  if (per_sm < 1) return cudaErrorInvalidValue;
+  const int64_t slots = int64_t(per_sm) * sm_count();
+  const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), n_blocks = int(in / kBlock);
+  // Split-K: the fewest warps per tile whose units fill the slots as well as
+  // any, each warp keeping its ring full.
+  int split = 1;
+  double best = 0;
+  for (int s = 1; s <= kWarps && n_blocks / s >= 1; s *= 2) {
+    const int64_t units = (n_tiles + kWarps / s - 1) / (kWarps / s);
+    const double waves = double((units + slots - 1) / slots);
+    const double fill = double(units) / (waves * double(slots));
+    if (fill > best * 1.05 && (s == 1 || n_blocks / s >= kStages - 1)) best = fill, split = s;
+  }
+  const int64_t part_bytes = part_image_bytes(in, T);
+  cudaError_t status = launch_kernel(fp8_mma_prepare_kernel, dim3(unsigned(ceil_div(T * (w.in / kBlock), 8))),
+                                     dim3(256), 0, stream, x, int(T), int(w.in), int(in), l.x_stride,
+                                     static_cast<uint8_t*>(scratch), l.x_bytes, part_bytes);
+  if (status != cudaSuccess) return status;
+  Problem p{};
+  p.row_bytes = w.in;
+  p.scale_stride = int(w.scale_cols);
+  p.x_stride = l.x_stride;
+  p.x_bytes = l.x_bytes;
+  p.staged_bytes = l.staged_bytes;
+  p.y = y;
+  p.out = int(w.out);
+  p.T = int(T);
+  p.n_blocks = n_blocks;
+  p.split = split;
+  p.n_units = (n_tiles + kWarps / split - 1) / (kWarps / split);
+  const int grid = int(std::min<int64_t>(p.n_units, slots));
+  for (int part = 0; part < parts; ++part) {
+    const int64_t col0 = part * in;
+    p.values = w.values + col0;
+    p.scales = w.scale_inv + col0 / kBlock;
+    p.staged = static_cast<const uint8_t*>(scratch) + part * part_bytes;
+    p.bias = part == 0 ? bias : nullptr;
+    p.accumulate = part > 0;
+    status = launch_kernel(fp8_matvec_mma_kernel<kMmas>, dim3(grid), dim3(kWarps * 32), size_t(l.total), stream, p);
+    if (status != cudaSuccess) return status;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+bool fp8_matvec_mma_supports(const Fp8WeightView& w, int64_t T) {
+  return T >= 1 && T <= kMaxFp8MatvecTokens && w.block == kBlock && w.in % kBlock == 0 && w.in <= (1 << 20) &&
+         w.out >= 1 && w.out <= (1 << 30) && reinterpret_cast<uintptr_t>(w.values) % 16 == 0 &&
+         parts_for(w.in, T) > 0;
+}
+
+int64_t fp8_matvec_mma_scratch_bytes(const Fp8WeightView& w, int64_t T) {
+  const int parts = fp8_matvec_mma_supports(w, T) ? parts_for(w.in, T) : 1;
+  return parts * part_image_bytes(w.in / parts, T);
+}
+
+cudaError_t launch_fp8_matvec_mma(const float* x, const Fp8WeightView& w, const float* bias, float* y, int64_t T,
+                                  void* scratch, cudaStream_t stream) {
+  if (!fp8_matvec_mma_supports(w, T) || reinterpret_cast<uintptr_t>(x) % 16 ||
+      reinterpret_cast<uintptr_t>(scratch) % 16)
+    return cudaErrorInvalidValue;
+  return mmas_for(int(T)) == 1 ? launch_for<1>(x, w, bias, y, T, scratch, stream)
+                               : launch_for<2>(x, w, bias, y, T, scratch, stream);
+}
+
+}  // namespace mere::cuda
