@@ -73,8 +73,8 @@ TEST(Levers, TensorCoreFp8MatvecIsACudaLever) {
     const bool on = value[0] == '1';
     EXPECT_EQ(Levers::from_env().tensor_core_fp8_matvec, on);
     EXPECT_EQ(Levers::from_env().load_options(Device::cuda).tensor_core_fp8_matvec, on);
-    EXPECT_NE(Levers::from_env().describe(Device::cuda).find(std::string("tensor_core_fp8_matvec=") + (on ? "on" : "off")),
-              std::string::npos);
+    const std::string described = std::string("tensor_core_fp8_matvec=") + (on ? "on" : "off");
+    EXPECT_NE(Levers::from_env().describe(Device::cuda).find(described), std::string::npos);
   }
 }
 

@@ -321,10 +321,9 @@ TEST_F(Affine, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
     EXPECT_TRUE(ops::cuda::affine_attention_linear_add(int16_x, splits, wg.affine(), gpu(bias))) << label;
     EXPECT_LE(relative_error(int16_x.to_device(Device::cpu), want, label + " fused, int16 x"), 2e-4f);
     // One token keeps three digits.
-    EXPECT_EQ(std::memcmp(int16_x.to_device(Device::cpu).raw(), fused.to_device(Device::cpu).raw(), fused.size_bytes()) ==
-                  0,
-              c.T == 1)
-        << label;
+    const bool same = std::memcmp(int16_x.to_device(Device::cpu).raw(), fused.to_device(Device::cpu).raw(),
+                                  fused.size_bytes()) == 0;
+    EXPECT_EQ(same, c.T == 1) << label;
     ops::set_launch_settings({});
     // Without the lever the fused form declines; the op merges, then multiplies.
     Tensor declined = gpu(residual);

@@ -42,7 +42,8 @@ Tensor chunked_logits(const Model& model, const std::vector<int32_t>& ids) {
   std::vector<Tensor> rows;
   for (int64_t b = 0; b + 1 < int64_t(ids.size()); b += kChunk) {
     const int64_t e = std::min<int64_t>(b + kChunk, int64_t(ids.size()) - 1);
-    rows.push_back(model.forward({ids.begin() + b, ids.begin() + e}, *state, /*all_logits=*/true).to_device(Device::cpu));
+    const std::vector<int32_t> chunk(ids.begin() + b, ids.begin() + e);
+    rows.push_back(model.forward(chunk, *state, /*all_logits=*/true).to_device(Device::cpu));
   }
   return ops::concat_rows(rows);
 }
@@ -63,7 +64,8 @@ TEST_P(Int16ActivationDemo, ChunkedDecodeStaysWithThreeDigits) {
   auto exact = load_model(out, Device::cuda, exact_options);
   auto lever = load_model(out, Device::cuda, lever_options);
 
-  std::vector<int32_t> ids = Tokenizer::load(demo_dir()).encode(test::read_file(demo_dir() / "heldout_test.txt"), false);
+  const std::string text = test::read_file(demo_dir() / "heldout_test.txt");
+  std::vector<int32_t> ids = Tokenizer::load(demo_dir()).encode(text, false);
   ASSERT_GE(int64_t(ids.size()), kTokens);
   ids.resize(size_t(kTokens));
   const Tensor a = chunked_logits(*exact, ids), b = chunked_logits(*lever, ids);

@@ -59,12 +59,13 @@
 #include "ops/cuda/affine_launchers.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
+#include "ops/cuda/matvec_tiles.cuh"
 
 namespace mere::cuda {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kTileRows = 16;
+using tiles::kTileRows;
+using tiles::kWarps;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight (at least 3 stages)
 constexpr int kMaxParts = 8;          // launches a row may be cut into (x too long for shared memory)
 
@@ -614,19 +615,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
     // The tile's last stage: the split warps' sums meet in a fixed order, then
     // (3 digits) lane q + 1 adds its digit 2 to lane q's digits 0 and 1, which writes.
-    if (p.split > 1) {
-#pragma unroll
-      for (int m = 0; m < kMmas; ++m) partial[(warp * kMmas + m) * 32 + lane] = make_float2(acc[m][0], acc[m][1]);
-      __syncthreads();
-      if (part == 0)
-        for (int w = warp + 1; w < warp + p.split; ++w)
-#pragma unroll
-          for (int m = 0; m < kMmas; ++m) {
-            const float2 o = partial[(w * kMmas + m) * 32 + lane];
-            acc[m][0] += o.x, acc[m][1] += o.y;
-          }
-      __syncthreads();  // partial is rewritten at the next tile
-    }
+    tiles::add_split_sums<kMmas>(acc, partial, p.split, warp, part, lane);
     if (part == 0) {
 #pragma unroll
       for (int m = 0; m < kMmas; ++m) {
@@ -654,10 +643,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // ---- host side ----
 
-int max_smem() {
-  static const int bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  return bytes;
-}
+using tiles::max_smem;
 
 template <int kBits, int kGroup, typename S, int kMmas, int kDigits>
 struct Variant {
@@ -711,16 +697,7 @@ struct Variant {
     if (per_sm < 1) return cudaErrorInvalidValue;
     const int64_t slots = int64_t(per_sm) * sm_count();
     const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), row_stages = int(in / Sh::kStageValues);
-    // Split-K: the fewest warps per tile whose units fill the slots as well as
-    // any, each warp keeping its ring full.
-    int split = 1;
-    double best = 0;
-    for (int s = 1; s <= kWarps && row_stages / s >= 1; s *= 2) {
-      const int64_t units = (n_tiles + kWarps / s - 1) / (kWarps / s);
-      const double waves = double((units + slots - 1) / slots);
-      const double fill = double(units) / (waves * double(slots));
-      if (fill > best * 1.05 && (s == 1 || row_stages / s >= Sh::kStages - 1)) best = fill, split = s;
-    }
+    const int split = tiles::split_for(n_tiles, row_stages, slots, Sh::kStages - 1);
     Problem p{};
     p.row_bytes = w.in * kBits / 8;
     p.scale_stride = int(w.in / kGroup);

@@ -35,12 +35,13 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fp8_launchers.h"
 #include "ops/cuda/launchers.h"
+#include "ops/cuda/matvec_tiles.cuh"
 
 namespace mere::cuda {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kTileRows = 16;
+using tiles::kTileRows;
+using tiles::kWarps;
 constexpr int kBlock = 128;                          // columns (bytes) of a stage: one scale block
 constexpr int kRowStride = kBlock + 32;              // 8-byte loads of 4 rows hit every bank once
 constexpr int kCodeBytes = kTileRows * kRowStride;   // a stage's weights
@@ -175,7 +176,8 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
   uint32_t issue_addr = ring_addr;
   auto issue = [&]() {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) copy_async_16(issue_addr + copy_dst + u * 4 * kRowStride, copy_src[u] + issue_stage * kBlock);
+    for (int u = 0; u < 4; ++u)
+      copy_async_16(issue_addr + copy_dst + u * 4 * kRowStride, copy_src[u] + issue_stage * kBlock);
     if (lane == 0) copy_async_4(issue_addr + kCodeBytes, scale_src + issue_stage);
     issue_addr += kStageBytes;
     if (issue_addr == ring_end) issue_addr = ring_addr;
@@ -265,19 +267,7 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
     if (++stage != stage_end) continue;
 
     // The tile's last stage: the split warps' sums meet in a fixed order.
-    if (p.split > 1) {
-#pragma unroll
-      for (int m = 0; m < kMmas; ++m) partial[(warp * kMmas + m) * 32 + lane] = make_float2(acc[m][0], acc[m][1]);
-      __syncthreads();
-      if (part == 0)
-        for (int w = warp + 1; w < warp + p.split; ++w)
-#pragma unroll
-          for (int m = 0; m < kMmas; ++m) {
-            const float2 o = partial[(w * kMmas + m) * 32 + lane];
-            acc[m][0] += o.x, acc[m][1] += o.y;
-          }
-      __syncthreads();  // partial is rewritten at the next tile
-    }
+    tiles::add_split_sums<kMmas>(acc, partial, p.split, warp, part, lane);
     if (part == 0) {
 #pragma unroll
       for (int m = 0; m < kMmas; ++m) {
@@ -299,10 +289,7 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
 
 // ---- host side ----
 
-int max_smem() {
-  static const int bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  return bytes;
-}
+using tiles::max_smem;
 
 // The launches a row is cut into: the fewest, of whole blocks each, whose x
 // fits in a block's shared memory with the rings; 0 if none does.
@@ -335,16 +322,7 @@ cudaError_t launch_for(const float* x, const Fp8WeightView& w, const float* bias
   if (per_sm < 1) return cudaErrorInvalidValue;
   const int64_t slots = int64_t(per_sm) * sm_count();
   const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), n_blocks = int(in / kBlock);
-  // Split-K: the fewest warps per tile whose units fill the slots as well as
-  // any, each warp keeping its ring full.
-  int split = 1;
-  double best = 0;
-  for (int s = 1; s <= kWarps && n_blocks / s >= 1; s *= 2) {
-    const int64_t units = (n_tiles + kWarps / s - 1) / (kWarps / s);
-    const double waves = double((units + slots - 1) / slots);
-    const double fill = double(units) / (waves * double(slots));
-    if (fill > best * 1.05 && (s == 1 || n_blocks / s >= kStages - 1)) best = fill, split = s;
-  }
+  const int split = tiles::split_for(n_tiles, n_blocks, slots, kStages - 1);
   const int64_t part_bytes = part_image_bytes(in, T);
   cudaError_t status = launch_kernel(fp8_mma_prepare_kernel, dim3(unsigned(ceil_div(T * (w.in / kBlock), 8))),
                                      dim3(256), 0, stream, x, int(T), int(w.in), int(in), l.x_stride,

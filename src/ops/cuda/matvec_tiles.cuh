@@ -1,0 +1,56 @@
+// What the tensor-core decode matvecs (affine_matvec_mma.cu, fp8_matvec_mma.cu)
+// share: tiles of 16 rows in blocks of 8 warps, `split` warps of a block per
+// tile (split-K) adding their sums in a fixed order, and the choice of split.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cuda/common.cuh"
+
+namespace mere::cuda::tiles {
+
+constexpr int kWarps = 8;
+constexpr int kTileRows = 16;
+
+// The most dynamic shared memory a block may take on this device (opt-in).
+inline int max_smem() {
+  static const int bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  return bytes;
+}
+
+// Split-K: the fewest warps per tile (1 to kWarps) whose units of kWarps / split
+// tiles fill the slots (resident blocks) as well as any, each warp keeping at
+// least `min_stages` of the row's `row_stages` so that its ring stays full.
+inline int split_for(int n_tiles, int row_stages, int64_t slots, int min_stages) {
+  int split = 1;
+  double best = 0;
+  for (int s = 1; s <= kWarps && row_stages / s >= 1; s *= 2) {
+    const int64_t units = (n_tiles + kWarps / s - 1) / (kWarps / s);
+    const double waves = double((units + slots - 1) / slots);
+    const double fill = double(units) / (waves * double(slots));
+    if (fill > best * 1.05 && (s == 1 || row_stages / s >= min_stages)) best = fill, split = s;
+  }
+  return split;
+}
+
+// At a tile's last stage: the split warps' sums (rows g and g + 8 of each mma's
+// columns) meet in the first warp of the tile, in warp order, through `partial`
+// ([kWarps][kMmas][32] float2). Every thread of the block calls it.
+template <int kMmas>
+__device__ __forceinline__ void add_split_sums(float (&acc)[kMmas][2], float2* partial, int split, int warp, int part,
+                                               int lane) {
+  if (split <= 1) return;
+#pragma unroll
+  for (int m = 0; m < kMmas; ++m) partial[(warp * kMmas + m) * 32 + lane] = make_float2(acc[m][0], acc[m][1]);
+  __syncthreads();
+  if (part == 0)
+    for (int w = warp + 1; w < warp + split; ++w)
+#pragma unroll
+      for (int m = 0; m < kMmas; ++m) {
+        const float2 o = partial[(w * kMmas + m) * 32 + lane];
+        acc[m][0] += o.x, acc[m][1] += o.y;
+      }
+  __syncthreads();  // partial is rewritten at the next tile
+}
+
+}  // namespace mere::cuda::tiles
