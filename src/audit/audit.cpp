@@ -198,12 +198,14 @@ class Auditor {
 
   // A quantized copy of the checkpoint under --out/scratch, made with mere quantize's code.
   fs::path quantized_dir(const LeverSpec& s) {
-    const fs::path dir = o_.out_dir / "scratch" / fmt::format("weights-{}-g{}", s.weights, s.group_size);
+    const fs::path dir = o_.out_dir / "scratch" /
+                         (s.weights == "fp8" ? std::string("weights-fp8")
+                                             : fmt::format("weights-{}-g{}", s.weights, s.group_size));
     auto done = quantized_.find(dir.string());
     if (done != quantized_.end()) return dir;
     fs::remove_all(dir);
     fs::create_directories(dir.parent_path());
-    quantize_checkpoint(o_.model_dir, dir, {s.weights == "int8" ? 8 : 4, s.group_size, {}});
+    quantize_checkpoint(o_.model_dir, dir, {s.weights == "int8" ? 8 : 4, s.group_size, s.weights == "fp8", {}});
     quantized_.insert({dir.string(), true});
     return dir;
   }
@@ -217,9 +219,6 @@ class Auditor {
         switch (s.kind) {
           case LeverSpec::Kind::kv: arm.kv = s.kv_mode; break;
           case LeverSpec::Kind::weights:
-            MERE_CHECK(s.weights != "fp8",
-                       "mere has no fp8 quantizer (mere quantize writes affine int8/int4); audit an fp8 checkpoint "
-                       "by giving it to -m");
             arm.dir = quantized_dir(s);
             break;
           case LeverSpec::Kind::engine:

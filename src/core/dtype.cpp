@@ -1,5 +1,7 @@
 #include "core/dtype.h"
 
+#include <cmath>
+
 namespace mere {
 
 size_t dtype_size(DType dt) {
@@ -34,6 +36,26 @@ float f8_e4m3_to_f32(uint8_t bits) {
     std::memcpy(&v, &u, 4);
   }
   return (bits & 0x80) ? -v : v;
+}
+
+uint8_t f32_to_f8_e4m3(float v) {
+  if (std::isnan(v)) return 0x7f;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  const float a = std::fabs(v);
+  if (a >= 448.0f) return sign | 0x7e;  // the largest finite value
+  // The codes 0..0x7e are the non-negative values in increasing order: the last
+  // one not above a, then the nearer of it and the next (ties: the even code).
+  int lo = 0, hi = 0x7e;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (f8_e4m3_to_f32(uint8_t(mid)) <= a) lo = mid;
+    else hi = mid - 1;
+  }
+  if (lo < 0x7e) {
+    const float below = f8_e4m3_to_f32(uint8_t(lo)), above = f8_e4m3_to_f32(uint8_t(lo + 1));
+    if (a - below > above - a || (a - below == above - a && lo % 2 == 1)) ++lo;
+  }
+  return sign | uint8_t(lo);
 }
 
 // Round to nearest even, with subnormals and overflow to infinity.

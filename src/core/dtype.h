@@ -12,6 +12,9 @@ enum class DType : uint8_t { f32, f16, bf16, i32, u32, u8, f8_e4m3 };
 
 // E4M3 bits to float.
 float f8_e4m3_to_f32(uint8_t bits);
+// Float to the nearest E4M3 value, ties to even, saturating at +-448 (the format
+// has no infinities, as torch's float8_e4m3fn cast with saturation); NaN -> NaN.
+uint8_t f32_to_f8_e4m3(float v);
 
 size_t dtype_size(DType dt);
 std::string_view dtype_name(DType dt);

@@ -13,11 +13,14 @@
 #include "io/config.h"
 #include "io/safetensors_writer.h"
 #include "quant/affine_quantize.h"
+#include "quant/fp8_quantize.h"
 
 namespace mere {
 namespace {
 
 namespace fs = std::filesystem;
+
+constexpr int kFp8Block = 128;
 
 struct KeepPattern {
   std::string text;
@@ -59,10 +62,11 @@ void check_output(const fs::path& out) {
              "-o {}: exists and is not empty; give a new or empty directory", out.string());
 }
 
-void write_config(const fs::path& in, const fs::path& out, const nlohmann::ordered_json& quantization) {
+// MLX writes both keys; Hugging Face's FP8 checkpoints only quantization_config.
+void write_config(const fs::path& in, const fs::path& out, const nlohmann::ordered_json& quantization, bool fp8) {
   std::ifstream f(in / "config.json");
   nlohmann::ordered_json config = nlohmann::ordered_json::parse(f);  // ConfigJson::load has checked it
-  config["quantization"] = quantization;
+  if (!fp8) config["quantization"] = quantization;
   config["quantization_config"] = quantization;
   std::ofstream o(out / "config.json", std::ios::trunc);
   o << config.dump(2) << "\n";
@@ -76,6 +80,11 @@ QuantizeCheckpointResult write_quantized(const QuantizeCheckpointOptions& f, con
   check_input(config, checkpoint);
 
   nlohmann::ordered_json quantization = {{"group_size", f.group_size}, {"bits", f.bits}};
+  if (f.fp8)
+    quantization = {{"quant_method", "fp8"},
+                    {"fmt", "e4m3"},
+                    {"activation_scheme", "dynamic"},
+                    {"weight_block_size", {kFp8Block, kFp8Block}}};
   std::vector<Plan> plans;
   std::vector<TensorSpec> specs;
   uint64_t bytes_in = 0;
@@ -88,33 +97,49 @@ QuantizeCheckpointResult write_quantized(const QuantizeCheckpointOptions& f, con
       const std::string module = name.substr(0, name.size() - 7);
       const bool kept = std::any_of(keep.begin(), keep.end(),
                                     [&](const KeepPattern& k) { return std::regex_search(module, k.regex); });
-      p.quantize = !kept && t.shape[1] % f.group_size == 0;
-      if (p.quantize) {
+      // FP8 leaves the embeddings dense, as the FP8 releases do.
+      const bool embedding = f.fp8 && module.ends_with("embed_tokens");
+      p.quantize = !kept && !embedding && (f.fp8 || t.shape[1] % f.group_size == 0);
+      if (p.quantize && f.fp8) {
+        const int64_t rows = t.shape[0], cols = t.shape[1];
+        specs.push_back({name, DType::f8_e4m3, {rows, cols}});
+        specs.push_back({name + "_scale_inv", DType::f32,
+                         {(rows + kFp8Block - 1) / kFp8Block, (cols + kFp8Block - 1) / kFp8Block}});
+        ++n_quantized;
+      } else if (p.quantize) {
         const int64_t rows = t.shape[0], cols = t.shape[1];
         specs.push_back({name, DType::u32, {rows, cols * f.bits / 32}});
         specs.push_back({module + ".scales", t.dtype, {rows, cols / f.group_size}});
         specs.push_back({module + ".biases", t.dtype, {rows, cols / f.group_size}});
         ++n_quantized;
       } else {
-        quantization[module] = false;
+        if (!f.fp8) quantization[module] = false;  // FP8 modules are known by their weight_scale_inv
         ++n_kept;
-        std::fprintf(stderr, "keeping %s dense (%s)\n", module.c_str(),
-                     kept ? "--keep" : fmt::format("{} columns do not divide into groups of {}", t.shape[1],
-                                                   f.group_size).c_str());
+        const std::string why = kept ? "--keep"
+                                : embedding
+                                    ? "an embedding"
+                                    : fmt::format("{} columns do not divide into groups of {}", t.shape[1], f.group_size);
+        std::fprintf(stderr, "keeping %s dense (%s)\n", module.c_str(), why.c_str());
       }
     }
     if (!p.quantize) specs.push_back({name, t.dtype, t.shape});
     plans.push_back(std::move(p));
   }
 
-  CheckpointWriter writer(out, specs, CheckpointWriter::kDefaultShardBytes, {{"format", "mlx"}});
+  CheckpointWriter writer(out, specs, CheckpointWriter::kDefaultShardBytes, {{"format", f.fp8 ? "pt" : "mlx"}});
   {
-    Progress progress(fmt::format("quantize int{} g{}", f.bits, f.group_size), int64_t(plans.size()));
+    Progress progress(f.fp8 ? std::string("quantize fp8 e4m3 128x128") : fmt::format("quantize int{} g{}", f.bits,
+                                                                                   f.group_size),
+                      int64_t(plans.size()));
     for (size_t i = 0; i < plans.size(); ++i) {
       const Plan& p = plans[i];
       progress.update(int64_t(i), p.name);
       Tensor t = checkpoint.get(p.name);
-      if (p.quantize) {
+      if (p.quantize && f.fp8) {
+        Fp8Weight q = quantize_fp8(t, kFp8Block);
+        writer.write(p.name, q.values);
+        writer.write(p.name + "_scale_inv", q.scale_inv);
+      } else if (p.quantize) {
         const std::string module = p.name.substr(0, p.name.size() - 7);
         AffineWeight a = quantize_affine(t, f.bits, f.group_size, t.dtype());
         writer.write(p.name, a.packed);
@@ -127,7 +152,7 @@ QuantizeCheckpointResult write_quantized(const QuantizeCheckpointOptions& f, con
     progress.finish();
   }
   std::vector<fs::path> files = writer.finish();
-  write_config(in, out, quantization);
+  write_config(in, out, quantization, f.fp8);
 
   int n_copied = 0;
   for (const auto& e : fs::directory_iterator(in)) {
@@ -156,9 +181,12 @@ QuantizeCheckpointResult write_quantized(const QuantizeCheckpointOptions& f, con
 
 QuantizeCheckpointResult quantize_checkpoint(const fs::path& in, const fs::path& out,
                                              const QuantizeCheckpointOptions& options) {
-  MERE_CHECK(options.bits == 4 || options.bits == 8, "--bits {}: mere writes 4- or 8-bit affine weights", options.bits);
-  MERE_CHECK(options.group_size == 32 || options.group_size == 64 || options.group_size == 128,
-             "--group-size {}: MLX's affine groups are 32, 64 or 128 weights", options.group_size);
+  if (!options.fp8) {
+    MERE_CHECK(options.bits == 4 || options.bits == 8, "--bits {}: mere writes 4- or 8-bit affine weights",
+               options.bits);
+    MERE_CHECK(options.group_size == 32 || options.group_size == 64 || options.group_size == 128,
+               "--group-size {}: MLX's affine groups are 32, 64 or 128 weights", options.group_size);
+  }
   std::vector<KeepPattern> keep;
   for (const std::string& k : options.keep) {
     try {

@@ -7,7 +7,12 @@
 // "quantization" = {"group_size", "bits", "<module>": false for each module left
 // dense}, repeated as "quantization_config". Tensors are read, quantized and
 // written one at a time, so memory stays near one weight matrix. Used by
-// `mere quantize` and by `mere audit` (lever weights=int8|int4).
+// `mere quantize` and by `mere audit` (lever weights=int8|int4|fp8).
+// With `fp8`, the layout of DeepSeek-V3 and Qwen3-FP8 releases instead: every
+// 2-D `<module>.weight` but the embeddings becomes E4M3 values with
+// `<module>.weight_scale_inv` (f32, one per 128x128 block; quant/fp8_quantize.h),
+// and config.json gains "quantization_config" = {"quant_method": "fp8", "fmt":
+// "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}.
 #pragma once
 
 #include <filesystem>
@@ -17,7 +22,8 @@
 namespace mere {
 
 struct QuantizeCheckpointOptions {
-  int bits = 4, group_size = 64;
+  int bits = 4, group_size = 64;  // affine
+  bool fp8 = false;               // FP8 E4M3 with 128x128 block scales instead (bits and group_size unused)
   std::vector<std::string> keep;  // regular expressions searched in module names: those stay dense
 };
 

@@ -92,6 +92,53 @@ TEST(QuantizeCmd, KeepLeavesMatchingModulesDense) {
   expect_loads_and_runs(out);
 }
 
+// --format fp8: the Qwen3-FP8 / DeepSeek-V3 layout (E4M3 weights, f32
+// weight_scale_inv per 128x128 block, quantization_config fp8), embeddings
+// left dense; it loads as an FP8 checkpoint and its logits stay near the
+// dense model's.
+TEST(QuantizeCmd, Fp8InTheQwen3Fp8Layout) {
+  const fs::path src = test::fixtures_dir() / "llama", out = test::temp_dir("q") / "llama-fp8";
+  auto r = test::run_mere("quantize -m " + src.string() + " -o " + out.string() + " --format fp8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("quantize fp8 e4m3 128x128"), std::string::npos) << r.err;  // the progress bar
+  EXPECT_NE(r.err.find("keeping model.embed_tokens dense (an embedding)"), std::string::npos) << r.err;
+  const json config = read_json(out / "config.json");
+  EXPECT_FALSE(config.contains("quantization"));
+  EXPECT_EQ(config["quantization_config"], json({{"quant_method", "fp8"},
+                                                 {"fmt", "e4m3"},
+                                                 {"activation_scheme", "dynamic"},
+                                                 {"weight_block_size", {128, 128}}}));
+  SafetensorsFile st = SafetensorsFile::open(out / "model.safetensors");
+  EXPECT_EQ(st.find("model.layers.0.mlp.down_proj.weight")->dtype, DType::f8_e4m3);
+  EXPECT_EQ(st.find("model.layers.0.mlp.down_proj.weight")->shape, (Shape{64, 160}));
+  EXPECT_EQ(st.find("model.layers.0.mlp.down_proj.weight_scale_inv")->dtype, DType::f32);
+  EXPECT_EQ(st.find("model.layers.0.mlp.down_proj.weight_scale_inv")->shape, (Shape{1, 2}));
+  EXPECT_EQ(st.find("lm_head.weight")->dtype, DType::f8_e4m3);
+  EXPECT_EQ(st.find("model.embed_tokens.weight")->dtype, DType::bf16);
+  EXPECT_FALSE(st.has("model.embed_tokens.weight_scale_inv"));
+
+  auto dense = load_model(src), fp8 = load_model(out);
+  auto s1 = dense->make_state(), s2 = fp8->make_state();
+  const Tensor a = dense->forward({1, 2, 3, 4, 5}, *s1, /*all_logits=*/true);
+  const Tensor b = fp8->forward({1, 2, 3, 4, 5}, *s2, /*all_logits=*/true);
+  float top = 0, diff = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    top = std::max(top, std::fabs(a.at(i)));
+    diff = std::max(diff, std::fabs(a.at(i) - b.at(i)));
+  }
+  EXPECT_GT(diff, 0.0f);             // the weights did change
+  EXPECT_LE(diff, 0.1f * top);       // E4M3 keeps 3 mantissa bits: a few percent on this tiny model
+  expect_loads_and_runs(out);
+
+  // --bits and --group-size belong to the affine format.
+  r = test::run_mere("quantize -m " + src.string() + " -o " + (out.string() + "-2") + " --format fp8 --bits 8");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--bits and --group-size are affine options"), std::string::npos) << r.err;
+  r = test::run_mere("quantize -m " + src.string() + " -o " + (out.string() + "-3"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--bits is required"), std::string::npos) << r.err;
+}
+
 TEST(QuantizeCmd, BadInputIsAClearErrorAndWritesNothing) {
   const fs::path dir = test::temp_dir("bad");
   const std::string demo = demo_dir().string(), out = (dir / "out").string();

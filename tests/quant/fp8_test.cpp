@@ -20,6 +20,7 @@
 #include "models/model.h"
 #include "ops/ops.h"
 #include "ops/weight.h"
+#include "quant/fp8_quantize.h"
 #include "quant/fp8_test_util.h"
 #include "test_util.h"
 
@@ -40,6 +41,59 @@ Tensor random_f32(Shape shape, uint64_t seed, float scale = 1.0f) {
   Tensor t = Tensor::empty(std::move(shape), DType::f32);
   ops::fill_random(t, seed, scale);
   return t;
+}
+
+// The encoder quant/fp8_quantize uses: every finite code comes back as itself,
+// a value halfway between two codes goes to the even one, beyond 448 saturates,
+// NaN stays NaN.
+TEST(Fp8, E4m3EncodesToTheNearestEvenAndSaturates) {
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f || c == 0x80) continue;  // NaN; -0 encodes as +0's sign-flipped twin below
+    EXPECT_EQ(f32_to_f8_e4m3(f8_e4m3_to_f32(uint8_t(c))), c) << c;
+  }
+  EXPECT_EQ(f32_to_f8_e4m3(-0.0f), 0x80);
+  for (int c = 0; c < 0x7e; ++c) {
+    const float lo = f8_e4m3_to_f32(uint8_t(c)), hi = f8_e4m3_to_f32(uint8_t(c + 1));
+    EXPECT_EQ(f32_to_f8_e4m3((lo + hi) / 2), c % 2 ? c + 1 : c) << "halfway above code " << c;
+    EXPECT_EQ(f32_to_f8_e4m3(lo + (hi - lo) * 0.25f), c) << c;
+    EXPECT_EQ(f32_to_f8_e4m3(lo + (hi - lo) * 0.75f), c + 1) << c;
+  }
+  EXPECT_EQ(f32_to_f8_e4m3(448.0f), 0x7e);
+  EXPECT_EQ(f32_to_f8_e4m3(1e6f), 0x7e);
+  EXPECT_EQ(f32_to_f8_e4m3(-1e6f), 0xfe);
+  EXPECT_EQ(f32_to_f8_e4m3(std::numeric_limits<float>::infinity()), 0x7e);
+  EXPECT_EQ(f32_to_f8_e4m3(std::nanf("")) & 0x7f, 0x7f);
+  EXPECT_EQ(f32_to_f8_e4m3(1e-9f), 0x00);
+}
+
+// quantize_fp8: per 128x128 block (partial at the edges) scale = amax / 448, so
+// each block's largest weight lands on +-448 exactly, and every value is the
+// nearest E4M3 code of w / scale; an all-zero block keeps scale 1; non-finite
+// weights are refused by position.
+TEST(Fp8, QuantizeScalesEachBlockToItsLargestWeight) {
+  Tensor w = random_f32({300, 200}, 21, 0.05f);
+  for (int64_t i = 128 * 200; i < 256 * 200; ++i) w.data<float>()[i] = 0;  // block row 1 all zero
+  const Fp8Weight q = quantize_fp8(w, 128);
+  ASSERT_EQ(q.values.shape(), (Shape{300, 200}));
+  ASSERT_EQ(q.scale_inv.shape(), (Shape{3, 2}));
+  for (int64_t br = 0; br < 3; ++br)
+    for (int64_t bc = 0; bc < 2; ++bc) {
+      float amax = 0;
+      for (int64_t r = br * 128; r < std::min<int64_t>(300, br * 128 + 128); ++r)
+        for (int64_t c = bc * 128; c < std::min<int64_t>(200, bc * 128 + 128); ++c)
+          amax = std::max(amax, std::fabs(w.data<float>()[r * 200 + c]));
+      const float scale = q.scale_inv.data<float>()[br * 2 + bc];
+      EXPECT_EQ(scale, amax > 0 ? amax / 448.0f : 1.0f) << br << "," << bc;
+      for (int64_t r = br * 128; r < std::min<int64_t>(300, br * 128 + 128); ++r)
+        for (int64_t c = bc * 128; c < std::min<int64_t>(200, bc * 128 + 128); ++c)
+          ASSERT_EQ(q.values.data<uint8_t>()[r * 200 + c], f32_to_f8_e4m3(w.data<float>()[r * 200 + c] / scale))
+              << r << "," << c;
+    }
+  const Tensor back = Weight(q).dequantize(DType::f32);
+  EXPECT_LE(relative_error(back, w), 1.0f / 16);  // 3 mantissa bits: within half a step of the block's largest
+  Tensor bad = random_f32({4, 256}, 22);
+  bad.data<float>()[300] = std::nanf("");
+  EXPECT_THROW(quantize_fp8(bad, 128), Error);
 }
 
 TEST(Fp8, E4m3DecodesKnownValues) {
