@@ -1,8 +1,8 @@
 # Converts a checkpoint's linear weights (q/k/v/o, gate/up/down, lm_head) to FP8 E4M3 with 128x128
 # block scales (the Qwen3-FP8 / DeepSeek-V3 layout: WEIGHT and WEIGHT_scale_inv, quantization_config
 # fp8), with PyTorch's E4M3 cast: the FP8 demo the tensor_core_fp8_matvec gate ran on (twelfth session,
-# before `mere quantize --format fp8` existed; that command writes the same layout but keeps the
-# embeddings dense). Needs PyTorch and safetensors (the GPU machine has both).
+# before `mere quantize --format fp8` existed; that command writes the same layout, embeddings dense
+# as here). Needs PyTorch and safetensors (the GPU machine has both).
 # Usage: python3 scripts/fp8_convert.py IN_DIR OUT_DIR
 import json, shutil, sys
 import torch
