@@ -44,7 +44,8 @@ const AuditRun& audit_run() {
                      "\"content\": \"I have 17 jars, sell 5, then buy 9. How many now? Step by step.\"}]}\n");
     r.result = test::run_mere(
         "audit --device cpu -t 2 --prompts " + (r.dir / "prompts.jsonl").string() +
-        " --lever kv=bf16 --lever kv=affine4 --lever weights=int8 --lever fused_projections=on -n 8 --runs 1 "
+        " --lever kv=bf16 --lever kv=affine4 --lever weights=int8 --lever weights=fp8 --lever fused_projections=on "
+        "-n 8 --runs 1 "
         "--corpus-tokens 200 --window 100 --seed 3 --out " +
         (r.dir / "out").string());
     return r;
@@ -62,7 +63,7 @@ TEST(AuditCmd, WritesTheThreeReportsWithCharts) {
   const json r = json::parse(test::read_file(out / "report.json"));
   EXPECT_EQ(r["speed_label"], "CPU");
   EXPECT_EQ(r["prompts"].size(), 3u);
-  EXPECT_EQ(r["levers"].size(), 4u);
+  EXPECT_EQ(r["levers"].size(), 5u);
 
   const std::string md = test::read_file(out / "report.md");
   EXPECT_NE(md.find("**Speed figures are CPU figures**"), std::string::npos);
@@ -71,7 +72,7 @@ TEST(AuditCmd, WritesTheThreeReportsWithCharts) {
   const std::string html = test::read_file(out / "report.html");
   EXPECT_EQ(html.find("<script"), std::string::npos);  // self-contained, no scripts
   // Speed x3, memory, and per engaged lever a KL histogram and a parity chart.
-  EXPECT_EQ(count_of(html, "<svg "), 3u + 1u + 2u * 3u);
+  EXPECT_EQ(count_of(html, "<svg "), 3u + 1u + 2u * 4u);
   EXPECT_NE(html.find("Speed figures are CPU figures"), std::string::npos);
 }
 
@@ -102,6 +103,13 @@ TEST(AuditCmd, FiguresAreMeasuredAndTheVerdictFollowsThePolicy) {
   EXPECT_LT(int8["arm"]["memory"]["weights_bytes"].get<uint64_t>(),
             base["memory"]["weights_bytes"].get<uint64_t>() * 6 / 10);
   EXPECT_TRUE(fs::exists(dir / "out" / "scratch" / "weights-int8-g64" / "config.json"));
+  // fp8 weights: converted with mere quantize --format fp8 (the embeddings stay dense, so more bytes than int8).
+  const json& fp8 = lever(r, "weights=fp8");
+  EXPECT_TRUE(fp8["arm"]["engaged"].get<bool>()) << fp8.dump();
+  EXPECT_EQ(fp8["arm"]["weights"], "fp8 e4m3 128x128");
+  EXPECT_LT(fp8["arm"]["memory"]["weights_bytes"].get<uint64_t>(), base["memory"]["weights_bytes"].get<uint64_t>());
+  EXPECT_GT(fp8["arm"]["memory"]["weights_bytes"], int8["arm"]["memory"]["weights_bytes"]);
+  EXPECT_TRUE(fs::exists(dir / "out" / "scratch" / "weights-fp8" / "config.json"));
   // affine4 moves the distribution more than bf16 does.
   EXPECT_GT(lever(r, "kv=affine4")["teacher_forced"]["kl_mean"].get<double>(),
             bf16["teacher_forced"]["kl_mean"].get<double>());
