@@ -27,7 +27,6 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // (a 0.6B model's; Qwen3-30B-A3B's attention at 2^23 weights cost its int8
 // decode 8%: docs/levers.md).
 constexpr int64_t kMinTensorCoreTokens = 2;
-constexpr int64_t kMinTensorCoreWeightsAtOneToken = int64_t(1) << 24;
 
 // Lever int16_activation_matvec applies from 2 tokens (four share an mma).
 constexpr int64_t kMinInt16Tokens = 2;

@@ -28,12 +28,9 @@ using namespace mere::cuda;
 
 cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
 
-// Lever tensor_core_fp8_matvec takes 2-8 tokens, and one token of a matrix this
-// large (all of Llama-3-8B's: +8% at batch 1); a smaller one at one token pays
-// more for the extra launch that converts x than it gains (the demo model in FP8
-// decoded 26% slower with the kernel at every T; docs/levers.md), as for the
-// affine kernel (affine_ops.cpp).
-constexpr int64_t kMinTensorCoreWeightsAtOneToken = int64_t(1) << 24;
+// Lever tensor_core_fp8_matvec takes 2-8 tokens, and one token of a matrix of
+// kMinTensorCoreWeightsAtOneToken or more (all of Llama-3-8B's: +8% at batch 1;
+// the demo model in FP8 decoded 26% slower with the kernel at every T).
 
 Fp8WeightView view_of(const Fp8Weight& w) {
   Fp8WeightView v;

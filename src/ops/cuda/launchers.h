@@ -38,6 +38,10 @@ bool tensor_core_kv_attention_enabled();
 // MLX affine decode matvecs (T <= 8) on the tensor cores (lever
 // tensor_core_affine_matvec, affine_matvec_mma.cu); off: the CUDA-core kernels.
 void set_tensor_core_affine_matvec(bool on);
+// The tensor-core decode matvecs (affine and FP8) take one token only of a
+// matrix this large: a smaller one pays more for their extra launch, which
+// converts x, than it gains (docs/levers.md).
+constexpr int64_t kMinTensorCoreWeightsAtOneToken = int64_t(1) << 24;
 // Those tensor-core matvecs round x of 2 tokens or more to 15 bits per group,
 // two base-256 digits (lever int16_activation_matvec); off, and for one token:
 // 23 bits, three digits. Off unless set.
