@@ -13,7 +13,8 @@ std::vector<std::string> engine_lever_names() {
   return {"cuda_graphs",      "pipelined_decode",    "fused_projections", "fused_rope_store",
           "fused_norm_matvec", "programmatic_launch", "matvec_split_k",    "fp8_activation_gemm",
           "int8_activation_matvec", "tensor_core_kv_attention", "tensor_core_affine_matvec",
-          "int16_activation_matvec", "tensor_core_fp8_matvec", "tensor_core_affine_gemm"};
+          "int16_activation_matvec", "tensor_core_fp8_matvec", "tensor_core_affine_gemm",
+          "rope_in_attention"};
 }
 
 LeverSpec parse_lever(const std::string& text) {

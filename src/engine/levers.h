@@ -23,6 +23,11 @@ struct Levers {
   bool fused_projections = true;
   // q/k norm, RoPE and the K/V cache write in one kernel instead of up to six.
   bool fused_rope_store = true;
+  // With fused_rope_store, decode attention over a dense cache does that
+  // kernel's work itself: it rotates q (and, in the split holding it, the new
+  // key) and writes the new K/V row, one kernel fewer per layer, the same bits
+  // (docs/levers.md).
+  bool rope_in_attention = false;
   // RMSNorm, SwiGLU, attention's split merge and the residual add folded into
   // the decode matvecs' input and output: four kernels fewer per layer and no
   // normalised copy of h (the merge: Llama-3-8B int4 +2.0%, int8 +1.3%).
@@ -104,6 +109,7 @@ struct Levers {
   bool prefix_cache = true;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
+  // MERERUN_ROPE_IN_ATTENTION,
   // MERERUN_FUSED_NORM_MATVEC (0|1|auto), MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC,
@@ -113,6 +119,7 @@ struct Levers {
   static Levers from_env();
   static Levers all_off() {
     return Levers{.cuda_graphs = false, .pipelined_decode = false, .fused_projections = false, .fused_rope_store = false,
+                  .rope_in_attention = false,
                   .fused_norm_matvec = LeverMode::off, .programmatic_launch = false, .matvec_split_k = false,
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,
                   .tensor_core_affine_matvec = false, .int16_activation_matvec = false,

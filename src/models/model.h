@@ -23,6 +23,8 @@ struct LoadOptions {
   bool fuse_projections = false;
   // q/k norm, RoPE and the K/V write as one kernel (lever fused_rope_store).
   bool fuse_rope_store = false;
+  // That kernel folded into decode attention over a dense cache (lever rope_in_attention).
+  bool rope_in_attention = false;
   // RMSNorm, SwiGLU and the residual add inside the matmuls (lever fused_norm_matvec);
   // automatic: where every layer matrix's one-token matvec runs on the tensor cores.
   LeverMode fuse_norm_matvec = LeverMode::off;

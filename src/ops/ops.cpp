@@ -346,6 +346,28 @@ bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const
   return cuda::attention_unmerged(q, k, v, start_pos, scale, pages, out);
 }
 
+bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
+                                const Tensor& k_norm, float eps, const RopeTable& rope, const Tensor& start_pos,
+                                Tensor& k_cache, Tensor& v_cache, float scale, const KvPages& pages,
+                                AttentionSplits& out) {
+  if (q.device() != Device::cuda) return false;
+  MERE_CHECK(q.rank() == 3 && k.rank() == 3 && v.shape() == k.shape() && q.dim(0) == k.dim(0) &&
+                 q.dim(2) == k.dim(2) && k.dim(1) > 0 && q.dim(1) % k.dim(1) == 0 && q.dtype() == DType::f32 &&
+                 k.dtype() == DType::f32 && v.dtype() == DType::f32,
+             "rope_in_attention: q {} k {} v {} do not fit", shape_str(q.shape()), shape_str(k.shape()),
+             shape_str(v.shape()));
+  MERE_CHECK(k_cache.rank() == 3 && v_cache.shape() == k_cache.shape() && k_cache.dim(1) == k.dim(1) &&
+                 k_cache.dim(2) == k.dim(2),
+             "rope_in_attention: caches {} and {} do not hold rows of {}", shape_str(k_cache.shape()),
+             shape_str(v_cache.shape()), shape_str(k.shape()));
+  check_same_device("rope_in_attention", q, start_pos);
+  check_same_device("rope_in_attention", q, k_cache);
+  if (pages.paged()) return paged::rope_in_attention_unmerged(q, k, v, q_norm, k_norm, eps, rope, start_pos, k_cache,
+                                                              v_cache, scale, pages, out);
+  return cuda::rope_in_attention_unmerged(q, k, v, q_norm, k_norm, eps, rope, start_pos, k_cache, v_cache, scale,
+                                          pages, out);
+}
+
 Tensor merge_attention(const AttentionSplits& splits) {
   const Tensor& o = splits.out;
   const bool fits = o.rank() == 4 && splits.max.shape() == Shape({o.dim(0), o.dim(1), o.dim(2)}) &&

@@ -70,6 +70,7 @@ struct LaunchSettings {
   bool fp8_activation_gemm = false;  // lever fp8_activation_gemm: FP8 prefill with E4M3 activations
   bool int8_activation_matvec = false;  // lever int8_activation_matvec: affine decode matvecs on int8 x
   bool tensor_core_kv_attention = false;  // lever tensor_core_kv_attention: affine8/affine4 KV attention on mma
+  bool rope_in_attention = false;  // lever rope_in_attention: decode attention rotates and stores its new rows
   bool tensor_core_affine_matvec = false;  // lever tensor_core_affine_matvec: affine decode matvecs on mma
   // Lever int16_activation_matvec: those mma matvecs, from 2 tokens, take x rounded
   // to 15 bits per group (two base-256 digits, four tokens an mma) instead of 23.
@@ -224,6 +225,16 @@ bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const KvPages& pages, AttentionSplits& out);
 bool attention_unmerged(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos,
                         float scale, const KvPages& pages, AttentionSplits& out);
+// qk_norm_rope_store into a dense cache, then attention_unmerged, as one kernel
+// (lever rope_in_attention, CUDA): q, k, v as the qkv matmul left them, one new
+// token per row (a decode step, or a batch's sequences at *start_pos); k and v
+// written to the cache, q left as it was. The same partials and cache as the
+// two ops. False, with nothing run, where it does not apply (the lever off, the
+// CPU, a prefill, head_dim over 128, groups over 8 heads).
+bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
+                                const Tensor& k_norm, float eps, const RopeTable& rope, const Tensor& start_pos,
+                                Tensor& k_cache, Tensor& v_cache, float scale, const KvPages& pages,
+                                AttentionSplits& out);
 // The splits merged: [T, n_heads, head_dim] f32.
 Tensor merge_attention(const AttentionSplits& splits);
 // h += linear(merge_attention(splits) as [T, n_heads * head_dim], w, bias). The

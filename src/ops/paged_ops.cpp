@@ -240,5 +240,14 @@ bool attention_unmerged(const Tensor& q, const AffineRows& k, const AffineRows& 
   return cuda::attention_unmerged(q, k, v, start_pos, scale, pages, out);
 }
 
+bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
+                                const Tensor& k_norm, float eps, const RopeTable& rope, const Tensor& start_pos,
+                                Tensor& k_cache, Tensor& v_cache, float scale, const KvPages& pages,
+                                AttentionSplits& out) {
+  check_pages("rope_in_attention", pages, q.dim(0), k_cache.device());
+  return cuda::rope_in_attention_unmerged(q, k, v, q_norm, k_norm, eps, rope, start_pos, k_cache, v_cache, scale,
+                                          pages, out);
+}
+
 }  // namespace paged
 }  // namespace mere::ops

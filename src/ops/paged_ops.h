@@ -25,4 +25,9 @@ bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const
 bool attention_unmerged(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos,
                         float scale, const KvPages& pages, AttentionSplits& out);
 
+bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
+                                const Tensor& k_norm, float eps, const RopeTable& rope, const Tensor& start_pos,
+                                Tensor& k_cache, Tensor& v_cache, float scale, const KvPages& pages,
+                                AttentionSplits& out);
+
 }  // namespace mere::ops::paged

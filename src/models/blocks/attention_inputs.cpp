@@ -63,12 +63,27 @@ Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q
                      int layer, bool fused_rope_store, ops::AttentionSplits* unmerged) {
   const int64_t T = q.shape()[0];
   const float scale = 1.0f / std::sqrt(float(q.shape()[2]));
+  // Lever rope_in_attention: the fused rotation and K/V write done by the decode
+  // attention kernel itself, where it applies (a dense cache on the GPU, one new
+  // token a row); false, with nothing run, elsewhere.
+  auto in_attention = [&](KvCache& cache, const ops::KvPages& pages, Tensor& result) {
+    if (!fused_rope_store || cache.quantized()) return false;
+    ops::AttentionSplits own;
+    ops::AttentionSplits& splits = unmerged ? *unmerged : own;
+    if (!ops::rope_in_attention_unmerged(q, k, v, q_norm, k_norm, eps, rope, pos, cache.keys_for_write(),
+                                         cache.values_for_write(), scale, pages, splits))
+      return false;
+    result = unmerged ? Tensor() : ops::merge_attention(splits).reshape({T, -1});
+    return true;
+  };
+  Tensor result;
   if (states.size() > 1) {  // one token per sequence, each against its own cache
     MERE_CHECK(int64_t(states.size()) == T, "attend_cached: {} rows for a batch of {} sequences", T, states.size());
     if (shares_one_pool(states)) {  // one write and one attention launch for the whole batch
       ops::KvPages pages;
       for (SeqState* s : states) pages.tables.push_back(s->pages().tables.front());
       KvCache& cache = states.front()->storage(layer);
+      if (in_attention(cache, pages, result)) return result;
       rotate_and_store(q, k, v, q_norm, k_norm, eps, rope, pos, cache, pages, fused_rope_store);
       if (unmerged && cache.attend_unmerged(q, pos, scale, pages, *unmerged)) return Tensor();
       return cache.attend(q, pos, states.front()->length(), scale, pages).reshape({T, -1});
@@ -83,6 +98,7 @@ Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q
     return out;
   }
   SeqState& state = *states.front();
+  if (in_attention(state.storage(layer), state.pages(), result)) return result;
   rotate_and_cache(q, k, v, q_norm, k_norm, eps, rope, pos, state, layer, fused_rope_store);
   if (unmerged && state.attend_unmerged(layer, q, pos, scale, *unmerged)) return Tensor();
   Tensor a = state.attend(layer, q, pos, scale);  // [T, n_heads, head_dim]

@@ -32,6 +32,10 @@ void rotate_and_cache(Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
 // With `unmerged` set, a split-K attention on the GPU (decode) leaves its
 // partials there unmerged and returns an undefined tensor, for a caller that
 // merges them on the way into o_proj (ops::attention_linear_add).
+//
+// Fused, a decode step over a dense GPU cache runs the rotation and the cache
+// write inside the attention kernel when lever rope_in_attention is on
+// (ops::rope_in_attention_unmerged); q is then left unrotated.
 Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                      float eps, const ops::RopeTable& rope, const Tensor& pos, std::span<SeqState* const> states,
                      int layer, bool fused_rope_store, ops::AttentionSplits* unmerged = nullptr);

@@ -16,11 +16,13 @@
 // grid.y indexes the sequence, each reading its own table, all at *pos.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/attention_split.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kv_quant.cuh"
 #include "ops/cuda/launchers.h"
+#include "ops/cuda/rope_row.cuh"
 
 namespace mere::cuda {
 namespace {
@@ -158,13 +160,30 @@ constexpr int kKeysPerStep = (HB >= 8 ? 2 : 4) / C;
 template <int HB>
 constexpr int kMinBlocksPerSm = HB >= 8 ? 1 : 3;
 
-template <typename KV, int HD, int HB>
+// The new rows and their RoPE for a kernel that rotates its own inputs (lever
+// rope_in_attention), nothing for one that reads q rotated and the new key cached.
+struct FreshInputs {
+  FreshRows rows;
+  RopeParams rope;
+};
+struct NoFreshInputs {};
+template <bool kFresh>
+using FreshArgs = std::conditional_t<kFresh, FreshInputs, NoFreshInputs>;
+
+__device__ __forceinline__ float norm_weight(const void* norm, DType dtype, int j) {
+  if (dtype == DType::bf16) return to_float(static_cast<const __nv_bfloat16*>(norm)[j]);
+  if (dtype == DType::f16) return to_float(static_cast<const __half*>(norm)[j]);
+  return static_cast<const float*>(norm)[j];
+}
+
+template <typename KV, int HD, int HB, bool kFresh>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
     attention_gqa_kernel(const float* __restrict__ q, const typename Storage<KV>::Unit* __restrict__ k,
                          const typename Storage<KV>::Unit* __restrict__ v, const AffineGroups groups,
                          float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
                          int n_heads, int n_kv_heads, int head_dim, const int32_t* __restrict__ pos_dev,
-                         int64_t pos0, float scale, int n_splits, const __grid_constant__ KvTables tables) {
+                         int64_t pos0, float scale, int n_splits, const __grid_constant__ KvTables tables,
+                         const __grid_constant__ FreshArgs<kFresh> fresh) {
   allow_next_kernel();
   wait_for_previous_kernel();
   using S = Lanes<KV, HD>;
@@ -194,6 +213,50 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
     return;
   }
 
+  // Lever rope_in_attention: the warps normalise and rotate the block's q rows
+  // into shared memory, and in the split holding the new key (position
+  // n_keys - 1) its k row too, then keep that k and v row as the cache stores
+  // them (head chunk 0 also writing them to the cache): the loop below takes
+  // that key from there, the same bits it would have loaded.
+  const int new_key = n_keys - 1;
+  __shared__ float fresh_q[kFresh ? HB : 1][kFresh ? HD : 1];
+  __shared__ __align__(16) typename St::Unit fresh_kv[2][kFresh ? HD : 8];  // k, v
+  if constexpr (kFresh) {
+    static_assert(!St::quantized, "rope_in_attention writes dense caches only");
+    __shared__ float staged[kWarps][kMaxAttentionHeadDim];
+    const FreshRows& rows = fresh.rows;
+    const int n_rows = HB + (range.end == n_keys ? 2 : 0);  // q heads, then k and v
+    for (int r = warp; r < n_rows; r += kWarps) {
+      const bool is_q = r < HB, is_v = r == HB + 1;
+      if (is_q && !head_ok(r)) continue;
+      const float* src = is_q ? rows.q + (int64_t(t) * n_heads + kv_h * group + head0 + r) * head_dim
+                              : (is_v ? rows.v : rows.k) + (int64_t(t) * n_kv_heads + kv_h) * head_dim;
+      float e[kHeadRowPerLane];
+#pragma unroll
+      for (int i = 0; i < kHeadRowPerLane; ++i) e[i] = lane + 32 * i < head_dim ? src[lane + 32 * i] : 0.0f;
+      if (!is_v) {
+        const void* norm = is_q ? rows.q_norm : rows.k_norm;
+        norm_and_rotate_row(e, norm != nullptr, [&](int j) { return norm_weight(norm, rows.norm_dtype, j); },
+                            rows.eps, fresh.rope, new_key, head_dim, staged[warp], lane);
+      }
+      KV* cache_row = static_cast<KV*>(is_v ? rows.v_cache : rows.k_cache) +
+                      (paged_row(table, new_key) * n_kv_heads + kv_h) * head_dim;
+#pragma unroll
+      for (int i = 0; i < kHeadRowPerLane; ++i) {
+        const int j = lane + 32 * i;
+        if (j >= head_dim) continue;
+        if (is_q) {
+          fresh_q[r][j] = e[i];
+        } else {
+          const KV stored = from_float<KV>(e[i]);
+          fresh_kv[is_v][j] = stored;
+          if (head0 == 0) cache_row[j] = stored;
+        }
+      }
+    }
+    __syncthreads();
+  }
+
   // q (scaled) for this lane's elements; heads past the group and elements past
   // head_dim are 0 and take no part.
   float qv[HB][E], o[HB][E], m[HB], l[HB];
@@ -205,7 +268,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
 #pragma unroll
       for (int w = 0; w < W; ++w) {
         const int j = piece_offset<KV, HD>(c, sub_lane) + w;
-        qv[g][c * W + w] = head_ok(g) && j < head_dim ? qr[j] * scale : 0.0f;
+        const bool used = head_ok(g) && j < head_dim;
+        if constexpr (kFresh) qv[g][c * W + w] = used ? fresh_q[g][j] * scale : 0.0f;
+        else qv[g][c * W + w] = used ? qr[j] * scale : 0.0f;
         o[g][c * W + w] = 0;
       }
     m[g] = -INFINITY;
@@ -248,7 +313,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
       for (int c = 0; c < C; ++c) {
         kr[j][c] = vr[j][c] = Piece{};
         gr[j][c] = Groups{0, 0, 0, 0};  // dense storage: never read, optimised away
-        if (s < range.end && piece_ok[c]) {
+        if (kFresh && s == new_key && s < range.end && piece_ok[c]) {  // the new key, from the block's own copy
+          kr[j][c] = *reinterpret_cast<const Piece*>(&fresh_kv[0][piece_offset<KV, HD>(c, sub_lane)]);
+          vr[j][c] = *reinterpret_cast<const Piece*>(&fresh_kv[1][piece_offset<KV, HD>(c, sub_lane)]);
+        } else if (s < range.end && piece_ok[c]) {
           const int64_t off = St::units(row * row_stride + piece_offset<KV, HD>(c, sub_lane));
           kr[j][c] = __ldg(reinterpret_cast<const Piece*>(k_lane + off));
           vr[j][c] = __ldg(reinterpret_cast<const Piece*>(v_lane + off));
@@ -551,27 +619,28 @@ __global__ void __launch_bounds__(kMergeThreads)
   }
 }
 
-template <typename KV, int HD, int HB>
+template <typename KV, int HD, int HB, bool kFresh>
 void launch_gqa(const float* q, const typename Storage<KV>::Unit* k, const typename Storage<KV>::Unit* v,
                 const AffineGroups& groups, float* part_m, float* part_l, float* part_o, int T, int n_heads,
                 int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
-                const KvTables& tables, cudaStream_t stream) {
+                const KvTables& tables, const FreshArgs<kFresh>& fresh, cudaStream_t stream) {
   const int chunks = (n_heads / n_kv_heads + HB - 1) / HB;
-  launch_kernel(attention_gqa_kernel<KV, HD, HB>, dim3(n_kv_heads * chunks, T, n_splits), kWarps * 32, 0, stream,
-      q, k, v, groups, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits, tables);
+  launch_kernel(attention_gqa_kernel<KV, HD, HB, kFresh>, dim3(n_kv_heads * chunks, T, n_splits), kWarps * 32, 0,
+      stream, q, k, v, groups, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits,
+      tables, fresh);
 }
 
-template <typename KV, int HD>
+template <typename KV, int HD, bool kFresh = false>
 void launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k, const typename Storage<KV>::Unit* v,
                       const AffineGroups& groups, float* part_m, float* part_l, float* part_o, int T, int n_heads,
                       int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
-                      const KvTables& tables, cudaStream_t stream) {
+                      const KvTables& tables, cudaStream_t stream, const FreshArgs<kFresh>& fresh = {}) {
   // Heads per block: the group rounded up to a power of two, at most 8 (larger
   // groups take several blocks per kv head).
   const int group = n_heads / n_kv_heads;
   auto go = [&]<int HB>() {
-    launch_gqa<KV, HD, HB>(q, k, v, groups, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim, pos_dev,
-                           pos0, n_splits, scale, tables, stream);
+    launch_gqa<KV, HD, HB, kFresh>(q, k, v, groups, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim,
+                                   pos_dev, pos0, n_splits, scale, tables, fresh, stream);
   };
   if (group <= 1) go.template operator()<1>();
   else if (group <= 2) go.template operator()<2>();
@@ -618,6 +687,38 @@ cudaError_t launch_attention_merge(const float* part_m, const float* part_l, con
                                    int n_heads, int head_dim, int n_splits, cudaStream_t stream) {
   return launch_kernel(attention_merge_kernel, dim3(n_heads, T), kMergeThreads, 0, stream, part_m, part_l, part_o,
                        out, n_heads, head_dim, n_splits);
+}
+
+// Dense caches whose rows take the GQA kernel's 16-byte loads, head_dim up to
+// 128 (the instances compiled), the group in one block (so one block writes the
+// new rows).
+bool rope_in_attention_supports(int head_dim, int n_heads, int n_kv_heads, DType kv_dtype, const void* k_cache,
+                                const void* v_cache) {
+  const bool dense = kv_dtype == DType::f32 || kv_dtype == DType::bf16 || kv_dtype == DType::f16;
+  return dense && head_dim > 0 && head_dim <= 128 && (head_dim * dtype_size(kv_dtype)) % 16 == 0 &&
+         n_kv_heads > 0 && n_heads % n_kv_heads == 0 && n_heads / n_kv_heads <= 8 &&
+         reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
+}
+
+cudaError_t launch_rope_in_attention(const FreshRows& fresh, const RopeParams& rope, DType kv_dtype, float* part_m,
+                                     float* part_l, float* part_o, int T, int n_heads, int n_kv_heads, int head_dim,
+                                     const int32_t* pos_dev, int n_splits, float scale, const KvTables& tables,
+                                     cudaStream_t stream) {
+  if (!rope_in_attention_supports(head_dim, n_heads, n_kv_heads, kv_dtype, fresh.k_cache, fresh.v_cache) ||
+      !pos_dev || (T > 1 && !tables.rows_are_sequences))
+    return cudaErrorInvalidValue;  // one new token per row, at *pos_dev
+  const FreshInputs inputs{fresh, rope};
+  return visit_float(kv_dtype, [&]<typename KV>() {
+    const KV* k = static_cast<const KV*>(fresh.k_cache);
+    const KV* v = static_cast<const KV*>(fresh.v_cache);
+    auto go = [&]<int HD>() {
+      launch_gqa_heads<KV, HD, true>(fresh.q, k, v, AffineGroups{}, part_m, part_l, part_o, T, n_heads, n_kv_heads,
+                                     head_dim, pos_dev, 0, n_splits, scale, tables, stream, inputs);
+    };
+    if (head_dim <= 32) go.template operator()<32>();
+    else if (head_dim <= 64) go.template operator()<64>();
+    else go.template operator()<128>();
+  });
 }
 
 bool attention_affine_supports(int head_dim) {

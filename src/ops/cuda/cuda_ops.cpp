@@ -377,6 +377,40 @@ bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const
   return true;
 }
 
+bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
+                                const Tensor& k_norm, float eps, const RopeTable& rope, const Tensor& start_pos,
+                                Tensor& k_cache, Tensor& v_cache, float scale, const KvPages& pages,
+                                AttentionSplits& out) {
+  const int64_t T = q.dim(0), n_heads = q.dim(1), n_kv_heads = k.dim(1), head_dim = q.dim(2);
+  const bool one_token_a_row = T == 1 || pages.per_sequence_rows();
+  auto float_dtype = [](DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; };
+  const bool norms_fit =
+      !q_norm.defined() || (k_norm.defined() && k_norm.dtype() == q_norm.dtype() && float_dtype(q_norm.dtype()));
+  if (!rope_in_attention_enabled() || !one_token_a_row || !norms_fit || k_cache.dtype() != v_cache.dtype() ||
+      !rope_in_attention_supports(int(head_dim), int(n_heads), int(n_kv_heads), k_cache.dtype(), k_cache.raw(),
+                                  v_cache.raw()))
+    return false;
+  check_head_dim(head_dim);
+  const RopeParams params = rope_params(rope);
+  out = empty_splits(T, n_heads, graph_splits(k_cache.dim(0), pages, n_kv_heads), head_dim);
+  for_each_launch(pages, T, [&](int64_t b, int64_t e, const KvTables& tables) {
+    const FreshRows fresh{q.slice_rows(b, e).data<float>(),
+                          k.slice_rows(b, e).data<float>(),
+                          v.slice_rows(b, e).data<float>(),
+                          q_norm.defined() ? q_norm.raw() : nullptr,
+                          k_norm.defined() ? k_norm.raw() : nullptr,
+                          q_norm.defined() ? q_norm.dtype() : DType::f32,
+                          eps,
+                          k_cache.raw(),
+                          v_cache.raw()};
+    MERE_CUDA(launch_rope_in_attention(fresh, params, k_cache.dtype(), out.max.slice_rows(b, e).data<float>(),
+                                       out.sum.slice_rows(b, e).data<float>(), out.out.slice_rows(b, e).data<float>(),
+                                       int(e - b), int(n_heads), int(n_kv_heads), int(head_dim),
+                                       start_pos.data<int32_t>(), int(out.max.dim(2)), scale, tables, stream()));
+  });
+  return true;
+}
+
 void merge_attention(const AttentionSplits& s, Tensor& out) {
   MERE_CUDA(launch_attention_merge(s.max.data<float>(), s.sum.data<float>(), s.out.data<float>(), out.data<float>(),
                                    int(s.out.dim(0)), int(s.out.dim(1)), int(s.out.dim(3)), int(s.out.dim(2)),
@@ -466,6 +500,7 @@ void set_launch_settings(const LaunchSettings& settings) {
   mere::cuda::set_fp8_activation_gemm(settings.fp8_activation_gemm);
   mere::cuda::set_int8_activation_matvec(settings.int8_activation_matvec);
   mere::cuda::set_tensor_core_kv_attention(settings.tensor_core_kv_attention);
+  mere::cuda::set_rope_in_attention(settings.rope_in_attention);
   mere::cuda::set_tensor_core_affine_matvec(settings.tensor_core_affine_matvec);
   mere::cuda::set_int16_activation_matvec(settings.int16_activation_matvec);
   mere::cuda::set_tensor_core_fp8_matvec(settings.tensor_core_fp8_matvec);
@@ -535,6 +570,11 @@ bool attention_unmerged(const Tensor&, const AffineRows&, const AffineRows&, con
   no_cuda();
 }
 void merge_attention(const AttentionSplits&, Tensor&) { no_cuda(); }
+bool rope_in_attention_unmerged(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float,
+                                const RopeTable&, const Tensor&, Tensor&, Tensor&, float, const KvPages&,
+                                AttentionSplits&) {
+  no_cuda();
+}
 
 }  // namespace mere::ops::cuda
 

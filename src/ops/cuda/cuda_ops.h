@@ -61,6 +61,12 @@ bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const
 bool attention_unmerged(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos,
                         float scale, const KvPages& pages, AttentionSplits& out);
 void merge_attention(const AttentionSplits& splits, Tensor& out);
+// ops.h rope_in_attention_unmerged: false, with nothing run, where the lever is
+// off or the kernel does not apply.
+bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
+                                const Tensor& k_norm, float eps, const RopeTable& rope, const Tensor& start_pos,
+                                Tensor& k_cache, Tensor& v_cache, float scale, const KvPages& pages,
+                                AttentionSplits& out);
 void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
                         float eps, const RopeTable& rope, const Tensor& start_pos, AffineRows& k_cache,
                         AffineRows& v_cache, const KvPages& pages = {});

@@ -1,7 +1,8 @@
 // Launch settings the kernel launchers share (levers programmatic_launch,
 // matvec_split_k, fp8_activation_gemm, int8_activation_matvec,
 // tensor_core_kv_attention, tensor_core_affine_matvec, int16_activation_matvec,
-// tensor_core_fp8_matvec and tensor_core_affine_gemm), and device queries.
+// tensor_core_fp8_matvec, tensor_core_affine_gemm and rope_in_attention), and
+// device queries.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -17,6 +18,7 @@ bool int16_activation_matvec = false;
 bool tensor_core_fp8_matvec = false;
 bool tensor_core_affine_gemm = false;
 bool affine_gemm_every_size = false;
+bool rope_in_attention = false;
 }
 
 bool programmatic_launch_enabled() { return programmatic_launch; }
@@ -35,6 +37,8 @@ bool int16_activation_matvec_enabled() { return int16_activation_matvec; }
 void set_int16_activation_matvec(bool on) { int16_activation_matvec = on; }
 bool tensor_core_fp8_matvec_enabled() { return tensor_core_fp8_matvec; }
 void set_tensor_core_fp8_matvec(bool on) { tensor_core_fp8_matvec = on; }
+bool rope_in_attention_enabled() { return rope_in_attention; }
+void set_rope_in_attention(bool on) { rope_in_attention = on; }
 bool tensor_core_affine_gemm_enabled() { return tensor_core_affine_gemm; }
 bool affine_gemm_at_every_size() { return affine_gemm_every_size; }
 void set_tensor_core_affine_gemm(bool on, bool every_size) {

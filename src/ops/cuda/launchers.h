@@ -35,6 +35,11 @@ bool int8_activation_matvec_enabled();
 // tensor_core_kv_attention, attention_affine_mma.cu); off: the CUDA-core kernel.
 void set_tensor_core_kv_attention(bool on);
 bool tensor_core_kv_attention_enabled();
+// Decode attention over a dense cache rotates its own q and new key and writes
+// the new K/V row (lever rope_in_attention, launch_rope_in_attention); off: the
+// rope/store kernel first. Off unless set.
+void set_rope_in_attention(bool on);
+bool rope_in_attention_enabled();
 // MLX affine decode matvecs (T <= 8) on the tensor cores (lever
 // tensor_core_affine_matvec, affine_matvec_mma.cu); off: the CUDA-core kernels.
 void set_tensor_core_affine_matvec(bool on);
@@ -153,6 +158,27 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
                              const KvTables& tables, cudaStream_t stream);
 cudaError_t launch_attention_merge(const float* part_m, const float* part_l, const float* part_o, float* out, int T,
                                    int n_heads, int head_dim, int n_splits, cudaStream_t stream);
+
+// launch_attention's partials for one new token per row (a decode step, or a
+// batch's sequences) from the qkv matmul's rows as they are (lever
+// rope_in_attention): the kernel applies the q/k norm and RoPE of
+// launch_qk_norm_rope_store to q, and in the split holding the new key to k,
+// writes k and v to the dense cache, and attends to that key from its own copy:
+// the same bits as launch_qk_norm_rope_store then launch_attention, one kernel
+// fewer. rope_in_attention_supports says where it applies (false: run those two).
+struct FreshRows {
+  const float *q = nullptr, *k = nullptr, *v = nullptr;  // [rows, heads, head_dim]
+  const void *q_norm = nullptr, *k_norm = nullptr;       // per-head RMSNorm weights, or null
+  DType norm_dtype = DType::f32;
+  float eps = 0;
+  void *k_cache = nullptr, *v_cache = nullptr;  // the dense cache launch_attention reads
+};
+bool rope_in_attention_supports(int head_dim, int n_heads, int n_kv_heads, DType kv_dtype, const void* k_cache,
+                                const void* v_cache);
+cudaError_t launch_rope_in_attention(const FreshRows& fresh, const RopeParams& rope, DType kv_dtype, float* part_m,
+                                     float* part_l, float* part_o, int T, int n_heads, int n_kv_heads, int head_dim,
+                                     const int32_t* pos_dev, int n_splits, float scale, const KvTables& tables,
+                                     cudaStream_t stream);
 
 // The same attention for prefill on the tensor cores (flash_attention.cu): q f32
 // [T, n_heads, head_dim], a bf16 K/V cache, head_dim 64, 128 or 256, 16-byte

@@ -9,12 +9,13 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kv_quant.cuh"
 #include "ops/cuda/launchers.h"
+#include "ops/cuda/rope_row.cuh"
 
 namespace mere::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kMaxPerLane = kMaxAttentionHeadDim / 32;
+constexpr int kMaxPerLane = kHeadRowPerLane;
 
 // Scales and biases of an affine cache (unused for a dense one).
 struct AffineScales {
@@ -70,50 +71,20 @@ __global__ void __launch_bounds__(kWarps * 32)
     return;
   }
   const N* norm = is_q ? q_norm : k_norm;
-  if (norm) {  // RMSNorm over the head, f32 (as rms_norm)
-    float sum = 0;
+  norm_and_rotate_row(e, norm != nullptr, [&](int j) { return to_float(norm[j]); }, eps, rope, pos, head_dim,
+                      staged[warp], lane);
+  if (is_q) {
+    float* q_row = q + (int64_t(t) * n_heads + head) * head_dim;
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) sum += e[i] * e[i];
-    float inv = rsqrtf(warp_sum(sum) / float(head_dim) + eps);
+    for (int i = 0; i < kMaxPerLane; ++i)
+      if (lane + 32 * i < head_dim) q_row[lane + 32 * i] = e[i];
+  } else if constexpr (kBits == 0) {
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      int j = lane + 32 * i;
-      if (j < head_dim) e[i] = to_float(norm[j]) * (e[i] * inv);
-    }
-  }
+    for (int i = 0; i < kMaxPerLane; ++i)
+      if (lane + 32 * i < head_dim) cache_row[lane + 32 * i] = from_float<C>(e[i]);
+  } else {  // an affine cache's k row, quantized once the warp has it all
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) staged[warp][lane + 32 * i] = e[i];
-  __syncwarp();
-  const int rot = 2 * rope.half;
-  float* q_row = is_q ? q + (int64_t(t) * n_heads + head) * head_dim : nullptr;
-  float rotated[kMaxPerLane];  // an affine cache's k row, quantized once the warp has it all
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int j = lane + 32 * i;
-    rotated[i] = 0.0f;
-    if (j >= head_dim) continue;
-    float out = e[i];
-    if (j < rot) {
-      // Rotate-half pairs (j, j + half); interleaved pairs (2m, 2m + 1).
-      const int m = rope.interleaved ? j / 2 : j % rope.half;
-      const bool first = rope.interleaved ? (j % 2 == 0) : (j < rope.half);
-      const int partner = rope.interleaved ? (first ? j + 1 : j - 1) : (first ? j + rope.half : j - rope.half);
-      float s, c;
-      sincosf(rope.inv_freq[m] * float(pos), &s, &c);  // the f32 product, as the rope kernel
-      c *= rope.attention_factor;
-      s *= rope.attention_factor;
-      const float other = staged[warp][partner];
-      out = first ? e[i] * c - other * s : e[i] * c + other * s;
-    }
-    if (is_q) q_row[j] = out;
-    else if constexpr (kBits == 0) cache_row[j] = from_float<C>(out);
-    else rotated[i] = out;
-  }
-  if constexpr (kBits != 0) {
-    if (is_q) return;  // the whole warp: one row per warp
-    __syncwarp();      // every lane has read its rotation partner
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) staged[warp][lane + 32 * i] = rotated[i];
+    for (int i = 0; i < kMaxPerLane; ++i) staged[warp][lane + 32 * i] = e[i];
     quantize_staged();
   }
 }

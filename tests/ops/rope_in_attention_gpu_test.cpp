@@ -1,0 +1,225 @@
+// Lever rope_in_attention (ctest label gpu): the decode attention kernel that
+// applies the q/k norm and RoPE itself and writes the new K/V row gives the same
+// bits as qk_norm_rope_store then attention_unmerged (partials and cache), for a
+// contiguous cache, a paged sequence and a paged batch, bf16/f16/f32 caches,
+// with and without q/k norms, rotate-half and interleaved, partial rotary dims,
+// at positions on both sides of split edges; it declines (nothing run) where it
+// does not apply; and a model's decode step with it is one kernel a layer
+// shorter, its logits the same bits.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "engine/levers.h"
+#include "gpu_test_util.h"
+#include "models/model.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace mere {
+namespace {
+
+using test::gpu;
+using test::random;
+
+Tensor position(int64_t p) {
+  Tensor t = Tensor::empty({1}, DType::i32);
+  t.data<int32_t>()[0] = int32_t(p);
+  return gpu(t);
+}
+
+Tensor table_of(const std::vector<int32_t>& blocks) {
+  Tensor t = Tensor::empty({int64_t(blocks.size())}, DType::i32);
+  std::copy(blocks.begin(), blocks.end(), t.data<int32_t>());
+  return gpu(t);
+}
+
+int32_t argmax(const Tensor& logits) {
+  const Tensor host = logits.to_device(Device::cpu);
+  const float* row = host.data<float>() + (host.numel() - host.dim(-1));
+  return int32_t(std::max_element(row, row + host.dim(-1)) - row);
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.to_device(Device::cpu), y = b.to_device(Device::cpu);
+  return x.shape() == y.shape() && x.dtype() == y.dtype() && std::memcmp(x.raw(), y.raw(), x.size_bytes()) == 0;
+}
+
+class RopeInAttention : public test::NeedsGpuDefaultLaunch {};
+
+struct Case {
+  int64_t heads, kv_heads, head_dim;
+  DType cache;
+  DType norm;  // u8: no q/k norm
+  bool interleaved;
+  int rotary_dim;  // 0: the whole head
+};
+
+TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
+  const Case cases[] = {
+      {32, 8, 128, DType::bf16, DType::u8, false, 0},   // Llama-3-8B
+      {16, 8, 128, DType::bf16, DType::bf16, false, 0},  // Qwen3: q/k norms
+      {8, 1, 64, DType::f16, DType::f32, true, 0},      // a group of 8, interleaved pairs
+      {4, 4, 64, DType::f32, DType::u8, false, 32},     // no grouping, half the head rotated
+      {6, 2, 128, DType::bf16, DType::f16, false, 0},   // a group of 3 in a block of 4 heads
+  };
+  for (const Case& c : cases) {
+    ops::RopeTable rope;
+    const int rot = c.rotary_dim ? c.rotary_dim : int(c.head_dim);
+    for (int i = 0; i < rot / 2; ++i) rope.inv_freq.push_back(std::pow(500000.0f, -2.0f * i / rot));
+    rope.attention_factor = 1.03f;
+    rope.interleaved = c.interleaved;
+    const bool norm = c.norm != DType::u8;
+    const Tensor qn = norm ? gpu(random({c.head_dim}, c.norm, 4, 0.2f, 1.0f)) : Tensor();
+    const Tensor kn = norm ? gpu(random({c.head_dim}, c.norm, 5, 0.2f, 1.0f)) : Tensor();
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    const int64_t rows = 1024;  // cache rows: the split count is fixed by them, as in a graph
+    for (int layout = 0; layout < 3; ++layout)  // contiguous, one paged sequence, a paged batch of 3
+      for (int64_t pos : {0, 1, 63, 64, 65, 200, 1000}) {
+        const int64_t B = layout == 2 ? 3 : 1;
+        ops::KvPages pages;
+        if (layout > 0)
+          for (int64_t b = 0; b < B; ++b) {  // rows / 16 blocks each, scrambled and interleaved with the others'
+            std::vector<int32_t> blocks;
+            for (int64_t j = 0; j < rows / 16; ++j) blocks.push_back(int32_t(((j * 7) % (rows / 16)) * B + b));
+            pages.tables.push_back(table_of(blocks));
+          }
+        const int64_t storage = rows * B;
+        Tensor k_cache = gpu(random({storage, c.kv_heads, c.head_dim}, DType::f32, 10).to(c.cache));
+        Tensor v_cache = gpu(random({storage, c.kv_heads, c.head_dim}, DType::f32, 11).to(c.cache));
+        Tensor k_cache2 = k_cache.clone(), v_cache2 = v_cache.clone();
+        const Tensor q = gpu(random({B, c.heads, c.head_dim}, DType::f32, 1, 2.0f));
+        const Tensor k = gpu(random({B, c.kv_heads, c.head_dim}, DType::f32, 2, 2.0f));
+        const Tensor v = gpu(random({B, c.kv_heads, c.head_dim}, DType::f32, 3));
+        const std::string label =
+            fmt::format("{}/{}x{} {} cache{}{}{} {} pos {}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache),
+                        norm ? " norm" : "", c.interleaved ? " interleaved" : "",
+                        c.rotary_dim ? " partial rotary" : "", layout == 0 ? "contiguous" : layout == 1 ? "paged" : "batch",
+                        pos);
+
+        ops::set_launch_settings({});
+        Tensor q_rotated = q.clone();
+        ops::qk_norm_rope_store(q_rotated, k, v, qn, kn, 1e-6f, rope, position(pos), k_cache, v_cache, pages);
+        ops::AttentionSplits want;
+        ASSERT_TRUE(ops::attention_unmerged(q_rotated, k_cache, v_cache, position(pos), scale, pages, want)) << label;
+        ops::AttentionSplits off;
+        EXPECT_FALSE(ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, position(pos), k_cache2, v_cache2,
+                                                     scale, pages, off))
+            << label << ": ran with the lever off";
+
+        ops::set_launch_settings({.rope_in_attention = true});
+        ops::AttentionSplits got;
+        ASSERT_TRUE(ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, position(pos), k_cache2, v_cache2,
+                                                    scale, pages, got))
+            << label;
+        ops::set_launch_settings({});
+        EXPECT_TRUE(same_bytes(got.max, want.max)) << label << " maxima";
+        EXPECT_TRUE(same_bytes(got.sum, want.sum)) << label << " sums";
+        // Splits past the visible keys leave their outputs unwritten: compare the merged result.
+        EXPECT_TRUE(same_bytes(ops::merge_attention(got), ops::merge_attention(want))) << label << " outputs";
+        EXPECT_TRUE(same_bytes(k_cache2, k_cache)) << label << " k cache";
+        EXPECT_TRUE(same_bytes(v_cache2, v_cache)) << label << " v cache";
+      }
+  }
+}
+
+// Where it does not apply it runs nothing and says so: a prefill (T > 1 of one
+// sequence), head_dim 256, a group of 16 heads, and the CPU.
+TEST_F(RopeInAttention, DeclinesWhereItDoesNotApply) {
+  ops::set_launch_settings({.rope_in_attention = true});
+  ops::RopeTable rope;
+  for (int i = 0; i < 32; ++i) rope.inv_freq.push_back(std::pow(10000.0f, -i / 32.0f));
+  struct Shape {
+    int64_t T, heads, kv_heads, head_dim;
+  };
+  for (Shape s : {Shape{4, 8, 2, 64}, Shape{1, 4, 2, 256}, Shape{1, 16, 1, 64}}) {
+    Tensor kc = Tensor::zeros({64, s.kv_heads, s.head_dim}, DType::bf16, Device::cuda), vc = kc.clone();
+    Tensor before = kc.to_device(Device::cpu);
+    ops::AttentionSplits out;
+    EXPECT_FALSE(ops::rope_in_attention_unmerged(
+        gpu(random({s.T, s.heads, s.head_dim}, DType::f32, 1)), gpu(random({s.T, s.kv_heads, s.head_dim}, DType::f32, 2)),
+        gpu(random({s.T, s.kv_heads, s.head_dim}, DType::f32, 3)), Tensor(), Tensor(), 1e-6f, rope, position(5), kc, vc,
+        0.125f, {}, out))
+        << "T " << s.T << " " << s.heads << "/" << s.kv_heads << "x" << s.head_dim;
+    EXPECT_TRUE(same_bytes(kc, before)) << "the cache was written";
+  }
+  Tensor kc = Tensor::zeros({64, 2, 64}, DType::f32), vc = kc.clone();
+  ops::AttentionSplits out;
+  EXPECT_FALSE(ops::rope_in_attention_unmerged(random({1, 8, 64}, DType::f32, 1), random({1, 2, 64}, DType::f32, 2),
+                                               random({1, 2, 64}, DType::f32, 3), Tensor(), Tensor(), 1e-6f, rope,
+                                               position(5).to_device(Device::cpu), kc, vc, 0.125f, {}, out));
+  ops::set_launch_settings({});
+}
+
+// Kernels in a captured decode step (after a warm-up step, so the allocator has
+// every size the step needs).
+size_t kernels_in_step(const Model& model, SeqState& state, const Tensor& ids, const Tensor& pos) {
+  SeqState* states[] = {&state};
+  model.run(ids, pos, states, false);
+  device_synchronize();
+  auto stream = static_cast<cudaStream_t>(cuda_stream());
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  model.run(ids, pos, states, false);
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  size_t n = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(n);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+  size_t kernels = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    cudaGraphNodeGetType(node, &type);
+    kernels += type == cudaGraphNodeTypeKernel;
+  }
+  cudaGraphDestroy(graph);
+  return kernels;
+}
+
+// The fixtures (Llama without q/k norms, Qwen3 with them, Qwen3-MoE unfolded):
+// 24 decode steps give the same logits, bit for bit, with the lever on and off,
+// and a step launches one kernel fewer per layer with it.
+TEST_F(RopeInAttention, ModelDecodeIsTheSameBitsWithOneKernelFewerALayer) {
+  for (const char* family : {"llama", "qwen3", "qwen3_moe"}) {
+    std::vector<Tensor> logits[2];
+    size_t kernels[2] = {0, 0};
+    int64_t layers = 0;
+    for (int on = 0; on < 2; ++on) {
+      Levers levers = Levers::from_env();
+      levers.rope_in_attention = on == 1;
+      auto model = load_model(test::fixtures_dir() / family, Device::cuda, levers.load_options(Device::cuda));
+      layers = model->kv_layout().n_layers;
+      auto state = model->make_state(256);
+      std::vector<int32_t> prompt;
+      for (int i = 0; i < 40; ++i) prompt.push_back(int32_t((31 * i + 7) % model->info().vocab));
+      Tensor last = model->forward(prompt, *state, false);
+      for (int step = 0; step < 24; ++step) {
+        const int32_t next = argmax(last);
+        last = model->forward({next}, *state, false);
+        logits[on].push_back(last.to_device(Device::cpu));
+      }
+      Tensor ids = Tensor::empty({1}, DType::i32);
+      ids.data<int32_t>()[0] = 3;
+      state->reserve(state->length() + 1);
+      Tensor pos = Tensor::empty({1}, DType::i32);
+      pos.data<int32_t>()[0] = int32_t(state->length());
+      kernels[on] = kernels_in_step(*model, *state, gpu(ids), gpu(pos));
+    }
+    std::printf("[ gpu      ] %s decode step kernels: rope_in_attention off %zu, on %zu (%lld layers)\n", family,
+                kernels[0], kernels[1], static_cast<long long>(layers));
+    EXPECT_EQ(kernels[0] - kernels[1], size_t(layers)) << family;
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    for (size_t s = 0; s < logits[0].size(); ++s)
+      EXPECT_TRUE(same_bytes(logits[0][s], logits[1][s])) << family << " step " << s;
+  }
+}
+
+}  // namespace
+}  // namespace mere
