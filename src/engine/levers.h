@@ -24,10 +24,11 @@ struct Levers {
   // q/k norm, RoPE and the K/V cache write in one kernel instead of up to six.
   bool fused_rope_store = true;
   // With fused_rope_store, decode attention over a dense cache does that
-  // kernel's work itself: it rotates q (and, in the split holding it, the new
-  // key) and writes the new K/V row, one kernel fewer per layer, the same bits
-  // (docs/levers.md).
-  bool rope_in_attention = false;
+  // kernel's work itself (batches up to 4 sequences): it rotates q (and, in the
+  // split holding it, the new key) and writes the new K/V row, one kernel fewer
+  // per layer. Default: the same bits (logits of the fixtures, partials and
+  // caches of the op), Llama-3-8B int4 decode +3.6% at batch 1 (docs/levers.md).
+  bool rope_in_attention = true;
   // RMSNorm, SwiGLU, attention's split merge and the residual add folded into
   // the decode matvecs' input and output: four kernels fewer per layer and no
   // normalised copy of h (the merge: Llama-3-8B int4 +2.0%, int8 +1.3%).

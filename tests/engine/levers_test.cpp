@@ -62,6 +62,25 @@ TEST(Levers, Int16ActivationMatvecIsOnByDefaultAndCudaOnly) {
   EXPECT_THROW(Levers::from_env(), Error);
 }
 
+// rope_in_attention: on by default, a CUDA lever that needs fused_rope_store
+// (it folds that kernel), switched by its variable.
+TEST(Levers, RopeInAttentionIsOnByDefaultAndFollowsFusedRopeStore) {
+  EXPECT_TRUE(Levers{}.rope_in_attention);
+  EXPECT_FALSE(Levers::all_off().rope_in_attention);
+  EXPECT_TRUE(Levers{}.load_options(Device::cuda).rope_in_attention);
+  EXPECT_FALSE(Levers{}.load_options(Device::cpu).rope_in_attention);
+  EXPECT_NE(Levers{}.describe(Device::cuda).find("rope_in_attention=on"), std::string::npos);
+  Levers unfused;
+  unfused.fused_rope_store = false;
+  EXPECT_FALSE(unfused.load_options(Device::cuda).rope_in_attention);
+  {
+    ScopedEnv env("MERERUN_ROPE_IN_ATTENTION", "0");
+    EXPECT_FALSE(Levers::from_env().load_options(Device::cuda).rope_in_attention);
+  }
+  ScopedEnv bad("MERERUN_ROPE_IN_ATTENTION", "perhaps");
+  EXPECT_THROW(Levers::from_env(), Error);
+}
+
 // tensor_core_fp8_matvec: on by default, a CUDA lever switched by its variable.
 TEST(Levers, TensorCoreFp8MatvecIsACudaLever) {
   EXPECT_TRUE(Levers{}.tensor_core_fp8_matvec);

@@ -131,7 +131,7 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
 }
 
 // Where it does not apply it runs nothing and says so: a prefill (T > 1 of one
-// sequence), head_dim 256, a group of 16 heads, and the CPU.
+// sequence), head_dim 256, a group of 16 heads, a batch of 5 sequences, and the CPU.
 TEST_F(RopeInAttention, DeclinesWhereItDoesNotApply) {
   ops::set_launch_settings({.rope_in_attention = true});
   ops::RopeTable rope;
@@ -149,6 +149,18 @@ TEST_F(RopeInAttention, DeclinesWhereItDoesNotApply) {
         0.125f, {}, out))
         << "T " << s.T << " " << s.heads << "/" << s.kv_heads << "x" << s.head_dim;
     EXPECT_TRUE(same_bytes(kc, before)) << "the cache was written";
+  }
+  {
+    const int64_t B = 5;
+    ops::KvPages pages;
+    for (int64_t b = 0; b < B; ++b) pages.tables.push_back(table_of({int32_t(b)}));
+    Tensor kc = Tensor::zeros({16 * B, 2, 64}, DType::bf16, Device::cuda), vc = kc.clone();
+    ops::AttentionSplits out;
+    EXPECT_FALSE(ops::rope_in_attention_unmerged(gpu(random({B, 8, 64}, DType::f32, 1)),
+                                                 gpu(random({B, 2, 64}, DType::f32, 2)),
+                                                 gpu(random({B, 2, 64}, DType::f32, 3)), Tensor(), Tensor(), 1e-6f,
+                                                 rope, position(5), kc, vc, 0.125f, pages, out))
+        << "a batch of " << B;
   }
   Tensor kc = Tensor::zeros({64, 2, 64}, DType::f32), vc = kc.clone();
   ops::AttentionSplits out;

@@ -217,62 +217,90 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
   // into shared memory, and in the split holding the new key (position
   // n_keys - 1) its k row too, then keep that k and v row as the cache stores
   // them (head chunk 0 also writing them to the cache): the loop below takes
-  // that key from there, the same bits it would have loaded.
+  // that key from there, the same bits it would have loaded. The first step's
+  // K/V loads are issued before this; the angles are computed once a block.
   const int new_key = n_keys - 1;
   __shared__ float fresh_q[kFresh ? HB : 1][kFresh ? HD : 1];
   __shared__ __align__(16) typename St::Unit fresh_kv[2][kFresh ? HD : 8];  // k, v
-  if constexpr (kFresh) {
-    static_assert(!St::quantized, "rope_in_attention writes dense caches only");
-    __shared__ float staged[kWarps][kMaxAttentionHeadDim];
-    const FreshRows& rows = fresh.rows;
-    const int n_rows = HB + (range.end == n_keys ? 2 : 0);  // q heads, then k and v
-    for (int r = warp; r < n_rows; r += kWarps) {
-      const bool is_q = r < HB, is_v = r == HB + 1;
-      if (is_q && !head_ok(r)) continue;
-      const float* src = is_q ? rows.q + (int64_t(t) * n_heads + kv_h * group + head0 + r) * head_dim
-                              : (is_v ? rows.v : rows.k) + (int64_t(t) * n_kv_heads + kv_h) * head_dim;
-      float e[kHeadRowPerLane];
+  auto prepare_fresh = [&] {
+    if constexpr (kFresh) {
+      static_assert(!St::quantized, "rope_in_attention writes dense caches only");
+      constexpr int kPerLane = HD / 32, kRowsPerWarp = (HB + 2 + kWarps - 1) / kWarps;
+      __shared__ float staged[kWarps][HD];
+      __shared__ float angle_sin[HD / 2], angle_cos[HD / 2];
+      const FreshRows& rows = fresh.rows;
+      const RopeParams& rope = fresh.rope;
+      for (int i = threadIdx.x; i < rope.half; i += blockDim.x)
+        rope_angle(rope, i, new_key, angle_sin[i], angle_cos[i]);
+      // Rows warp + kWarps r: the q heads, then (holding the new key) k and v;
+      // every row's loads in flight before any is used.
+      const int n_rows = HB + (range.end == n_keys ? 2 : 0);
+      auto row_ok = [&](int r) { return r < n_rows && (r >= HB || head_ok(r)); };
+      float e[kRowsPerWarp][kPerLane];
 #pragma unroll
-      for (int i = 0; i < kHeadRowPerLane; ++i) e[i] = lane + 32 * i < head_dim ? src[lane + 32 * i] : 0.0f;
-      if (!is_v) {
-        const void* norm = is_q ? rows.q_norm : rows.k_norm;
-        norm_and_rotate_row(e, norm != nullptr, [&](int j) { return norm_weight(norm, rows.norm_dtype, j); },
-                            rows.eps, fresh.rope, new_key, head_dim, staged[warp], lane);
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        const int r = warp + kWarps * rr;
+        const float* src = r < HB ? rows.q + (int64_t(t) * n_heads + kv_h * group + head0 + r) * head_dim
+                                  : (r == HB + 1 ? rows.v : rows.k) + (int64_t(t) * n_kv_heads + kv_h) * head_dim;
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i)
+          e[rr][i] = row_ok(r) && lane + 32 * i < head_dim ? src[lane + 32 * i] : 0.0f;
       }
-      KV* cache_row = static_cast<KV*>(is_v ? rows.v_cache : rows.k_cache) +
-                      (paged_row(table, new_key) * n_kv_heads + kv_h) * head_dim;
+      __syncthreads();  // the angles
 #pragma unroll
-      for (int i = 0; i < kHeadRowPerLane; ++i) {
-        const int j = lane + 32 * i;
-        if (j >= head_dim) continue;
-        if (is_q) {
-          fresh_q[r][j] = e[i];
-        } else {
-          const KV stored = from_float<KV>(e[i]);
-          fresh_kv[is_v][j] = stored;
-          if (head0 == 0) cache_row[j] = stored;
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        const int r = warp + kWarps * rr;
+        if (!row_ok(r)) continue;
+        const bool is_q = r < HB, is_v = r == HB + 1;
+        if (!is_v) {
+          const void* norm = is_q ? rows.q_norm : rows.k_norm;
+          norm_and_rotate_row(
+              e[rr], norm != nullptr, [&](int j) { return norm_weight(norm, rows.norm_dtype, j); }, rows.eps, rope,
+              [&](int m, float& sn, float& cs) { sn = angle_sin[m], cs = angle_cos[m]; }, head_dim, staged[warp],
+              lane);
+        }
+        KV* cache_row = static_cast<KV*>(is_v ? rows.v_cache : rows.k_cache) +
+                        (paged_row(table, new_key) * n_kv_heads + kv_h) * head_dim;
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+          const int j = lane + 32 * i;
+          if (j >= head_dim) continue;
+          if (is_q) {
+            fresh_q[r][j] = e[rr][i];
+          } else {
+            const KV stored = from_float<KV>(e[rr][i]);
+            fresh_kv[is_v][j] = stored;
+            if (head0 == 0) cache_row[j] = stored;
+          }
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
-  }
+  };
 
   // q (scaled) for this lane's elements; heads past the group and elements past
   // head_dim are 0 and take no part.
   float qv[HB][E], o[HB][E], m[HB], l[HB];
+  auto load_q = [&] {
+#pragma unroll
+    for (int g = 0; g < HB; ++g) {
+      const float* qr = q + (int64_t(t) * n_heads + kv_h * group + head0 + g) * head_dim;
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          const int j = piece_offset<KV, HD>(c, sub_lane) + w;
+          const bool used = head_ok(g) && j < head_dim;
+          if constexpr (kFresh) qv[g][c * W + w] = used ? fresh_q[g][j] * scale : 0.0f;
+          else qv[g][c * W + w] = used ? qr[j] * scale : 0.0f;
+        }
+    }
+  };
+  if constexpr (!kFresh) load_q();
 #pragma unroll
   for (int g = 0; g < HB; ++g) {
-    const float* qr = q + (int64_t(t) * n_heads + kv_h * group + head0 + g) * head_dim;
 #pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-      for (int w = 0; w < W; ++w) {
-        const int j = piece_offset<KV, HD>(c, sub_lane) + w;
-        const bool used = head_ok(g) && j < head_dim;
-        if constexpr (kFresh) qv[g][c * W + w] = used ? fresh_q[g][j] * scale : 0.0f;
-        else qv[g][c * W + w] = used ? qr[j] * scale : 0.0f;
-        o[g][c * W + w] = 0;
-      }
+    for (int e = 0; e < E; ++e) o[g][e] = 0;
     m[g] = -INFINITY;
     l[g] = 0;
   }
@@ -304,7 +332,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
       rows[j] = s < range.end ? int(paged_row(table, s)) : 0;
     }
   };
-  auto load = [&](int base, const int (&rows)[KPI], Piece (&kr)[KPI][C], Piece (&vr)[KPI][C], Groups (&gr)[KPI][C]) {
+  // fresh_ready: fresh_kv holds the new key (lever rope_in_attention); before
+  // that, the new key's pieces are left 0 and loaded again once it is.
+  auto load = [&](int base, const int (&rows)[KPI], Piece (&kr)[KPI][C], Piece (&vr)[KPI][C], Groups (&gr)[KPI][C],
+                  bool fresh_ready = true) {
 #pragma unroll
     for (int j = 0; j < KPI; ++j) {
       const int s = base + j * S::kSubgroups + subgroup;
@@ -313,9 +344,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
       for (int c = 0; c < C; ++c) {
         kr[j][c] = vr[j][c] = Piece{};
         gr[j][c] = Groups{0, 0, 0, 0};  // dense storage: never read, optimised away
-        if (kFresh && s == new_key && s < range.end && piece_ok[c]) {  // the new key, from the block's own copy
-          kr[j][c] = *reinterpret_cast<const Piece*>(&fresh_kv[0][piece_offset<KV, HD>(c, sub_lane)]);
-          vr[j][c] = *reinterpret_cast<const Piece*>(&fresh_kv[1][piece_offset<KV, HD>(c, sub_lane)]);
+        if (kFresh && s == new_key && s < range.end) {  // the new key, from the block's own copy
+          if (fresh_ready && piece_ok[c]) {
+            kr[j][c] = *reinterpret_cast<const Piece*>(&fresh_kv[0][piece_offset<KV, HD>(c, sub_lane)]);
+            vr[j][c] = *reinterpret_cast<const Piece*>(&fresh_kv[1][piece_offset<KV, HD>(c, sub_lane)]);
+          }
         } else if (s < range.end && piece_ok[c]) {
           const int64_t off = St::units(row * row_stride + piece_offset<KV, HD>(c, sub_lane));
           kr[j][c] = __ldg(reinterpret_cast<const Piece*>(k_lane + off));
@@ -338,7 +371,21 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
   Groups g_next[KPI][C];
   int rows[KPI];
   rows_at(range.begin, rows);
-  load(range.begin, rows, k_next, v_next, g_next);
+  load(range.begin, rows, k_next, v_next, g_next, /*fresh_ready=*/false);
+  if constexpr (kFresh) {
+    prepare_fresh();
+#pragma unroll
+    for (int j = 0; j < KPI; ++j) {  // the first step's new key, from the copy now made
+      const int s = range.begin + j * S::kSubgroups + subgroup;
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (s == new_key && s < range.end && piece_ok[c]) {
+          k_next[j][c] = *reinterpret_cast<const Piece*>(&fresh_kv[0][piece_offset<KV, HD>(c, sub_lane)]);
+          v_next[j][c] = *reinterpret_cast<const Piece*>(&fresh_kv[1][piece_offset<KV, HD>(c, sub_lane)]);
+        }
+    }
+    load_q();
+  }
   rows_at(range.begin + kStep, rows);
   // The loop bounds are the same for every thread of the block, so every lane
   // reaches every shuffle.

@@ -382,7 +382,7 @@ bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& 
                                 Tensor& k_cache, Tensor& v_cache, float scale, const KvPages& pages,
                                 AttentionSplits& out) {
   const int64_t T = q.dim(0), n_heads = q.dim(1), n_kv_heads = k.dim(1), head_dim = q.dim(2);
-  const bool one_token_a_row = T == 1 || pages.per_sequence_rows();
+  const bool one_token_a_row = T == 1 || (pages.per_sequence_rows() && T <= kRopeInAttentionMaxRows);
   auto float_dtype = [](DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; };
   const bool norms_fit =
       !q_norm.defined() || (k_norm.defined() && k_norm.dtype() == q_norm.dtype() && float_dtype(q_norm.dtype()));

@@ -15,7 +15,7 @@ namespace mere::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kMaxPerLane = kHeadRowPerLane;
+constexpr int kMaxPerLane = kMaxAttentionHeadDim / 32;
 
 // Scales and biases of an affine cache (unused for a dense one).
 struct AffineScales {
@@ -71,8 +71,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     return;
   }
   const N* norm = is_q ? q_norm : k_norm;
-  norm_and_rotate_row(e, norm != nullptr, [&](int j) { return to_float(norm[j]); }, eps, rope, pos, head_dim,
-                      staged[warp], lane);
+  norm_and_rotate_row(
+      e, norm != nullptr, [&](int j) { return to_float(norm[j]); }, eps, rope,
+      [&](int m, float& s, float& c) { rope_angle(rope, m, pos, s, c); }, head_dim, staged[warp], lane);
   if (is_q) {
     float* q_row = q + (int64_t(t) * n_heads + head) * head_dim;
 #pragma unroll

@@ -8,33 +8,40 @@
 
 namespace mere::cuda {
 
-constexpr int kHeadRowPerLane = kMaxAttentionHeadDim / 32;  // element lane + 32 i of the row
+// The rotation's sin and cos of pair m at position pos, scaled by the attention
+// factor: the f32 product, as the rope kernel computes it.
+__device__ __forceinline__ void rope_angle(const RopeParams& rope, int m, int64_t pos, float& s, float& c) {
+  sincosf(rope.inv_freq[m] * float(pos), &s, &c);
+  c *= rope.attention_factor;
+  s *= rope.attention_factor;
+}
 
-// e holds the row's elements lane + 32 i (0 past head_dim); on return, the row
-// normalised (when has_norm: norm_at(j) the weight of element j, f32 RMSNorm as
-// rms_norm) and rotated at position pos. staged is the warp's own shared row
-// of kMaxAttentionHeadDim floats, through which a lane reads its rotation partner.
-template <typename NormAt>
-__device__ __forceinline__ void norm_and_rotate_row(float (&e)[kHeadRowPerLane], bool has_norm, NormAt norm_at,
-                                                    float eps, const RopeParams& rope, int64_t pos, int head_dim,
-                                                    float* staged, int lane) {
+// e holds the row's elements lane + 32 i (0 past head_dim, kPerLane * 32 >=
+// head_dim); on return, the row normalised (when has_norm: norm_at(j) the
+// weight of element j, f32 RMSNorm as rms_norm) and rotated, angle(m, s, c)
+// giving rope_angle's values of pair m. staged is the warp's own shared row of
+// kPerLane * 32 floats, through which a lane reads its rotation partner.
+template <int kPerLane, typename NormAt, typename Angle>
+__device__ __forceinline__ void norm_and_rotate_row(float (&e)[kPerLane], bool has_norm, NormAt norm_at, float eps,
+                                                    const RopeParams& rope, Angle angle, int head_dim, float* staged,
+                                                    int lane) {
   if (has_norm) {
     float sum = 0;
 #pragma unroll
-    for (int i = 0; i < kHeadRowPerLane; ++i) sum += e[i] * e[i];
+    for (int i = 0; i < kPerLane; ++i) sum += e[i] * e[i];
     const float inv = rsqrtf(warp_sum(sum) / float(head_dim) + eps);
 #pragma unroll
-    for (int i = 0; i < kHeadRowPerLane; ++i) {
+    for (int i = 0; i < kPerLane; ++i) {
       const int j = lane + 32 * i;
       if (j < head_dim) e[i] = norm_at(j) * (e[i] * inv);
     }
   }
 #pragma unroll
-  for (int i = 0; i < kHeadRowPerLane; ++i) staged[lane + 32 * i] = e[i];
+  for (int i = 0; i < kPerLane; ++i) staged[lane + 32 * i] = e[i];
   __syncwarp();
   const int rot = 2 * rope.half;
 #pragma unroll
-  for (int i = 0; i < kHeadRowPerLane; ++i) {
+  for (int i = 0; i < kPerLane; ++i) {
     const int j = lane + 32 * i;
     if (j >= head_dim || j >= rot) continue;
     // Rotate-half pairs (j, j + half); interleaved pairs (2m, 2m + 1).
@@ -42,9 +49,7 @@ __device__ __forceinline__ void norm_and_rotate_row(float (&e)[kHeadRowPerLane],
     const bool first = rope.interleaved ? (j % 2 == 0) : (j < rope.half);
     const int partner = rope.interleaved ? (first ? j + 1 : j - 1) : (first ? j + rope.half : j - rope.half);
     float s, c;
-    sincosf(rope.inv_freq[m] * float(pos), &s, &c);  // the f32 product, as the rope kernel
-    c *= rope.attention_factor;
-    s *= rope.attention_factor;
+    angle(m, s, c);
     const float other = staged[partner];
     e[i] = first ? e[i] * c - other * s : e[i] * c + other * s;
   }
