@@ -12,6 +12,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "core/device.h"
 #include "ops/cuda/affine_launchers.h"
@@ -113,6 +114,28 @@ inline double seconds_per_launch(const std::function<void()>& launch, int n = 50
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return best_ms * 1e-3 / n;
+}
+
+// Kernels `run` launches on the current stream, counted in a graph capture of
+// one call (run it once before, so that the allocator has every size it needs).
+inline size_t kernels_launched_by(const std::function<void()>& run) {
+  auto stream = static_cast<cudaStream_t>(cuda_stream());
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  run();
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  size_t n = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(n);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+  size_t kernels = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    cudaGraphNodeGetType(node, &type);
+    kernels += type == cudaGraphNodeTypeKernel;
+  }
+  cudaGraphDestroy(graph);
+  return kernels;
 }
 
 }  // namespace mere::test

@@ -130,13 +130,14 @@ TEST_F(Fp8Gpu, LinearMatchesTheDequantizedReference) {
 // and block, f32 sums) against the f32 reference, T 1-8 (one or two mmas), rows
 // off the 16-row tiles, more tiles than blocks (9000 rows), split-K (40 rows),
 // long rows cut into launches (14336 columns at 4-8 tokens), activations 1000x
-// apart between blocks; ops::linear takes it under the lever from 2 tokens (bit
-// for bit the direct launch) and the CUDA-core kernel without it, at one token
-// of these small matrices, or where it does not apply (a row not a multiple of 128).
+// apart between blocks; ops::linear takes it under the lever from 2 tokens and
+// at one token of a matrix of 2^24 weights (4096 x 4096; bit for bit the direct
+// launch), and the CUDA-core kernel without it, at one token of the smaller
+// matrices, or where it does not apply (a row not a multiple of 128).
 TEST_F(Fp8Gpu, TensorCoreMatvecMatchesTheDequantizedReference) {
   struct Case { int64_t out, in; };
   int n = 0;
-  for (Case c : {Case{304, 4096}, Case{9000, 256}, Case{40, 4096}, Case{77, 14336}, Case{130, 1040}})
+  for (Case c : {Case{304, 4096}, Case{9000, 256}, Case{40, 4096}, Case{77, 14336}, Case{130, 1040}, Case{4096, 4096}})
     for (int64_t T : {1, 2, 3, 4, 5, 8}) {
       const std::string label = fmt::format("tensor-core fp8 T={} {}x{}", T, c.out, c.in);
       Weight w(random_fp8(c.out, c.in, 128, uint64_t(c.out + c.in + n++)));
@@ -165,7 +166,7 @@ TEST_F(Fp8Gpu, TensorCoreMatvecMatchesTheDequantizedReference) {
       const Tensor lever = ops::linear(xd, wg, bd).to_device(Device::cpu);
       ops::set_launch_settings({});
       // One token of a matrix below 2^24 weights keeps the CUDA-core kernel.
-      const bool applies = supported && (T >= 2 || c.out * c.in >= (int64_t(1) << 24));
+      const bool applies = supported && (T >= 2 || c.out * c.in >= cuda::kMinTensorCoreWeightsAtOneToken);
       const Tensor& expected = applies ? direct : cuda_cores;
       EXPECT_EQ(std::memcmp(lever.raw(), expected.raw(), lever.size_bytes()), 0) << label;
       if (applies) {

@@ -8,8 +8,6 @@
 // shorter, its logits the same bits.
 #include <gtest/gtest.h>
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -176,23 +174,7 @@ size_t kernels_in_step(const Model& model, SeqState& state, const Tensor& ids, c
   SeqState* states[] = {&state};
   model.run(ids, pos, states, false);
   device_synchronize();
-  auto stream = static_cast<cudaStream_t>(cuda_stream());
-  cudaGraph_t graph = nullptr;
-  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
-  model.run(ids, pos, states, false);
-  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  size_t n = 0;
-  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
-  std::vector<cudaGraphNode_t> nodes(n);
-  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
-  size_t kernels = 0;
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type;
-    cudaGraphNodeGetType(node, &type);
-    kernels += type == cudaGraphNodeTypeKernel;
-  }
-  cudaGraphDestroy(graph);
-  return kernels;
+  return test::kernels_launched_by([&] { model.run(ids, pos, states, false); });
 }
 
 // The fixtures (Llama without q/k norms, Qwen3 with them, Qwen3-MoE unfolded):

@@ -367,23 +367,7 @@ size_t kernels_in_step(const Model& model, const std::vector<SeqState*>& states)
   const std::span<SeqState* const> span(states.data(), states.size());
   model.run(ids_dev, pos, span, true);
   device_synchronize();
-  auto stream = static_cast<cudaStream_t>(cuda_stream());
-  cudaGraph_t graph = nullptr;
-  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
-  model.run(ids_dev, pos, span, true);
-  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  size_t n = 0;
-  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
-  std::vector<cudaGraphNode_t> nodes(n);
-  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
-  size_t kernels = 0;
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type;
-    cudaGraphNodeGetType(node, &type);
-    kernels += type == cudaGraphNodeTypeKernel;
-  }
-  cudaGraphDestroy(graph);
-  return kernels;
+  return test::kernels_launched_by([&] { model.run(ids_dev, pos, span, true); });
 }
 
 // The launches of a batched decode step on one pool do not grow with the batch

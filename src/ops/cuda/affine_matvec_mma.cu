@@ -500,12 +500,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   };
 
-  // Weights never change during a forward: the first stages load before the wait.
-#pragma unroll
-  for (int i = 0; i < Sh::kStages - 1; ++i) {
-    if (i < n_stages) issue();
-    copy_async_commit();
-  }
+  tiles::issue_first_stages<Sh::kStages>(issue, n_stages);
   allow_next_kernel();
   wait_for_previous_kernel();
   // What a writing lane (part 0, q even with 3 digits, a token below T) adds its rows' sums
@@ -513,7 +508,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   // here, once y is final, and for the next tile right after each write, so
   // that no read waits at the end of a tile.
   float prior[kMmas][2], bias[2];
-  auto read_addends = [&](int first_row) {
+  auto read_tile_addends = [&](int first_row) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = first_row + g + 8 * h;
@@ -526,12 +521,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   };
-  read_addends((int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows);
-  for (int64_t b = int64_t(threadIdx.x) * 16; b < p.staged_bytes; b += int64_t(blockDim.x) * 16)
-    copy_async_16(smem_address(smem + b), p.staged + b);
-  copy_async_commit();
-  copy_async_wait<0>();
-  __syncthreads();
+  read_tile_addends((int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows);
+  tiles::load_staged_x(smem, p.staged, p.staged_bytes);
 
   float acc[kMmas][2] = {};  // per mma: rows g and g + 8 of the lane's columns
   // B: lane g loads column 8 m + g, digit g % 4 of token 2 m + g / 4 (3
@@ -636,7 +627,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int m = 0; m < kMmas; ++m) acc[m][0] = acc[m][1] = 0;
     stage = stage_begin;
     row0 += unit_rows;
-    if (part == 0) read_addends(row0);
+    if (part == 0) read_tile_addends(row0);
   }
   copy_async_wait<0>();
 }

@@ -188,18 +188,13 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
     }
   };
 
-  // Weights never change during a forward: the first stages load before the wait.
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < n_stages) issue();
-    copy_async_commit();
-  }
+  tiles::issue_first_stages<kStages>(issue, n_stages);
   allow_next_kernel();
   wait_for_previous_kernel();
   // What a writing lane (part 0, its token below T) adds its rows' sums to: y
   // itself when accumulating, and the bias; read once y is final.
   float prior[kMmas][2], bias[2];
-  auto read_addends = [&](int first_row) {
+  auto read_tile_addends = [&](int first_row) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = first_row + g + 8 * h;
@@ -212,12 +207,8 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
       }
     }
   };
-  read_addends((int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows);
-  for (int64_t b = int64_t(threadIdx.x) * 16; b < p.staged_bytes; b += int64_t(blockDim.x) * 16)
-    copy_async_16(smem_address(smem + b), p.staged + b);
-  copy_async_commit();
-  copy_async_wait<0>();
-  __syncthreads();
+  read_tile_addends((int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows);
+  tiles::load_staged_x(smem, p.staged, p.staged_bytes);
 
   // B: lane g loads column 8 m + g, the hi (g even) or lo row of token 4 m + g / 2;
   // tokens past T load the last token's rows, and their sums are never written.
@@ -282,7 +273,7 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
     for (int m = 0; m < kMmas; ++m) acc[m][0] = acc[m][1] = 0;
     stage = stage_begin;
     row0 += unit_rows;
-    if (part == 0) read_addends(row0);
+    if (part == 0) read_tile_addends(row0);
   }
   copy_async_wait<0>();
 }

@@ -1,6 +1,9 @@
 // What the tensor-core decode matvecs (affine_matvec_mma.cu, fp8_matvec_mma.cu)
 // share: tiles of 16 rows in blocks of 8 warps, `split` warps of a block per
-// tile (split-K) adding their sums in a fixed order, and the choice of split.
+// tile (split-K) adding their sums in a fixed order, and the choice of split;
+// the ring's first stages and x's staged image. (Each kernel reads what its
+// sums are added to itself: a shared form of that changed the int4 eight-token
+// kernel's code and cost it 3%, H200, 2026-11-30.)
 #pragma once
 
 #include <cstdint>
@@ -51,6 +54,27 @@ __device__ __forceinline__ void add_split_sums(float (&acc)[kMmas][2], float2* p
         acc[m][0] += o.x, acc[m][1] += o.y;
       }
   __syncthreads();  // partial is rewritten at the next tile
+}
+
+// The ring's first kStages - 1 stages, each its own commit group: weights never
+// change during a forward, so they load before the kernel waits for its input.
+template <int kStages, typename Issue>
+__device__ __forceinline__ void issue_first_stages(Issue&& issue, int n_stages) {
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_stages) issue();
+    copy_async_commit();
+  }
+}
+
+// x's image, staged by the prepare kernel, into the front of shared memory;
+// the block waits for it (and for the stages issued before).
+__device__ __forceinline__ void load_staged_x(uint8_t* smem, const uint8_t* staged, int64_t bytes) {
+  for (int64_t b = int64_t(threadIdx.x) * 16; b < bytes; b += int64_t(blockDim.x) * 16)
+    copy_async_16(smem_address(smem + b), staged + b);
+  copy_async_commit();
+  copy_async_wait<0>();
+  __syncthreads();
 }
 
 }  // namespace mere::cuda::tiles
