@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -124,6 +125,25 @@ TEST_F(Fp8Gpu, LinearMatchesTheDequantizedReference) {
         }
       }
   ops::set_launch_settings({});
+}
+
+// The copy a prefill without fp8_activation_gemm multiplies by (bf16), and its
+// f32 form: bit for bit the CPU's Weight::dequantize, in 16-byte chunks (rows of
+// 16-byte multiples) and one value at a time (129 or 200 columns).
+TEST_F(Fp8Gpu, DequantizedCopyEqualsTheCpu) {
+  struct Case { int64_t out, in; };
+  for (Case c : {Case{304, 4096}, Case{130, 1040}, Case{7, 200}, Case{33, 129}})
+    for (DType dt : {DType::bf16, DType::f32}) {
+      const Weight w(random_fp8(c.out, c.in, 128, uint64_t(c.out * 31 + c.in)));
+      const Weight wg = w.to_device(Device::cuda);
+      const cuda::Fp8WeightView view{wg.fp8().values.data<uint8_t>(), wg.fp8().scale_inv.data<float>(), c.out, c.in,
+                                     wg.fp8().scale_inv.dim(1), 128};
+      Tensor got = Tensor::empty({c.out, c.in}, dt, Device::cuda);
+      ASSERT_EQ(cuda::launch_fp8_dequantize(view, got.raw(), dt, stream()), cudaSuccess);
+      const Tensor host = got.to_device(Device::cpu), want = w.dequantize(dt);
+      EXPECT_EQ(std::memcmp(host.raw(), want.raw(), want.size_bytes()), 0)
+          << c.out << "x" << c.in << " " << dtype_name(dt);
+    }
 }
 
 // Lever tensor_core_fp8_matvec: the tensor-core matvec (x as two f16 per token

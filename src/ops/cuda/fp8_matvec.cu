@@ -265,7 +265,8 @@ template <typename D> __device__ __forceinline__ D store_as(float v);
 template <> __device__ __forceinline__ float store_as<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 store_as<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 
-// Grid-stride over 16-byte chunks (kVec 16: rows and blocks of 16-byte multiples) or single values.
+// Grid-stride over 16-byte chunks (kVec 16: rows and blocks of 16-byte multiples,
+// a 16-byte aligned destination) or single values.
 template <typename D, int kVec>
 __global__ void __launch_bounds__(256) fp8_dequantize_kernel(const __grid_constant__ Fp8WeightView w, D* dst) {
   allow_next_kernel();
@@ -280,7 +281,25 @@ __global__ void __launch_bounds__(256) fp8_dequantize_kernel(const __grid_consta
       decode_chunk(__ldg(reinterpret_cast<const uint4*>(w.values + o * w.in + i0)), v);
       const float s = scales[i0 / w.block];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) out[j] = store_as<D>(v[j] * s);
+      for (int j = 0; j < 16; ++j) v[j] *= s;
+      // 16-byte stores: one value at a time, a warp's stores touched 32 sectors
+      // each and the dequantized copy ran far below the bandwidth.
+      uint4* out4 = reinterpret_cast<uint4*>(out);
+      if constexpr (sizeof(D) == 4) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          out4[q] = make_uint4(__float_as_uint(v[4 * q]), __float_as_uint(v[4 * q + 1]), __float_as_uint(v[4 * q + 2]),
+                               __float_as_uint(v[4 * q + 3]));
+      } else {
+        uint32_t pairs[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const __nv_bfloat162 two = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);  // .x: the lower address
+          pairs[j] = *reinterpret_cast<const uint32_t*>(&two);
+        }
+        out4[0] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+        out4[1] = make_uint4(pairs[4], pairs[5], pairs[6], pairs[7]);
+      }
     } else {
       out[0] = store_as<D>(f8_to_float(w.values[o * w.in + i0]) * scales[i0 / w.block]);
     }
@@ -327,7 +346,8 @@ cudaError_t launch_fp8_quantize_activations(const float* x, int64_t T, int64_t i
 }
 
 cudaError_t launch_fp8_dequantize(const Fp8WeightView& w, void* dst, DType dst_dtype, cudaStream_t stream) {
-  const bool vec = w.in % 16 == 0 && w.block % 16 == 0 && reinterpret_cast<uintptr_t>(w.values) % 16 == 0;
+  const bool vec = w.in % 16 == 0 && w.block % 16 == 0 && reinterpret_cast<uintptr_t>(w.values) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   const dim3 grid(grid_for(w.out * (vec ? w.in / 16 : w.in))), block(256);
   switch (dst_dtype) {
     case DType::f32:
