@@ -24,7 +24,8 @@ struct Levers {
   // q/k norm, RoPE and the K/V cache write in one kernel instead of up to six.
   bool fused_rope_store = true;
   // With fused_rope_store, decode attention over a dense cache does that
-  // kernel's work itself (batches up to 4 sequences): it rotates q (and, in the
+  // kernel's work itself (one sequence, or batches up to 4 with groups up to 4
+  // heads): it rotates q (and, in the
   // split holding it, the new key) and writes the new K/V row, one kernel fewer
   // per layer. Default: the same bits (logits of the fixtures, partials and
   // caches of the op), Llama-3-8B int4 decode +3.6% at batch 1 (docs/levers.md).

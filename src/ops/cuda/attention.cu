@@ -747,6 +747,8 @@ bool rope_in_attention_supports(int head_dim, int n_heads, int n_kv_heads, DType
          reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
 }
 
+bool rope_in_attention_takes_rows(int rows, int group) { return rows == 1 || (rows <= 4 && group <= 4); }
+
 cudaError_t launch_rope_in_attention(const FreshRows& fresh, const RopeParams& rope, DType kv_dtype, float* part_m,
                                      float* part_l, float* part_o, int T, int n_heads, int n_kv_heads, int head_dim,
                                      const int32_t* pos_dev, int n_splits, float scale, const KvTables& tables,

@@ -382,11 +382,12 @@ bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& 
                                 Tensor& k_cache, Tensor& v_cache, float scale, const KvPages& pages,
                                 AttentionSplits& out) {
   const int64_t T = q.dim(0), n_heads = q.dim(1), n_kv_heads = k.dim(1), head_dim = q.dim(2);
-  const bool one_token_a_row = T == 1 || (pages.per_sequence_rows() && T <= kRopeInAttentionMaxRows);
+  const bool one_token_a_row = T == 1 || pages.per_sequence_rows();
   auto float_dtype = [](DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; };
   const bool norms_fit =
       !q_norm.defined() || (k_norm.defined() && k_norm.dtype() == q_norm.dtype() && float_dtype(q_norm.dtype()));
   if (!rope_in_attention_enabled() || !one_token_a_row || !norms_fit || k_cache.dtype() != v_cache.dtype() ||
+      !rope_in_attention_takes_rows(int(T), int(n_heads / n_kv_heads)) ||
       !rope_in_attention_supports(int(head_dim), int(n_heads), int(n_kv_heads), k_cache.dtype(), k_cache.raw(),
                                   v_cache.raw()))
     return false;

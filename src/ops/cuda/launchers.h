@@ -173,11 +173,12 @@ struct FreshRows {
   float eps = 0;
   void *k_cache = nullptr, *v_cache = nullptr;  // the dense cache launch_attention reads
 };
-// The rows (sequences) a step may have for it: every split block ropes its q
-// rows itself, so a large batch at long context pays more than the launch saved
-// (Llama-3-8B int4 at 8k keys: 4 sequences -1%, 8 sequences -3%; at 1k keys 8
-// sequences level, 4 +2%; H200, 2026-11-30).
-constexpr int kRopeInAttentionMaxRows = 4;
+// The rows (sequences) of a step it takes: one, or up to 4 where a kv head has
+// at most 4 query heads. Every split block ropes its q rows itself, so large
+// batches pay more than the launch saved: Llama-3-8B int4 (groups of 4) at 8k
+// keys, 4 sequences -1% and 8 -3% (2 and 3 at d0 +4% and +6%); Qwen3-30B-A3B int4
+// (groups of 8) 1 sequence +0.8%, 2 -2.4%, 3 -5.8%, 4 -3.6% (H200, 2026-11-30).
+bool rope_in_attention_takes_rows(int rows, int group);
 bool rope_in_attention_supports(int head_dim, int n_heads, int n_kv_heads, DType kv_dtype, const void* k_cache,
                                 const void* v_cache);
 cudaError_t launch_rope_in_attention(const FreshRows& fresh, const RopeParams& rope, DType kv_dtype, float* part_m,
