@@ -386,7 +386,9 @@ bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& 
   auto float_dtype = [](DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; };
   const bool norms_fit =
       !q_norm.defined() || (k_norm.defined() && k_norm.dtype() == q_norm.dtype() && float_dtype(q_norm.dtype()));
-  if (!rope_in_attention_enabled() || !one_token_a_row || !norms_fit || k_cache.dtype() != v_cache.dtype() ||
+  const bool rotation_fits = 2 * int64_t(rope.inv_freq.size()) <= head_dim;  // the kernel's angle table
+  if (!rope_in_attention_enabled() || !one_token_a_row || !norms_fit || !rotation_fits ||
+      k_cache.dtype() != v_cache.dtype() ||
       !rope_in_attention_takes_rows(int(T), int(n_heads / n_kv_heads)) ||
       !rope_in_attention_supports(int(head_dim), int(n_heads), int(n_kv_heads), k_cache.dtype(), k_cache.raw(),
                                   v_cache.raw()))
