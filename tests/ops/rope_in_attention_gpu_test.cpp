@@ -6,7 +6,8 @@
 // with and without q/k norms, rotate-half and interleaved, partial rotary dims,
 // at positions on both sides of split edges; it declines (nothing run) where it
 // does not apply; and a model's decode step with it is one kernel a layer
-// shorter, its logits the same bits.
+// shorter, its logits the same bits. Its speed against the two kernels is
+// printed, not asserted.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -176,6 +177,52 @@ TEST_F(RopeInAttention, DeclinesWhereItDoesNotApply) {
                                                random({1, 2, 64}, DType::f32, 3), Tensor(), Tensor(), 1e-6f, rope,
                                                position(5).to_device(Device::cpu), kc, vc, 0.125f, {}, out));
   ops::set_launch_settings({});
+}
+
+// Speed, printed and not asserted: the two kernels against the one, each in a
+// graph of 50 with programmatic launch, for Llama-3-8B's heads (groups of 4) and
+// Qwen3-30B-A3B's (groups of 8, q/k norms), 1-4 sequences, at 64 and 1024 keys.
+TEST_F(RopeInAttention, TimingAgainstTheTwoKernels) {
+  struct Shape {
+    const char* name;
+    int64_t heads, kv_heads;
+    bool norm;
+  };
+  for (Shape s : {Shape{"llama3-8b", 32, 8, false}, Shape{"qwen3-30b-a3b", 32, 4, true}})
+    for (int64_t B : {1, 2, 4})
+      for (int64_t pos : {63, 1023}) {
+        const int64_t hd = 128, rows = 4096;
+        ops::RopeTable rope;
+        for (int i = 0; i < hd / 2; ++i) rope.inv_freq.push_back(std::pow(500000.0f, -2.0f * i / hd));
+        ops::KvPages pages;
+        for (int64_t b = 0; b < B; ++b) {
+          std::vector<int32_t> blocks;
+          for (int64_t j = 0; j < rows / 16; ++j) blocks.push_back(int32_t(j * B + b));
+          pages.tables.push_back(table_of(blocks));
+        }
+        if (B == 1) pages = {};
+        Tensor kc = gpu(random({rows * B, s.kv_heads, hd}, DType::f32, 1).to(DType::bf16)), vc = kc.clone();
+        const Tensor q = gpu(random({B, s.heads, hd}, DType::f32, 2)), k = gpu(random({B, s.kv_heads, hd}, DType::f32, 3));
+        const Tensor v = gpu(random({B, s.kv_heads, hd}, DType::f32, 4)), p = position(pos);
+        const Tensor qn = s.norm ? gpu(random({hd}, DType::bf16, 5, 0.2f, 1.0f)) : Tensor(), kn = s.norm ? qn : Tensor();
+        Tensor q_rotated = q.clone();
+        ops::set_launch_settings({.programmatic = true});
+        const double two = test::seconds_per_launch([&] {
+          ops::qk_norm_rope_store(q_rotated, k, v, qn, kn, 1e-6f, rope, p, kc, vc, pages);
+          ops::AttentionSplits splits;
+          ops::attention_unmerged(q_rotated, kc, vc, p, 0.088f, pages, splits);
+        });
+        ops::set_launch_settings({.programmatic = true, .rope_in_attention = true});
+        bool ran = true;
+        const double one = test::seconds_per_launch([&] {
+          ops::AttentionSplits splits;
+          ran = ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, p, kc, vc, 0.088f, pages, splits);
+        });
+        ops::set_launch_settings({});
+        const std::string fused = ran ? fmt::format("{:6.2f} us", one * 1e6) : std::string("declined");
+        std::printf("[ timing   ] %-14s B=%lld %5lld keys: rope/store + attention %6.2f us, in one kernel %s\n", s.name,
+                    static_cast<long long>(B), static_cast<long long>(pos + 1), two * 1e6, fused.c_str());
+      }
 }
 
 // Kernels in a captured decode step (after a warm-up step, so the allocator has
