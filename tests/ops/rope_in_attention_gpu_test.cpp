@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "engine/levers.h"
 #include "gpu_test_util.h"
 #include "models/model.h"
@@ -140,7 +141,9 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
 }
 
 // Where it does not apply it runs nothing and says so: a prefill (T > 1 of one
-// sequence), head_dim 256, a group of 16 heads, a batch of 5 sequences, and the CPU.
+// sequence), head_dim 256, a group of 16 heads, a batch of 5 sequences, and the
+// CPU. Rows that do not fit (k of 3 heads for q of 8, a cache of other rows) are
+// an error.
 TEST_F(RopeInAttention, DeclinesWhereItDoesNotApply) {
   ops::set_launch_settings({.rope_in_attention = true});
   ops::RopeTable rope;
@@ -170,6 +173,18 @@ TEST_F(RopeInAttention, DeclinesWhereItDoesNotApply) {
                                                  gpu(random({B, 2, 64}, DType::f32, 3)), Tensor(), Tensor(), 1e-6f,
                                                  rope, position(5), kc, vc, 0.125f, pages, out))
         << "a batch of " << B;
+  }
+  {  // rows that do not fit are an error that names them, not a decline
+    Tensor kc = Tensor::zeros({64, 2, 64}, DType::bf16, Device::cuda), vc = kc.clone();
+    ops::AttentionSplits out;
+    const Tensor q = gpu(random({1, 8, 64}, DType::f32, 1)), v = gpu(random({1, 2, 64}, DType::f32, 3));
+    EXPECT_THROW(ops::rope_in_attention_unmerged(q, gpu(random({1, 3, 64}, DType::f32, 2)), v, Tensor(), Tensor(),
+                                                 1e-6f, rope, position(5), kc, vc, 0.125f, {}, out),
+                 Error);
+    Tensor short_rows = Tensor::zeros({64, 2, 32}, DType::bf16, Device::cuda);
+    EXPECT_THROW(ops::rope_in_attention_unmerged(q, gpu(random({1, 2, 64}, DType::f32, 2)), v, Tensor(), Tensor(),
+                                                 1e-6f, rope, position(5), short_rows, short_rows, 0.125f, {}, out),
+                 Error);
   }
   Tensor kc = Tensor::zeros({64, 2, 64}, DType::f32), vc = kc.clone();
   ops::AttentionSplits out;
