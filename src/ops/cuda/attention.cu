@@ -332,6 +332,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
       rows[j] = s < range.end ? int(paged_row(table, s)) : 0;
     }
   };
+  // Piece c of the new key's k and v from the block's copy (lever rope_in_attention).
+  auto take_fresh = [&](int c, Piece& kr, Piece& vr) {
+    kr = *reinterpret_cast<const Piece*>(&fresh_kv[0][piece_offset<KV, HD>(c, sub_lane)]);
+    vr = *reinterpret_cast<const Piece*>(&fresh_kv[1][piece_offset<KV, HD>(c, sub_lane)]);
+  };
   // fresh_ready: fresh_kv holds the new key (lever rope_in_attention); before
   // that, the new key's pieces are left 0 and loaded again once it is.
   auto load = [&](int base, const int (&rows)[KPI], Piece (&kr)[KPI][C], Piece (&vr)[KPI][C], Groups (&gr)[KPI][C],
@@ -345,10 +350,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
         kr[j][c] = vr[j][c] = Piece{};
         gr[j][c] = Groups{0, 0, 0, 0};  // dense storage: never read, optimised away
         if (kFresh && s == new_key && s < range.end) {  // the new key, from the block's own copy
-          if (fresh_ready && piece_ok[c]) {
-            kr[j][c] = *reinterpret_cast<const Piece*>(&fresh_kv[0][piece_offset<KV, HD>(c, sub_lane)]);
-            vr[j][c] = *reinterpret_cast<const Piece*>(&fresh_kv[1][piece_offset<KV, HD>(c, sub_lane)]);
-          }
+          if (fresh_ready && piece_ok[c]) take_fresh(c, kr[j][c], vr[j][c]);
         } else if (s < range.end && piece_ok[c]) {
           const int64_t off = St::units(row * row_stride + piece_offset<KV, HD>(c, sub_lane));
           kr[j][c] = __ldg(reinterpret_cast<const Piece*>(k_lane + off));
@@ -379,10 +381,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
       const int s = range.begin + j * S::kSubgroups + subgroup;
 #pragma unroll
       for (int c = 0; c < C; ++c)
-        if (s == new_key && s < range.end && piece_ok[c]) {
-          k_next[j][c] = *reinterpret_cast<const Piece*>(&fresh_kv[0][piece_offset<KV, HD>(c, sub_lane)]);
-          v_next[j][c] = *reinterpret_cast<const Piece*>(&fresh_kv[1][piece_offset<KV, HD>(c, sub_lane)]);
-        }
+        if (s == new_key && s < range.end && piece_ok[c]) take_fresh(c, k_next[j][c], v_next[j][c]);
     }
     load_q();
   }

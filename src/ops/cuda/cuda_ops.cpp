@@ -393,7 +393,6 @@ bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& 
       !rope_in_attention_supports(int(head_dim), int(n_heads), int(n_kv_heads), k_cache.dtype(), k_cache.raw(),
                                   v_cache.raw()))
     return false;
-  check_head_dim(head_dim);
   const RopeParams params = rope_params(rope);
   out = empty_splits(T, n_heads, graph_splits(k_cache.dim(0), pages, n_kv_heads), head_dim);
   for_each_launch(pages, T, [&](int64_t b, int64_t e, const KvTables& tables) {
