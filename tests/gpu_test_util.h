@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -114,6 +115,40 @@ inline double seconds_per_launch(const std::function<void()>& launch, int n = 50
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return best_ms * 1e-3 / n;
+}
+
+// A decode matvec's input range: ops::linear of w (CPU) on the GPU under
+// `settings`, against the f32 product with w dequantized, within 1e-5, for three
+// tokens of 1024 columns: one beyond f16's 65504, one below its normal range, one
+// with each block of `block` columns at its own power of two; then a NaN in one
+// of two tokens, which makes that token's outputs NaN and leaves the other alone.
+inline void expect_huge_tiny_and_nan_inputs(const Weight& w, const ops::LaunchSettings& settings, int block,
+                                            const std::string& name) {
+  const int64_t in = w.cols(), out = w.rows();
+  const Weight wg = w.to_device(Device::cuda);
+  Tensor x = random({3, in}, DType::f32, 5);
+  float* v = x.data<float>();
+  for (int64_t i = 0; i < in; ++i) {
+    v[i] *= 3e5f;                                              // token 0: beyond f16's 65504
+    v[in + i] *= 1e-7f;                                        // token 1: below f16's normal range
+    v[2 * in + i] *= float(1 << ((i / block) % 16)) * 1e-3f;  // token 2: each block at its own scale
+  }
+  const Tensor want = ops::linear(x, w.dequantize(DType::f32), Tensor());
+  ops::set_launch_settings(settings);
+  const Tensor got = ops::linear(x.to_device(Device::cuda), wg, Tensor()).to_device(Device::cpu);
+  ops::set_launch_settings({});
+  for (int64_t t = 0; t < 3; ++t) {
+    const std::string label = fmt::format("{} token {}", name, t);
+    EXPECT_LE(relative_error(got.slice_rows(t, t + 1), want.slice_rows(t, t + 1), label), 1e-5f) << label;
+  }
+  Tensor nan_x = random({2, in}, DType::f32, 6);
+  nan_x.data<float>()[in + 300] = std::nanf("");
+  const Tensor finite = ops::linear(nan_x.slice_rows(0, 1), w.dequantize(DType::f32), Tensor());
+  ops::set_launch_settings(settings);
+  const Tensor nan_y = ops::linear(nan_x.to_device(Device::cuda), wg, Tensor()).to_device(Device::cpu);
+  ops::set_launch_settings({});
+  for (int64_t r = 0; r < out; ++r) EXPECT_TRUE(std::isnan(nan_y.data<float>()[out + r])) << name << " row " << r;
+  EXPECT_LE(relative_error(nan_y.slice_rows(0, 1), finite, name + ", the finite token"), 1e-5f);
 }
 
 // Kernels `run` launches on the current stream, counted in a graph capture of

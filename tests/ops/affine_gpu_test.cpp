@@ -338,34 +338,9 @@ TEST_F(Affine, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
 // so huge values do not overflow and tiny ones keep their digits; a NaN gives
 // NaN outputs.
 TEST_F(Affine, TensorCoreMatvecKeepsHugeAndTinyInputs) {
-  const int64_t in = 1024, out = 96;
-  for (int bits : {4, 8}) {
-    Weight w(random_affine(out, in, bits, 64, DType::bf16, 77 + bits), in);
-    Tensor x = random({3, in}, DType::f32, 5);
-    float* v = x.data<float>();
-    for (int64_t i = 0; i < in; ++i) {
-      v[i] *= 3e5f;                                         // token 0: beyond f16's 65504
-      v[in + i] *= 1e-7f;                                   // token 1: below f16's normal range
-      v[2 * in + i] *= float(1 << ((i / 64) % 16)) * 1e-3f;  // token 2: each group at its own scale
-    }
-    const Tensor want = ops::linear(x, w.dequantize(DType::f32), Tensor());
-    ops::set_launch_settings({.tensor_core_affine_matvec = true});
-    const Tensor got = ops::linear(gpu(x), w.to_device(Device::cuda), Tensor()).to_device(Device::cpu);
-    ops::set_launch_settings({});
-    for (int64_t t = 0; t < 3; ++t) {
-      const std::string label = fmt::format("int{} token {}", bits, t);
-      EXPECT_LE(relative_error(got.slice_rows(t, t + 1), want.slice_rows(t, t + 1), label), 1e-5f) << label;
-    }
-    // A NaN in x makes its token's outputs NaN, as in the f32 product; the other token is untouched.
-    Tensor nan_x = random({2, in}, DType::f32, 6);
-    nan_x.data<float>()[in + 300] = std::nanf("");
-    const Tensor plain = ops::linear(nan_x.slice_rows(0, 1), w.dequantize(DType::f32), Tensor());
-    ops::set_launch_settings({.tensor_core_affine_matvec = true});
-    const Tensor nan_y = ops::linear(gpu(nan_x), w.to_device(Device::cuda), Tensor()).to_device(Device::cpu);
-    ops::set_launch_settings({});
-    for (int64_t r = 0; r < out; ++r) EXPECT_TRUE(std::isnan(nan_y.data<float>()[out + r])) << "int" << bits << " row " << r;
-    EXPECT_LE(relative_error(nan_y.slice_rows(0, 1), plain, "finite token"), 1e-5f);
-  }
+  for (int bits : {4, 8})
+    test::expect_huge_tiny_and_nan_inputs(Weight(random_affine(96, 1024, bits, 64, DType::bf16, 77 + bits), 1024),
+                                          {.tensor_core_affine_matvec = true}, 64, fmt::format("int{}", bits));
 }
 
 // x as lever int16_activation_matvec rounds it: per token and group, scaled by

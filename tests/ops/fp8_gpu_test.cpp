@@ -199,32 +199,8 @@ TEST_F(Fp8Gpu, TensorCoreMatvecMatchesTheDequantizedReference) {
 // by its own power of two before the split into f16), and a NaN, which makes
 // its token's outputs NaN and leaves the others alone.
 TEST_F(Fp8Gpu, TensorCoreMatvecKeepsHugeAndTinyInputs) {
-  const int64_t in = 1024, out = 96;
-  Weight w(random_fp8(out, in, 128, 77));
-  const Weight wg = w.to_device(Device::cuda);
-  Tensor x = random({3, in}, DType::f32, 5);
-  float* v = x.data<float>();
-  for (int64_t i = 0; i < in; ++i) {
-    v[i] *= 3e5f;                                            // token 0: beyond f16's 65504
-    v[in + i] *= 1e-7f;                                      // token 1: below f16's normal range
-    v[2 * in + i] *= float(1 << ((i / 128) % 16)) * 1e-3f;  // token 2: each block at its own scale
-  }
-  const Tensor want = ops::linear(x, w.dequantize(DType::f32), Tensor());
-  ops::set_launch_settings({.tensor_core_fp8_matvec = true});
-  const Tensor got = ops::linear(gpu(x), wg, Tensor()).to_device(Device::cpu);
-  ops::set_launch_settings({});
-  for (int64_t t = 0; t < 3; ++t) {
-    const std::string label = fmt::format("tensor-core fp8, token {}", t);
-    EXPECT_LE(relative_error(got.slice_rows(t, t + 1), want.slice_rows(t, t + 1), label), kMatvecTolerance) << label;
-  }
-  Tensor nan_x = random({2, in}, DType::f32, 6);
-  nan_x.data<float>()[in + 300] = std::nanf("");
-  const Tensor finite = ops::linear(nan_x.slice_rows(0, 1), w.dequantize(DType::f32), Tensor());
-  ops::set_launch_settings({.tensor_core_fp8_matvec = true});
-  const Tensor nan_y = ops::linear(gpu(nan_x), wg, Tensor()).to_device(Device::cpu);
-  ops::set_launch_settings({});
-  for (int64_t r = 0; r < out; ++r) EXPECT_TRUE(std::isnan(nan_y.data<float>()[out + r])) << "row " << r;
-  EXPECT_LE(relative_error(nan_y.slice_rows(0, 1), finite, "tensor-core fp8, the finite token"), kMatvecTolerance);
+  test::expect_huge_tiny_and_nan_inputs(Weight(random_fp8(96, 1024, 128, 77)), {.tensor_core_fp8_matvec = true}, 128,
+                                        "tensor-core fp8");
 }
 
 // Every compiled tile shape and split of the matvec (T = 1 and 8; the default
