@@ -141,9 +141,9 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
 }
 
 // Where it does not apply it runs nothing and says so: a prefill (T > 1 of one
-// sequence), head_dim 256, a group of 16 heads, a batch of 5 sequences, and the
-// CPU. Rows that do not fit (k of 3 heads for q of 8, a cache of other rows) are
-// an error.
+// sequence), head_dim 256, a group of 16 heads, a batch of 5 sequences, a rotary
+// table longer than the head, and the CPU. Rows that do not fit (k of 3 heads
+// for q of 8, a cache of other rows) are an error.
 TEST_F(RopeInAttention, DeclinesWhereItDoesNotApply) {
   ops::set_launch_settings({.rope_in_attention = true});
   ops::RopeTable rope;
@@ -173,6 +173,17 @@ TEST_F(RopeInAttention, DeclinesWhereItDoesNotApply) {
                                                  gpu(random({B, 2, 64}, DType::f32, 3)), Tensor(), Tensor(), 1e-6f,
                                                  rope, position(5), kc, vc, 0.125f, pages, out))
         << "a batch of " << B;
+  }
+  {  // a rotary table longer than the head (the kernel's angle table holds head_dim / 2)
+    ops::RopeTable too_long;
+    for (int i = 0; i < 48; ++i) too_long.inv_freq.push_back(std::pow(10000.0f, -i / 48.0f));
+    Tensor kc = Tensor::zeros({64, 2, 64}, DType::bf16, Device::cuda), vc = kc.clone();
+    ops::AttentionSplits out;
+    EXPECT_FALSE(ops::rope_in_attention_unmerged(gpu(random({1, 8, 64}, DType::f32, 1)),
+                                                 gpu(random({1, 2, 64}, DType::f32, 2)),
+                                                 gpu(random({1, 2, 64}, DType::f32, 3)), Tensor(), Tensor(), 1e-6f,
+                                                 too_long, position(5), kc, vc, 0.125f, {}, out))
+        << "a rotary table of 96 dims for heads of 64";
   }
   {  // rows that do not fit are an error that names them, not a decline
     Tensor kc = Tensor::zeros({64, 2, 64}, DType::bf16, Device::cuda), vc = kc.clone();
