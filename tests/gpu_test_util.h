@@ -40,8 +40,12 @@ class NeedsGpuDefaultLaunch : public NeedsGpu<> {
   void SetUp() override {
     NeedsGpu::SetUp();
     if (!HasFatalFailure()) ops::set_launch_settings({});
+    ops::set_decode_keys(0);
   }
-  void TearDown() override { ops::set_launch_settings({}); }
+  void TearDown() override {
+    ops::set_launch_settings({});
+    ops::set_decode_keys(0);
+  }
 };
 
 // offset + scale * u, u uniform in [-1, 1), from a counter-based hash of the seed (CPU).
@@ -151,9 +155,13 @@ inline void expect_huge_tiny_and_nan_inputs(const Weight& w, const ops::LaunchSe
   EXPECT_LE(relative_error(nan_y.slice_rows(0, 1), finite, name + ", the finite token"), 1e-5f);
 }
 
-// Kernels `run` launches on the current stream, counted in a graph capture of
-// one call (run it once before, so that the allocator has every size it needs).
-inline size_t kernels_launched_by(const std::function<void()>& run) {
+// The kernels `run` launches on the current stream, from a graph capture of one
+// call (run it once before, so that the allocator has every size it needs).
+struct KernelLaunch {
+  std::string name;  // mangled
+  dim3 grid, block;
+};
+inline std::vector<KernelLaunch> kernel_launches_by(const std::function<void()>& run) {
   auto stream = static_cast<cudaStream_t>(cuda_stream());
   cudaGraph_t graph = nullptr;
   EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
@@ -163,14 +171,20 @@ inline size_t kernels_launched_by(const std::function<void()>& run) {
   EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
   std::vector<cudaGraphNode_t> nodes(n);
   EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
-  size_t kernels = 0;
+  std::vector<KernelLaunch> kernels;
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type;
     cudaGraphNodeGetType(node, &type);
-    kernels += type == cudaGraphNodeTypeKernel;
+    if (type != cudaGraphNodeTypeKernel) continue;
+    cudaKernelNodeParams params{};
+    EXPECT_EQ(cudaGraphKernelNodeGetParams(node, &params), cudaSuccess);
+    const char* name = nullptr;
+    cudaFuncGetName(&name, params.func);
+    kernels.push_back({name ? name : "", params.gridDim, params.blockDim});
   }
   cudaGraphDestroy(graph);
   return kernels;
 }
+inline size_t kernels_launched_by(const std::function<void()>& run) { return kernel_launches_by(run).size(); }
 
 }  // namespace mere::test

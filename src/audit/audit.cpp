@@ -85,6 +85,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "int16_activation_matvec" ? &l.int16_activation_matvec
                 : name == "tensor_core_fp8_matvec" ? &l.tensor_core_fp8_matvec
                 : name == "rope_in_attention" ? &l.rope_in_attention
+                : name == "wide_attention_blocks" ? &l.wide_attention_blocks
                                                 : nullptr;
   MERE_CHECK(field != nullptr, "--lever {}=...: unknown engine lever", name);
   *field = on;
@@ -183,8 +184,9 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
-                                        lo.fuse_rope_store, lo.rope_in_attention, int(lo.fuse_norm_matvec), lo.programmatic_launch,
+    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
+                                        lo.fuse_rope_store, lo.rope_in_attention, lo.wide_attention_blocks,
+                                        int(lo.fuse_norm_matvec), lo.programmatic_launch,
                                         lo.matvec_split_k, lo.fp8_activation_gemm, lo.int8_activation_matvec,
                                         lo.tensor_core_kv_attention, lo.tensor_core_affine_matvec,
                                         lo.int16_activation_matvec, lo.tensor_core_fp8_matvec,

@@ -18,6 +18,7 @@ struct BenchFlags {
   std::string model, shape, prompt = "512", gen = "128", depth = "0", device = "auto", quant = "bf16", batch = "1";
   std::string kv_cache_mode = "default";
   int reps = 5, threads = 0, group_size = 64;
+  int64_t context = 0;  // decode rows' cache per sequence (0: just enough)
   bool json = false, calibrate = false, baseline = false, prefix_cache = false;
   double bandwidth = 0, matmul_rate = 0;
 };
@@ -71,11 +72,12 @@ void run_bench(const BenchFlags& f) {
         for (int64_t p : parse_int_list(f.prompt, "-p"))
           if (p > 0) rows.push_back(bench_prefill(m, p, d, f.reps, ceilings, kv));
         for (int64_t n : parse_int_list(f.gen, "-n"))
-          if (n > 0) rows.push_back(bench_decode(m, n, d, f.reps, ceilings, levers, kv));
+          if (n > 0) rows.push_back(bench_decode(m, n, d, f.reps, ceilings, levers, kv, f.context));
         if (f.batch != "1")  // same-offset batched decode, one row per batch size
           for (int64_t b : parse_int_list(f.batch, "--batch"))
             for (int64_t n : parse_int_list(f.gen, "-n"))
-              if (n > 0 && b > 0) rows.push_back(bench_batched_decode(m, b, n, d, f.reps, ceilings, levers, kv));
+              if (n > 0 && b > 0)
+                rows.push_back(bench_batched_decode(m, b, n, d, f.reps, ceilings, levers, kv, f.context));
       }
   };
   if (f.prefix_cache) {  // prefix-cache hit against miss prefill instead of the usual rows
@@ -152,6 +154,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("-p,--prompt-tokens", f->prompt, "Prefill lengths, comma-separated (pp rows; 0: none)");
   cmd->add_option("-n,--gen-tokens", f->gen, "Decode lengths, comma-separated (tg rows; 0: none)");
   cmd->add_option("-d,--depth", f->depth, "Tokens already in the cache, comma-separated");
+  cmd->add_option("-c,--context", f->context,
+                  "Decode rows: each sequence's cache holds this many tokens (a server's context length; default: "
+                  "just enough)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--kv-cache-mode", f->kv_cache_mode,
                   "KV cache modes, comma-separated: default, bf16, affine8, affine4");
   cmd->add_option("-r,--reps", f->reps, "Repetitions per row, after one warm-up")->check(CLI::PositiveNumber);

@@ -37,15 +37,18 @@ void finish(BenchRow& row) {
   row.fraction = row.roofline_tok_s > 0 ? row.mean_tok_s / row.roofline_tok_s : 0;
 }
 
-std::string label(const char* kind, int64_t tokens, int64_t depth) {
-  return std::string(kind) + std::to_string(tokens) + (depth ? " @ d" + std::to_string(depth) : "");
+std::string label(const char* kind, int64_t tokens, int64_t depth, int64_t context = 0) {
+  return std::string(kind) + std::to_string(tokens) + (depth ? " @ d" + std::to_string(depth) : "") +
+         (context ? " c" + std::to_string(context) : "");
 }
 
-// A state holding `depth` cached tokens, with room for `extra` more; on `pool`
-// when given (a batch on one pool attends in one launch per layer), else its own.
+// A state holding `depth` cached tokens, with room for `extra` more, or for
+// `context` in all if that is more; on `pool` when given (a batch on one pool
+// attends in one launch per layer), else its own.
 std::unique_ptr<SeqState> state_at_depth(const Model& model, int64_t depth, int64_t extra, KvCacheMode kv_mode,
-                                         std::shared_ptr<BlockPool> pool = nullptr) {
-  auto state = pool ? std::make_unique<SeqState>(pool, depth + extra + 1) : model.make_state(depth + extra + 1, kv_mode);
+                                         std::shared_ptr<BlockPool> pool = nullptr, int64_t context = 0) {
+  const int64_t capacity = std::max(depth + extra + 1, context);
+  auto state = pool ? std::make_unique<SeqState>(pool, capacity) : model.make_state(capacity, kv_mode);
   for (int64_t done = 0; done < depth;) {  // in chunks, so deep contexts do not need one huge activation
     int64_t n = std::min<int64_t>(2048, depth - done);
     model.forward(random_ids(n, model.info().vocab, 7 + uint64_t(done)), *state, false);
@@ -72,6 +75,7 @@ std::string layout_levers(const ModelInfo& info) {
                                : std::string(lever_mode_name(o.fuse_norm_matvec));
   return std::string("fused_projections=") + on(o.fuse_projections) + " fused_rope_store=" + on(o.fuse_rope_store) +
          (o.rope_in_attention ? " rope_in_attention=on" : "") +
+         (o.wide_attention_blocks ? " wide_attention_blocks=on" : "") +
          " fused_norm_matvec=" + fold + " programmatic_launch=" + on(o.programmatic_launch) +
          " matvec_split_k=" + on(o.matvec_split_k) + " fp8_activation_gemm=" + on(o.fp8_activation_gemm) +
          (o.int8_activation_matvec ? " int8_activation_matvec=on" : "") +
@@ -165,9 +169,9 @@ BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int re
 }
 
 BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings,
-                      const Levers& levers, KvCacheMode kv_mode) {
+                      const Levers& levers, KvCacheMode kv_mode, int64_t context) {
   BenchRow row;
-  row.test = label("tg", tokens, depth);
+  row.test = label("tg", tokens, depth, context);
   row.levers = decode_levers(model, levers) + " " + layout_levers(model.info()) +
                " kv_cache_mode=" + std::string(kv_cache_mode_name(kv_mode));
   row.tokens = tokens;
@@ -182,7 +186,7 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
   options.sampling.temperature = 0;
   options.levers = levers;
   for (int r = -1; r < reps; ++r) {
-    auto state = state_at_depth(model, depth, tokens + 3, kv_mode);
+    auto state = state_at_depth(model, depth, tokens + 3, kv_mode, nullptr, context);
     GenerateStats stats = generate_from(model, *state, {1}, options, [](int32_t) { return true; });
     row.kv_bytes = state->kv_bytes();
     if (r >= 0) row.tok_s.push_back(stats.decode_tok_s());
@@ -193,15 +197,16 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
 }
 
 BenchRow bench_batched_decode(const Model& model, int64_t batch, int64_t tokens, int64_t depth, int reps,
-                              const Ceilings& ceilings, const Levers& levers, KvCacheMode kv_mode) {
+                              const Ceilings& ceilings, const Levers& levers, KvCacheMode kv_mode,
+                              int64_t context) {
   BenchRow row;
-  row.test = label("tg", tokens, depth) + " x" + std::to_string(batch);
+  row.test = label("tg", tokens, depth, context) + " x" + std::to_string(batch);
   row.levers = "same-offset batch " + decode_levers(model, levers) + " " + layout_levers(model.info()) +
                " kv_cache_mode=" + std::string(kv_cache_mode_name(kv_mode));
   row.tokens = tokens;
   row.depth = depth;
-  const double context = double(depth + tokens / 2);
-  const double one = double(model.decode_bytes(int64_t(context), kv_mode)), kv = one - double(model.decode_bytes(0, kv_mode));
+  const int64_t mean_keys = depth + tokens / 2;
+  const double one = double(model.decode_bytes(mean_keys, kv_mode)), kv = one - double(model.decode_bytes(0, kv_mode));
   row.bytes_per_token = (one + double(batch - 1) * kv) / double(batch);  // a step's bytes over its tokens
   row.roofline_tok_s = ceilings.copy_bytes_per_s / row.bytes_per_token;
   GenerateOptions options;  // as bench_decode: `tokens` steps after the first, timed from the second read
@@ -214,9 +219,9 @@ BenchRow bench_batched_decode(const Model& model, int64_t batch, int64_t tokens,
     std::vector<std::unique_ptr<SeqState>> states;
     std::vector<SeqState*> raw;
     auto pool = std::make_shared<BlockPool>(model.kv_layout(kv_mode),
-                                            batch * BlockPool::blocks_for_tokens(depth + tokens + 4));
+                                            batch * BlockPool::blocks_for_tokens(std::max(depth + tokens + 4, context)));
     for (int64_t b = 0; b < batch; ++b) {
-      states.push_back(state_at_depth(model, depth, tokens + 3, kv_mode, pool));
+      states.push_back(state_at_depth(model, depth, tokens + 3, kv_mode, pool, context));
       raw.push_back(states.back().get());
     }
     BatchGenerateStats stats = generate_batch(model, raw, prompts, options, [](int64_t, int32_t) { return true; });

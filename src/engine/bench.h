@@ -45,8 +45,11 @@ BenchRow bench_prefill(const Model& model, int64_t tokens, int64_t depth, int re
 // `tokens` decode steps of the engine's generation loop (greedy, no EOS) after
 // `depth` cached tokens, with the engine's levers as given (on the GPU: device
 // sampling, graphs and pipelining).
+// `context` > 0 gives each sequence a cache of that many tokens (a server's
+// context length) instead of just enough: decode attention's split count, and
+// with it some kernels' form, follows the cache.
 BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int reps, const Ceilings& ceilings,
-                      const Levers& levers, KvCacheMode kv_mode = KvCacheMode::native);
+                      const Levers& levers, KvCacheMode kv_mode = KvCacheMode::native, int64_t context = 0);
 
 // `tokens` steps of same-offset batched decode: `batch` sequences, each after
 // `depth` cached tokens, one forward per step for all of them, through the
@@ -57,6 +60,6 @@ BenchRow bench_decode(const Model& model, int64_t tokens, int64_t depth, int rep
 // read once per step plus each sequence's K/V.
 BenchRow bench_batched_decode(const Model& model, int64_t batch, int64_t tokens, int64_t depth, int reps,
                               const Ceilings& ceilings, const Levers& levers,
-                              KvCacheMode kv_mode = KvCacheMode::native);
+                              KvCacheMode kv_mode = KvCacheMode::native, int64_t context = 0);
 
 }  // namespace mere

@@ -52,6 +52,7 @@ int DecodeStep::begin(const Tensor& prefill_logits) {
 }
 
 void DecodeStep::run_step() {
+  ops::set_decode_keys(length() + 1);
   Tensor logits = model_.run(tokens_, pos_, states_, /*all_logits=*/false);  // [B, vocab]
   sampler_.sample(logits, tokens_.data<int32_t>());
   ops::advance_position(pos_, 1);
@@ -63,16 +64,24 @@ int DecodeStep::queue() {
     for (SeqState* s : states_) s->reserve(s->length() + 1);
     run_step();
     ++eager_steps_;
-  } else if (!graph_.is_captured()) {
-    // Run the first step eagerly (it also warms the allocator with the step's
-    // block sizes), then capture the same call for every later step.
-    run_step();
-    graph_.capture([&] { run_step(); });
-    ++captures_;
   } else {
-    graph_.replay();
-    ++replays_;
+    const int64_t keys = length() + 1;
+    auto served = std::find_if(graphs_.begin(), graphs_.end(), [&](const auto& g) { return g->keys.holds(keys); });
+    if (served != graphs_.end()) {
+      (*served)->graph.replay();
+      ++replays_;
+    } else {
+      // Run the step eagerly (it also warms the allocator with the step's block
+      // sizes), then capture the same call for the later steps its forms serve.
+      run_step();
+      auto g = std::make_unique<Graph>();
+      g->graph.capture([&] { run_step(); });
+      g->keys = ops::decode_keys_range();
+      graphs_.push_back(std::move(g));
+      ++captures_;
+    }
   }
+  ops::set_decode_keys(0);  // what runs next (a prefill) is not this step
   for (SeqState* s : states_) s->advance(1);
   return ticket_for_slot();
 }

@@ -9,7 +9,10 @@
 // one shared position, one forward over B rows, the sampler's B rows. B = 1 is
 // the single-sequence step; it is the same code. The graph is captured for this
 // step's states (their count and identity, their caches' addresses): another
-// batch makes another DecodeStep.
+// batch makes another DecodeStep. A kernel may take another form as the context
+// grows (lever wide_attention_blocks): each graph serves the key counts its
+// launches said they hold for (ops::decode_keys_range), and a step outside them
+// captures one more.
 #pragma once
 
 #include <array>
@@ -19,6 +22,7 @@
 
 #include "core/device.h"
 #include "models/model.h"
+#include "ops/ops.h"
 #include "sampling/device_sampler.h"
 
 namespace mere {
@@ -51,7 +55,7 @@ class DecodeStep {
   int64_t batch() const { return int64_t(states_.size()); }
   int64_t length() const { return states_.front()->length(); }
   int64_t capacity() const { return capacity_; }
-  int64_t captures() const { return captures_; }
+  int64_t captures() const { return captures_; }  // graphs captured, one per form
   int64_t replays() const { return replays_; }
   int64_t eager_steps() const { return eager_steps_; }
 
@@ -70,7 +74,11 @@ class DecodeStep {
   std::shared_ptr<void> host_slots_;   // pinned i32 [kSlots * B + 1]: ticket slots, then the position to upload
   std::array<CudaEvent, kSlots> ready_;
   int next_ticket_ = 0;
-  CudaGraph graph_;
+  struct Graph {
+    ops::KeyCountRange keys;  // the steps' key counts it serves
+    CudaGraph graph;
+  };
+  std::vector<std::unique_ptr<Graph>> graphs_;
   int64_t captures_ = 0, replays_ = 0, eager_steps_ = 0;
 };
 

@@ -30,6 +30,11 @@ struct Levers {
   // per layer. Default: the same bits (logits of the fixtures, partials and
   // caches of the op), Llama-3-8B int4 decode +3.6% at batch 1 (docs/levers.md).
   bool rope_in_attention = true;
+  // Decode attention over a dense cache in blocks of 8 warps instead of 4 for
+  // groups of 4 or 8 query heads, where the blocks that have keys to walk fit in
+  // one wave (short contexts, small batches); a decode graph is captured per
+  // form (docs/levers.md).
+  bool wide_attention_blocks = true;
   // RMSNorm, SwiGLU, attention's split merge and the residual add folded into
   // the decode matvecs' input and output: four kernels fewer per layer and no
   // normalised copy of h (the merge: Llama-3-8B int4 +2.0%, int8 +1.3%).
@@ -111,7 +116,7 @@ struct Levers {
   bool prefix_cache = true;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
-  // MERERUN_ROPE_IN_ATTENTION,
+  // MERERUN_ROPE_IN_ATTENTION, MERERUN_WIDE_ATTENTION_BLOCKS,
   // MERERUN_FUSED_NORM_MATVEC (0|1|auto), MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC,
@@ -121,7 +126,7 @@ struct Levers {
   static Levers from_env();
   static Levers all_off() {
     return Levers{.cuda_graphs = false, .pipelined_decode = false, .fused_projections = false, .fused_rope_store = false,
-                  .rope_in_attention = false,
+                  .rope_in_attention = false, .wide_attention_blocks = false,
                   .fused_norm_matvec = LeverMode::off, .programmatic_launch = false, .matvec_split_k = false,
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,
                   .tensor_core_affine_matvec = false, .int16_activation_matvec = false,

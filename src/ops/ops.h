@@ -71,6 +71,7 @@ struct LaunchSettings {
   bool int8_activation_matvec = false;  // lever int8_activation_matvec: affine decode matvecs on int8 x
   bool tensor_core_kv_attention = false;  // lever tensor_core_kv_attention: affine8/affine4 KV attention on mma
   bool rope_in_attention = false;  // lever rope_in_attention: decode attention rotates and stores its new rows
+  bool wide_attention_blocks = false;  // lever wide_attention_blocks: 8-warp attention blocks where they fit a wave
   bool tensor_core_affine_matvec = false;  // lever tensor_core_affine_matvec: affine decode matvecs on mma
   // Lever int16_activation_matvec: those mma matvecs, from 2 tokens, take x rounded
   // to 15 bits per group (two base-256 digits, four tokens an mma) instead of 23.
@@ -82,6 +83,19 @@ struct LaunchSettings {
   bool affine_gemm_at_every_size = false;
 };
 void set_launch_settings(const LaunchSettings& settings);
+
+// The key count each sequence sees in the decode step whose kernels are launched
+// next (its new token included; 0: unknown, the default, as in prefill): a
+// launcher may pick its form by it (lever wide_attention_blocks).
+// decode_keys_range() then gives the key counts for which every launch since
+// would have picked the same forms, so a CUDA graph captured of them serves
+// every step in that range. No effect on the CPU.
+struct KeyCountRange {
+  int64_t lo = 1, hi = INT64_MAX;
+  bool holds(int64_t keys) const { return lo <= keys && keys <= hi; }
+};
+void set_decode_keys(int64_t keys);
+KeyCountRange decode_keys_range();
 
 // Column blocks of x [T, sum(widths)] as tensors [T, width]: views when T == 1
 // (contiguous already), copies otherwise.

@@ -81,6 +81,21 @@ TEST(Levers, RopeInAttentionIsOnByDefaultAndFollowsFusedRopeStore) {
   EXPECT_THROW(Levers::from_env(), Error);
 }
 
+// wide_attention_blocks: on by default, a CUDA lever switched by its variable.
+TEST(Levers, WideAttentionBlocksIsACudaLever) {
+  EXPECT_TRUE(Levers{}.wide_attention_blocks);
+  EXPECT_FALSE(Levers::all_off().wide_attention_blocks);
+  EXPECT_TRUE(Levers{}.load_options(Device::cuda).wide_attention_blocks);
+  EXPECT_FALSE(Levers{}.load_options(Device::cpu).wide_attention_blocks);
+  EXPECT_NE(Levers{}.describe(Device::cuda).find("wide_attention_blocks=on"), std::string::npos);
+  {
+    ScopedEnv env("MERERUN_WIDE_ATTENTION_BLOCKS", "0");
+    EXPECT_FALSE(Levers::from_env().load_options(Device::cuda).wide_attention_blocks);
+  }
+  ScopedEnv bad("MERERUN_WIDE_ATTENTION_BLOCKS", "sometimes");
+  EXPECT_THROW(Levers::from_env(), Error);
+}
+
 // tensor_core_fp8_matvec: on by default, a CUDA lever switched by its variable.
 TEST(Levers, TensorCoreFp8MatvecIsACudaLever) {
   EXPECT_TRUE(Levers{}.tensor_core_fp8_matvec);

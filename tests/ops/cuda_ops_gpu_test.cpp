@@ -188,7 +188,9 @@ TEST_F(CudaOps, Rope) {
 TEST_F(CudaOps, AttentionDecodeAndPrefillWithGqa) {
   struct Case { int64_t T, pos0, heads, kv_heads, head_dim; };
   for (Case c : {Case{1, 0, 8, 2, 64}, Case{1, 300, 32, 8, 128}, Case{1, 4100, 16, 4, 128}, Case{17, 0, 4, 1, 32},
-                 Case{24, 100, 4, 2, 16}, Case{3, 600, 6, 2, 256}})
+                 Case{24, 100, 4, 2, 16}, Case{3, 600, 6, 2, 256},
+                 // Groups of 8 (Qwen3-30B-A3B's heads): the GQA kernel's eight-warp form.
+                 Case{1, 63, 32, 4, 128}, Case{1, 8200, 32, 4, 128}, Case{1, 700, 16, 2, 64}})
     for (DType kv : {DType::f32, DType::bf16}) {
       int64_t S = c.pos0 + c.T;
       Tensor q = random({c.T, c.heads, c.head_dim}, DType::f32, 1);

@@ -2,7 +2,8 @@
 // applies the q/k norm and RoPE itself and writes the new K/V row gives the same
 // bits as qk_norm_rope_store then attention_unmerged (partials and cache), for a
 // contiguous cache, a paged sequence and a paged batch (groups up to 4 heads;
-// larger groups decline batches), bf16/f16/f32 caches,
+// larger groups decline batches unless in the 8-warp blocks of lever
+// wide_attention_blocks), in both block forms, bf16/f16/f32 caches,
 // with and without q/k norms, rotate-half and interleaved, partial rotary dims,
 // at positions on both sides of split edges; it declines (nothing run) where it
 // does not apply; and a model's decode step with it is one kernel a layer
@@ -82,6 +83,9 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
     const Tensor kn = norm ? gpu(random({c.head_dim}, c.norm, 5, 0.2f, 1.0f)) : Tensor();
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
     const int64_t rows = 1024;  // cache rows: the split count is fixed by them, as in a graph
+    // Both attention block forms (lever wide_attention_blocks); these shapes'
+    // splits fit a wave, so the wide one runs at every position.
+    for (bool wide : {false, true})
     for (int layout = 0; layout < 3; ++layout)  // contiguous, one paged sequence, a paged batch of 3
       for (int64_t pos : {0, 1, 63, 64, 65, 200, 1000}) {
         const int64_t B = layout == 2 ? 3 : 1;
@@ -104,9 +108,10 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
             fmt::format("{}/{}x{} {} cache{}{}{} {} pos {}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache),
                         norm ? " norm" : "", c.interleaved ? " interleaved" : "",
                         c.rotary_dim ? " partial rotary" : "", layout == 0 ? "contiguous" : layout == 1 ? "paged" : "batch",
-                        pos);
+                        pos) + (wide ? " wide blocks" : "");
 
-        ops::set_launch_settings({});
+        ops::set_decode_keys(pos + 1);
+        ops::set_launch_settings({.wide_attention_blocks = wide});
         Tensor q_rotated = q.clone();
         ops::qk_norm_rope_store(q_rotated, k, v, qn, kn, 1e-6f, rope, position(pos), k_cache, v_cache, pages);
         ops::AttentionSplits want;
@@ -116,9 +121,10 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
                                                      scale, pages, off))
             << label << ": ran with the lever off";
 
-        ops::set_launch_settings({.rope_in_attention = true});
+        ops::set_launch_settings({.rope_in_attention = true, .wide_attention_blocks = wide});
         ops::AttentionSplits got;
-        if (B > 1 && c.heads / c.kv_heads > 4) {  // batches keep the two kernels where groups exceed 4 heads
+        // Batches keep the two kernels where groups exceed 4 heads, unless in 8-warp blocks.
+        if (B > 1 && c.heads / c.kv_heads > 4 && !wide) {
           EXPECT_FALSE(ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, position(pos), k_cache2,
                                                        v_cache2, scale, pages, got))
               << label;

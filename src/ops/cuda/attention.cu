@@ -82,13 +82,13 @@ struct AffineGroups {
   int group = 0;  // elements per group
 };
 
-template <typename KV, int HD>
+template <typename KV, int HD, int NW = kWarps>
 struct Lanes {
   static constexpr int W = Storage<KV>::W;                       // elements per load
   static constexpr int L = HD / W < 32 ? HD / W : 32;           // lanes per key
   static constexpr int C = HD / (L * W);                        // 16-byte pieces per lane
   static constexpr int E = C * W;                               // elements per lane
-  static constexpr int kSubgroups = kWarps * 32 / L;
+  static constexpr int kSubgroups = NW * 32 / L;
   static_assert(HD % (L * W) == 0 && 32 % L == 0);
 };
 
@@ -157,8 +157,8 @@ constexpr int kKeysPerStep = (HB >= 8 ? 2 : 4) / C;
 // Blocks per SM to fit in registers: three up to four heads (at most 170
 // registers a thread), one for eight (up to 255). Left to itself ptxas sometimes
 // spills a few words to fit an occupancy of its own choosing.
-template <int HB>
-constexpr int kMinBlocksPerSm = HB >= 8 ? 1 : 3;
+template <int HB, int NW>
+constexpr int kMinBlocksPerSm = HB >= 8 ? 1 : 12 / NW;
 
 // The new rows and their RoPE for a kernel that rotates its own inputs (lever
 // rope_in_attention), nothing for one that reads q rotated and the new key cached.
@@ -176,8 +176,8 @@ __device__ __forceinline__ float norm_weight(const void* norm, DType dtype, int 
   return static_cast<const float*>(norm)[j];
 }
 
-template <typename KV, int HD, int HB, bool kFresh>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
+template <typename KV, int HD, int HB, bool kFresh, int NW>
+__global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
     attention_gqa_kernel(const float* __restrict__ q, const typename Storage<KV>::Unit* __restrict__ k,
                          const typename Storage<KV>::Unit* __restrict__ v, const AffineGroups groups,
                          float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
                          const __grid_constant__ FreshArgs<kFresh> fresh) {
   allow_next_kernel();
   wait_for_previous_kernel();
-  using S = Lanes<KV, HD>;
+  using S = Lanes<KV, HD, NW>;
   using St = Storage<KV>;
   using Piece = typename St::Piece;
   constexpr int L = S::L, C = S::C, W = S::W, E = S::E;
@@ -225,21 +225,21 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
   auto prepare_fresh = [&] {
     if constexpr (kFresh) {
       static_assert(!St::quantized, "rope_in_attention writes dense caches only");
-      constexpr int kPerLane = HD / 32, kRowsPerWarp = (HB + 2 + kWarps - 1) / kWarps;
-      __shared__ float staged[kWarps][HD];
+      constexpr int kPerLane = HD / 32, kRowsPerWarp = (HB + 2 + NW - 1) / NW;
+      __shared__ float staged[NW][HD];
       __shared__ float angle_sin[HD / 2], angle_cos[HD / 2];
       const FreshRows& rows = fresh.rows;
       const RopeParams& rope = fresh.rope;
       for (int i = threadIdx.x; i < rope.half; i += blockDim.x)
         rope_angle(rope, i, new_key, angle_sin[i], angle_cos[i]);
-      // Rows warp + kWarps r: the q heads, then (holding the new key) k and v;
+      // Rows warp + NW r: the q heads, then (holding the new key) k and v;
       // every row's loads in flight before any is used.
       const int n_rows = HB + (range.end == n_keys ? 2 : 0);
       auto row_ok = [&](int r) { return r < n_rows && (r >= HB || head_ok(r)); };
       float e[kRowsPerWarp][kPerLane];
 #pragma unroll
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        const int r = warp + kWarps * rr;
+        const int r = warp + NW * rr;
         const float* src = r < HB ? rows.q + (int64_t(t) * n_heads + kv_h * group + head0 + r) * head_dim
                                   : (r == HB + 1 ? rows.v : rows.k) + (int64_t(t) * n_kv_heads + kv_h) * head_dim;
 #pragma unroll
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
       __syncthreads();  // the angles
 #pragma unroll
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        const int r = warp + kWarps * rr;
+        const int r = warp + NW * rr;
         if (!row_ok(r)) continue;
         const bool is_q = r < HB, is_v = r == HB + 1;
         if (!is_v) {
@@ -473,8 +473,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<HB>)
     }
 
   // Merge the warps: rescale each to the block maximum.
-  __shared__ float warp_m[kWarps][HB], warp_l[kWarps][HB];
-  __shared__ float warp_o[kWarps][HB][HD];
+  __shared__ float warp_m[NW][HB], warp_l[NW][HB];
+  __shared__ float warp_o[NW][HB][HD];
   if (lane < L) {
 #pragma unroll
     for (int g = 0; g < HB; ++g) {
@@ -665,15 +665,47 @@ __global__ void __launch_bounds__(kMergeThreads)
   }
 }
 
+// Lever wide_attention_blocks: the GQA kernel in blocks of 8 warps, for groups
+// of 4 or 8 heads over dense rows of up to 128 elements (8 warps hold an 8-head
+// block's warp partials in 32 KB of shared memory).
+template <typename KV, int HD, int HB>
+constexpr bool kHasWideForm = HB >= 4 && HD <= 128 && !Storage<KV>::quantized;
+
+// Whether blocks of 8 warps run, for a grid of `per_split` blocks a split: where
+// the splits with keys to walk fit one wave of one block an SM. A short
+// context's few blocks then walk their keys with twice the warps (at 64 keys
+// one block a kv head); with more blocks, 2-3 blocks of 4 warps an SM keep more
+// loads in flight. The splits with keys, ceil(keys / kMinKeysPerSplit) up to
+// n_splits, depend on the step's key count (decode_keys): the decode graph
+// captured for it serves the counts that choose the same.
+bool wide_blocks(int per_split, int n_splits) {
+  if (!wide_attention_blocks_enabled()) return false;
+  const int64_t splits_in_a_wave = sm_count() / per_split;
+  if (n_splits <= splits_in_a_wave) return true;  // at any context
+  const int64_t keys = decode_keys(), most = splits_in_a_wave * kMinKeysPerSplit;
+  if (keys <= 0) return false;  // unknown: all of the cache may be in use
+  if (keys <= most) {
+    narrow_decode_keys_range(1, most);
+    return true;
+  }
+  narrow_decode_keys_range(most + 1, INT64_MAX);
+  return false;
+}
+
 template <typename KV, int HD, int HB, bool kFresh>
 void launch_gqa(const float* q, const typename Storage<KV>::Unit* k, const typename Storage<KV>::Unit* v,
                 const AffineGroups& groups, float* part_m, float* part_l, float* part_o, int T, int n_heads,
                 int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
                 const KvTables& tables, const FreshArgs<kFresh>& fresh, cudaStream_t stream) {
   const int chunks = (n_heads / n_kv_heads + HB - 1) / HB;
-  launch_kernel(attention_gqa_kernel<KV, HD, HB, kFresh>, dim3(n_kv_heads * chunks, T, n_splits), kWarps * 32, 0,
-      stream, q, k, v, groups, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits,
-      tables, fresh);
+  auto go = [&]<int NW>() {
+    launch_kernel(attention_gqa_kernel<KV, HD, HB, kFresh, NW>, dim3(n_kv_heads * chunks, T, n_splits), NW * 32, 0,
+        stream, q, k, v, groups, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits,
+        tables, fresh);
+  };
+  if constexpr (kHasWideForm<KV, HD, HB>)
+    if (wide_blocks(T * n_kv_heads * chunks, n_splits)) return go.template operator()<8>();
+  go.template operator()<4>();
 }
 
 template <typename KV, int HD, bool kFresh = false>
@@ -746,7 +778,12 @@ bool rope_in_attention_supports(int head_dim, int n_heads, int n_kv_heads, DType
          reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
 }
 
-bool rope_in_attention_takes_rows(int rows, int group) { return rows == 1 || (rows <= 4 && group <= 4); }
+bool rope_in_attention_takes_rows(int rows, int n_heads, int n_kv_heads, int n_splits) {
+  const int group = n_heads / n_kv_heads;
+  if (rows == 1 || (rows <= 4 && group <= 4)) return true;
+  // Groups of 5-8 take one 8-head block a kv head and split.
+  return rows <= 4 && group <= 8 && wide_blocks(rows * n_kv_heads, n_splits);
+}
 
 cudaError_t launch_rope_in_attention(const FreshRows& fresh, const RopeParams& rope, DType kv_dtype, float* part_m,
                                      float* part_l, float* part_o, int T, int n_heads, int n_kv_heads, int head_dim,

@@ -387,14 +387,15 @@ bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& 
   const bool norms_fit =
       !q_norm.defined() || (k_norm.defined() && k_norm.dtype() == q_norm.dtype() && float_dtype(q_norm.dtype()));
   const bool rotation_fits = 2 * int64_t(rope.inv_freq.size()) <= head_dim;  // the kernel's angle table
+  const int splits = graph_splits(k_cache.dim(0), pages, n_kv_heads);
   if (!rope_in_attention_enabled() || !one_token_a_row || !norms_fit || !rotation_fits ||
       k_cache.dtype() != v_cache.dtype() ||
-      !rope_in_attention_takes_rows(int(T), int(n_heads / n_kv_heads)) ||
       !rope_in_attention_supports(int(head_dim), int(n_heads), int(n_kv_heads), k_cache.dtype(), k_cache.raw(),
-                                  v_cache.raw()))
+                                  v_cache.raw()) ||
+      !rope_in_attention_takes_rows(int(T), int(n_heads), int(n_kv_heads), splits))
     return false;
   const RopeParams params = rope_params(rope);
-  out = empty_splits(T, n_heads, graph_splits(k_cache.dim(0), pages, n_kv_heads), head_dim);
+  out = empty_splits(T, n_heads, splits, head_dim);
   for_each_launch(pages, T, [&](int64_t b, int64_t e, const KvTables& tables) {
     const FreshRows fresh{q.slice_rows(b, e).data<float>(),
                           k.slice_rows(b, e).data<float>(),
@@ -503,10 +504,19 @@ void set_launch_settings(const LaunchSettings& settings) {
   mere::cuda::set_int8_activation_matvec(settings.int8_activation_matvec);
   mere::cuda::set_tensor_core_kv_attention(settings.tensor_core_kv_attention);
   mere::cuda::set_rope_in_attention(settings.rope_in_attention);
+  mere::cuda::set_wide_attention_blocks(settings.wide_attention_blocks);
   mere::cuda::set_tensor_core_affine_matvec(settings.tensor_core_affine_matvec);
   mere::cuda::set_int16_activation_matvec(settings.int16_activation_matvec);
   mere::cuda::set_tensor_core_fp8_matvec(settings.tensor_core_fp8_matvec);
   mere::cuda::set_tensor_core_affine_gemm(settings.tensor_core_affine_gemm, settings.affine_gemm_at_every_size);
+}
+
+void set_decode_keys(int64_t keys) { mere::cuda::set_decode_keys(keys); }
+
+KeyCountRange decode_keys_range() {
+  KeyCountRange range;
+  mere::cuda::decode_keys_range(range.lo, range.hi);
+  return range;
 }
 
 void fill_random_bytes(Tensor& t, uint64_t seed, uint8_t mask) {
@@ -561,6 +571,8 @@ bool rms_norm_linear(const Tensor&, const Tensor&, float, const Tensor&, const T
 bool linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 bool swiglu_linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void set_launch_settings(const LaunchSettings&) {}  // nothing launches
+void set_decode_keys(int64_t) {}
+KeyCountRange decode_keys_range() { return {}; }
 void advance_position(Tensor&, int32_t) { no_cuda(); }
 void fill_random_bytes(Tensor&, uint64_t, uint8_t) { no_cuda(); }
 bool attention_unmerged(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, const KvPages&,

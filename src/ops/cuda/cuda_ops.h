@@ -24,6 +24,8 @@ bool linear_add(Tensor& h, const Tensor& x, const Tensor& w, const Tensor& bias)
 bool swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Tensor& w, const Tensor& bias);
 void advance_position(Tensor& pos, int32_t by);
 void set_launch_settings(const LaunchSettings& settings);
+void set_decode_keys(int64_t keys);
+KeyCountRange decode_keys_range();
 void fill_random_bytes(Tensor& t, uint64_t seed, uint8_t mask);
 
 void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table);

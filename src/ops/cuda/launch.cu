@@ -1,8 +1,10 @@
 // Launch settings the kernel launchers share (levers programmatic_launch,
 // matvec_split_k, fp8_activation_gemm, int8_activation_matvec,
 // tensor_core_kv_attention, tensor_core_affine_matvec, int16_activation_matvec,
-// tensor_core_fp8_matvec, tensor_core_affine_gemm and rope_in_attention), and
-// device queries.
+// tensor_core_fp8_matvec, tensor_core_affine_gemm, rope_in_attention and
+// wide_attention_blocks), the decode step's key count, and device queries.
+#include <algorithm>
+
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -19,6 +21,9 @@ bool tensor_core_fp8_matvec = false;
 bool tensor_core_affine_gemm = false;
 bool affine_gemm_every_size = false;
 bool rope_in_attention = false;
+bool wide_attention_blocks = false;
+int64_t step_keys = 0;
+int64_t step_keys_lo = 1, step_keys_hi = INT64_MAX;
 }
 
 bool programmatic_launch_enabled() { return programmatic_launch; }
@@ -39,6 +44,19 @@ bool tensor_core_fp8_matvec_enabled() { return tensor_core_fp8_matvec; }
 void set_tensor_core_fp8_matvec(bool on) { tensor_core_fp8_matvec = on; }
 bool rope_in_attention_enabled() { return rope_in_attention; }
 void set_rope_in_attention(bool on) { rope_in_attention = on; }
+bool wide_attention_blocks_enabled() { return wide_attention_blocks; }
+void set_wide_attention_blocks(bool on) { wide_attention_blocks = on; }
+
+void set_decode_keys(int64_t keys) {
+  step_keys = keys;
+  step_keys_lo = 1, step_keys_hi = INT64_MAX;
+}
+int64_t decode_keys() { return step_keys; }
+void narrow_decode_keys_range(int64_t lo, int64_t hi) {
+  step_keys_lo = std::max(step_keys_lo, lo);
+  step_keys_hi = std::min(step_keys_hi, hi);
+}
+void decode_keys_range(int64_t& lo, int64_t& hi) { lo = step_keys_lo, hi = step_keys_hi; }
 bool tensor_core_affine_gemm_enabled() { return tensor_core_affine_gemm; }
 bool affine_gemm_at_every_size() { return affine_gemm_every_size; }
 void set_tensor_core_affine_gemm(bool on, bool every_size) {

@@ -40,6 +40,18 @@ bool tensor_core_kv_attention_enabled();
 // rope/store kernel first. Off unless set.
 void set_rope_in_attention(bool on);
 bool rope_in_attention_enabled();
+// The GQA decode kernel in blocks of 8 warps where the blocks with keys to walk
+// fit one wave (lever wide_attention_blocks, attention.cu); off: 4 warps always.
+void set_wide_attention_blocks(bool on);
+bool wide_attention_blocks_enabled();
+// The key count a sequence sees in the decode step launched next (0: unknown,
+// as in prefill), and the key counts over which the launches since it was set
+// keep their form (ops::set_decode_keys): a launcher whose form depends on the
+// context narrows the range to the counts that would choose the same.
+void set_decode_keys(int64_t keys);
+int64_t decode_keys();
+void narrow_decode_keys_range(int64_t lo, int64_t hi);
+void decode_keys_range(int64_t& lo, int64_t& hi);
 // MLX affine decode matvecs (T <= 8) on the tensor cores (lever
 // tensor_core_affine_matvec, affine_matvec_mma.cu); off: the CUDA-core kernels.
 void set_tensor_core_affine_matvec(bool on);
@@ -174,11 +186,13 @@ struct FreshRows {
   void *k_cache = nullptr, *v_cache = nullptr;  // the dense cache launch_attention reads
 };
 // The rows (sequences) of a step it takes: one, or up to 4 where a kv head has
-// at most 4 query heads. Every split block ropes its q rows itself, so large
-// batches pay more than the launch saved: Llama-3-8B int4 (groups of 4) at 8k
-// keys, 4 sequences -1% and 8 -3% (2 and 3 at d0 +4% and +6%); Qwen3-30B-A3B int4
-// (groups of 8) 1 sequence +0.8%, 2 -2.4%, 3 -5.8%, 4 -3.6% (H200, 2026-11-30).
-bool rope_in_attention_takes_rows(int rows, int group);
+// at most 4 query heads, or up to 4 with groups of 5-8 where the 8-warp blocks
+// of lever wide_attention_blocks run. Every split block ropes its q rows itself,
+// so large batches pay more than the launch saved: Llama-3-8B int4 (groups of 4)
+// at 8k keys, 4 sequences -1% and 8 -3% (2 and 3 at d0 +4% and +6%);
+// Qwen3-30B-A3B int4 (groups of 8) in 4-warp blocks 1 sequence +0.8%, 2 -2.4%,
+// 3 -5.8%, 4 -3.6%, in 8-warp blocks 2 +6%, 4 +2% (H200, 2026-11-30).
+bool rope_in_attention_takes_rows(int rows, int n_heads, int n_kv_heads, int n_splits);
 bool rope_in_attention_supports(int head_dim, int n_heads, int n_kv_heads, DType kv_dtype, const void* k_cache,
                                 const void* v_cache);
 cudaError_t launch_rope_in_attention(const FreshRows& fresh, const RopeParams& rope, DType kv_dtype, float* part_m,

@@ -1,0 +1,205 @@
+// Lever wide_attention_blocks (ctest label gpu): the GQA decode kernel in
+// blocks of 8 warps where the splits with keys fit one wave of one block an SM.
+// Its output matches the CPU and the 4-warp blocks, for groups of 3 to 8 heads,
+// head_dim 32-128, bf16/f16/f32 caches, one sequence and a paged batch, at key
+// counts on both sides of the form's edge; the launch takes 256 threads exactly
+// where the rule says and narrows the decode step's key range to the counts
+// that choose the same form; and a graphed decode whose context crosses the
+// edge captures a second graph and gives the eager decode's tokens.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/device.h"
+#include "engine/decode_step.h"
+#include "engine/levers.h"
+#include "gpu_test_util.h"
+#include "models/model.h"
+#include "ops/ops.h"
+#include "sampling/device_sampler.h"
+#include "test_util.h"
+
+namespace mere {
+namespace {
+
+using test::gpu;
+using test::random;
+using test::relative_error;
+
+class WideAttentionBlocks : public test::NeedsGpuDefaultLaunch {};
+
+Tensor position(int64_t p) {
+  Tensor t = Tensor::empty({1}, DType::i32);
+  t.data<int32_t>()[0] = int32_t(p);
+  return gpu(t);
+}
+
+Tensor table_of(const std::vector<int32_t>& blocks) {
+  Tensor t = Tensor::empty({int64_t(blocks.size())}, DType::i32);
+  std::copy(blocks.begin(), blocks.end(), t.data<int32_t>());
+  return gpu(t);
+}
+
+int sm_count() {
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms;
+}
+
+TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
+  struct Case {
+    int64_t heads, kv_heads, head_dim;
+    DType cache;
+  };
+  const Case cases[] = {
+      {32, 8, 128, DType::bf16},  // Llama-3-8B: groups of 4
+      {32, 4, 128, DType::bf16},  // Qwen3-30B-A3B: groups of 8
+      {12, 2, 64, DType::f16},    // a group of 6 in an 8-head block
+      {6, 2, 64, DType::f32},     // a group of 3 in a 4-head block
+      {16, 4, 32, DType::bf16},   // groups of 4, head_dim 32
+  };
+  const int64_t rows = 4096;  // cache rows a sequence: the graph's split count
+  for (const Case& c : cases)
+    for (int64_t B : {1, 3})
+      for (int64_t keys : {1, 64, 65, 320, 321, 700, 2500}) {
+        const std::string label =
+            fmt::format("{}/{}x{} {} B={} keys={}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache), B, keys);
+        // The batch's sequences on one pool, block j of sequence b at j * B + b.
+        ops::KvPages pages;
+        for (int64_t b = 0; b < B && B > 1; ++b) {
+          std::vector<int32_t> blocks;
+          for (int64_t j = 0; j < rows / 16; ++j) blocks.push_back(int32_t(j * B + b));
+          pages.tables.push_back(table_of(blocks));
+        }
+        const Tensor k_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 1).to(c.cache);
+        const Tensor v_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 2).to(c.cache);
+        const Tensor q = random({B, c.heads, c.head_dim}, DType::f32, uint64_t(keys), 2.0f);
+        const float scale = 1.0f / std::sqrt(float(c.head_dim));
+
+        // CPU: each sequence's keys gathered from its blocks.
+        Tensor want = Tensor::empty({B, c.heads, c.head_dim}, DType::f32);
+        const Tensor k_f32 = k_pool.to(DType::f32), v_f32 = v_pool.to(DType::f32);
+        const int64_t row_floats = c.kv_heads * c.head_dim;
+        for (int64_t b = 0; b < B; ++b) {
+          Tensor k_seq = Tensor::empty({keys, c.kv_heads, c.head_dim}, DType::f32), v_seq = k_seq.clone();
+          for (int64_t s = 0; s < keys; ++s) {
+            const int64_t row = B == 1 ? s : (s / 16 * B + b) * 16 + s % 16;
+            std::copy_n(k_f32.data<float>() + row * row_floats, row_floats, k_seq.data<float>() + s * row_floats);
+            std::copy_n(v_f32.data<float>() + row * row_floats, row_floats, v_seq.data<float>() + s * row_floats);
+          }
+          const Tensor one = q.slice_rows(b, b + 1).clone();
+          const Tensor got = ops::attention(one, k_seq, v_seq, keys - 1, scale);
+          std::copy_n(got.data<float>(), got.numel(), want.data<float>() + b * c.heads * c.head_dim);
+        }
+
+        const Tensor kc = gpu(k_pool), vc = gpu(v_pool), q_gpu = gpu(q), pos = position(keys - 1);
+        auto attend = [&] { return ops::attention(q_gpu, kc, vc, pos, scale, pages); };
+        ops::set_launch_settings({});
+        const Tensor four = attend();
+        ops::set_launch_settings({.wide_attention_blocks = true});
+        ops::set_decode_keys(keys);
+        const Tensor wide = attend();
+        const ops::KeyCountRange range = ops::decode_keys_range();
+        // The attention kernel's block size in a capture of the same launch.
+        ops::set_decode_keys(keys);
+        int threads = 0;
+        for (const test::KernelLaunch& k : test::kernel_launches_by([&] { attend(); }))
+          if (k.name.find("attention_gqa_kernel") != std::string::npos) threads = int(k.block.x);
+        ops::set_decode_keys(0);
+        ops::set_launch_settings({});
+
+        EXPECT_LE(relative_error(wide, want, label), 1e-5f) << label;
+        EXPECT_LE(relative_error(wide, four.to_device(Device::cpu), label + " against 4 warps", false), 2e-6f) << label;
+
+        // The rule: 8 warps where the splits with keys (64 keys each, up to the
+        // graph's split count) fit one wave of one block an SM.
+        // (Every group here fits one block a kv head.)
+        const int64_t splits = std::min<int64_t>({(rows + 63) / 64, 2 * sm_count() / c.kv_heads, 64});
+        const int64_t in_a_wave = sm_count() / (B * c.kv_heads), most = in_a_wave * 64;
+        const bool always = splits <= in_a_wave, wide_here = always || keys <= most;
+        EXPECT_EQ(threads, wide_here ? 256 : 128) << label;
+        if (always) {
+          EXPECT_EQ(range.lo, 1) << label;
+          EXPECT_EQ(range.hi, INT64_MAX) << label;
+        } else {
+          EXPECT_EQ(range.lo, wide_here ? 1 : most + 1) << label;
+          EXPECT_EQ(range.hi, wide_here ? most : INT64_MAX) << label;
+        }
+      }
+}
+
+// Without a key count (a prefill, or a caller that does not say) the form is
+// the one for the whole cache; with the lever off it is always 4 warps, and
+// the key range is left whole.
+TEST_F(WideAttentionBlocks, UnknownKeysTakeTheCacheWideForm) {
+  const int64_t heads = 32, kv_heads = 8, hd = 128;
+  for (int64_t rows : {64, 4096})
+    for (bool lever : {false, true}) {
+      const Tensor kc = gpu(random({rows, kv_heads, hd}, DType::f32, 1).to(DType::bf16)), vc = kc.clone();
+      const Tensor q = gpu(random({1, heads, hd}, DType::f32, 2)), pos = position(40);
+      ops::set_launch_settings({.wide_attention_blocks = lever});
+      ops::set_decode_keys(lever ? 0 : 41);
+      ops::attention(q, kc, vc, pos, 0.088f);  // the allocator's sizes, before the capture
+      int threads = 0;
+      for (const test::KernelLaunch& k : test::kernel_launches_by([&] { ops::attention(q, kc, vc, pos, 0.088f); }))
+        if (k.name.find("attention_gqa_kernel") != std::string::npos) threads = int(k.block.x);
+      const ops::KeyCountRange range = ops::decode_keys_range();
+      ops::set_decode_keys(0);
+      ops::set_launch_settings({});
+      // 64 rows: one split of 8 blocks, wide at any context; 4096: 33 splits of 8 blocks.
+      EXPECT_EQ(threads, lever && rows == 64 ? 256 : 128) << rows << " rows, lever " << lever;
+      EXPECT_EQ(range.lo, 1);
+      EXPECT_EQ(range.hi, INT64_MAX);
+    }
+}
+
+// The demo model (6 heads on 2 kv heads, head_dim 64) in a batch of 8 on one
+// pool (one attention launch for the batch) from 500 cached tokens: 16 blocks a
+// split, so 8 splits (512 keys) fit a wave and the step at 513 keys takes the
+// 4-warp form. Graphed, the decode captures a graph
+// for each form and replays them; its tokens are the eager decode's, which
+// picks the form every step.
+TEST_F(WideAttentionBlocks, DecodeCapturesAGraphPerForm) {
+  auto model = load_model(test::model_dir("demo"), Device::cuda, Levers{}.load_options(Device::cuda));
+  ASSERT_TRUE(model->info().options.wide_attention_blocks);
+  const int64_t batch = 8, prompt = 500, steps = 24;
+  auto decode = [&](bool graphs, int64_t& captures) {
+    std::vector<std::unique_ptr<SeqState>> states;
+    std::vector<SeqState*> raw;
+    std::vector<Tensor> first_logits;
+    auto pool = std::make_shared<BlockPool>(model->kv_layout(), batch * BlockPool::blocks_for_tokens(1024));
+    for (int64_t b = 0; b < batch; ++b) {
+      std::vector<int32_t> ids;
+      for (int64_t i = 0; i < prompt; ++i) ids.push_back(int32_t((37 * b + 11 * i + 5) % model->info().vocab));
+      states.push_back(std::make_unique<SeqState>(pool, 1024));
+      raw.push_back(states.back().get());
+      first_logits.push_back(model->forward(ids, *states.back(), false));
+    }
+    DeviceSampler sampler(SamplingParams{.temperature = 0}, model->info().vocab, batch);
+    DecodeStep step(*model, raw, sampler, graphs);
+    std::vector<std::vector<int32_t>> tokens;
+    int ticket = step.begin(ops::concat_rows(first_logits));
+    for (int64_t s = 0; s < steps; ++s) {
+      const auto got = step.wait_all(ticket);
+      tokens.emplace_back(got.begin(), got.end());
+      ticket = step.queue();
+    }
+    captures = step.captures();
+    EXPECT_EQ(step.length(), prompt + steps);
+    return tokens;
+  };
+  int64_t graphed_captures = 0, eager_captures = 0;
+  const auto graphed = decode(true, graphed_captures);
+  const auto eager = decode(false, eager_captures);
+  EXPECT_EQ(graphed, eager);
+  EXPECT_EQ(graphed_captures, 2);  // 501-512 keys, then 513 on
+  EXPECT_EQ(eager_captures, 0);
+}
+
+}  // namespace
+}  // namespace mere
