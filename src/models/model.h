@@ -25,7 +25,7 @@ struct LoadOptions {
   bool fuse_rope_store = false;
   // That kernel folded into decode attention over a dense cache (lever rope_in_attention).
   bool rope_in_attention = false;
-  // Decode attention in blocks of 8 warps where its grid fits one wave (lever wide_attention_blocks).
+  // Short-context decode attention in 8-warp blocks of fewer heads (lever wide_attention_blocks).
   bool wide_attention_blocks = false;
   // RMSNorm, SwiGLU and the residual add inside the matmuls (lever fused_norm_matvec);
   // automatic: where every layer matrix's one-token matvec runs on the tensor cores.

@@ -71,7 +71,7 @@ struct LaunchSettings {
   bool int8_activation_matvec = false;  // lever int8_activation_matvec: affine decode matvecs on int8 x
   bool tensor_core_kv_attention = false;  // lever tensor_core_kv_attention: affine8/affine4 KV attention on mma
   bool rope_in_attention = false;  // lever rope_in_attention: decode attention rotates and stores its new rows
-  bool wide_attention_blocks = false;  // lever wide_attention_blocks: 8-warp attention blocks where they fit a wave
+  bool wide_attention_blocks = false;  // lever wide_attention_blocks: 8-warp attention blocks of fewer heads where they fit a wave
   bool tensor_core_affine_matvec = false;  // lever tensor_core_affine_matvec: affine decode matvecs on mma
   // Lever int16_activation_matvec: those mma matvecs, from 2 tokens, take x rounded
   // to 15 bits per group (two base-256 digits, four tokens an mma) instead of 23.

@@ -1,11 +1,12 @@
 // Lever wide_attention_blocks (ctest label gpu): the GQA decode kernel in
-// blocks of 8 warps where the splits with keys fit one wave of one block an SM.
-// Its output matches the CPU and the 4-warp blocks, for groups of 3 to 8 heads,
-// head_dim 32-128, bf16/f16/f32 caches, one sequence and a paged batch, at key
-// counts on both sides of the form's edge; the launch takes 256 threads exactly
-// where the rule says and narrows the decode step's key range to the counts
-// that choose the same form; and a graphed decode whose context crosses the
-// edge captures a second graph and gives the eager decode's tokens.
+// blocks of 8 warps, with the fewest heads a block, where the splits with keys
+// fit one wave of one block an SM. Its output matches the CPU and the 4-warp
+// blocks, for groups of 3 to 8 heads, head_dim 32-128, bf16/f16/f32 caches,
+// one sequence and a paged batch, at key counts on both sides of the forms'
+// edges; the launch takes the threads and blocks the rule says and narrows the
+// decode step's key range to the counts that choose the same form; and a
+// graphed decode whose context crosses an edge captures a graph per form and
+// gives the eager decode's tokens.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -66,7 +67,7 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
   const int64_t rows = 4096;  // cache rows a sequence: the graph's split count
   for (const Case& c : cases)
     for (int64_t B : {1, 3})
-      for (int64_t keys : {1, 64, 65, 320, 321, 700, 2500}) {
+      for (int64_t keys : {1, 64, 65, 256, 257, 512, 513, 1024, 1025, 2112, 2113, 2500}) {
         const std::string label =
             fmt::format("{}/{}x{} {} B={} keys={}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache), B, keys);
         // The batch's sequences on one pool, block j of sequence b at j * B + b.
@@ -107,9 +108,10 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
         const ops::KeyCountRange range = ops::decode_keys_range();
         // The attention kernel's block size in a capture of the same launch.
         ops::set_decode_keys(keys);
-        int threads = 0;
+        int64_t threads = 0, grid_x = 0, grid_z = 0;
         for (const test::KernelLaunch& k : test::kernel_launches_by([&] { attend(); }))
-          if (k.name.find("attention_gqa_kernel") != std::string::npos) threads = int(k.block.x);
+          if (k.name.find("attention_gqa_kernel") != std::string::npos)
+            threads = k.block.x, grid_x = k.grid.x, grid_z = k.grid.z;
         ops::set_decode_keys(0);
         ops::set_launch_settings({});
 
@@ -117,19 +119,25 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
         EXPECT_LE(relative_error(wide, four.to_device(Device::cpu), label + " against 4 warps", false), 2e-6f) << label;
 
         // The rule: 8 warps where the splits with keys (64 keys each, up to the
-        // graph's split count) fit one wave of one block an SM.
-        // (Every group here fits one block a kv head.)
+        // graph's split count) fit one wave of one block an SM, with the fewest
+        // heads a block (1, 2, 4, up to the 4-warp form's 4 or 8) that fit;
+        // each option tried narrows the key range to the counts deciding alike.
+        const int64_t group = c.heads / c.kv_heads, block = group <= 4 ? 4 : 8;
         const int64_t splits = std::min<int64_t>({(rows + 63) / 64, 2 * sm_count() / c.kv_heads, 64});
-        const int64_t in_a_wave = sm_count() / (B * c.kv_heads), most = in_a_wave * 64;
-        const bool always = splits <= in_a_wave, wide_here = always || keys <= most;
-        EXPECT_EQ(threads, wide_here ? 256 : 128) << label;
-        if (always) {
-          EXPECT_EQ(range.lo, 1) << label;
-          EXPECT_EQ(range.hi, INT64_MAX) << label;
-        } else {
-          EXPECT_EQ(range.lo, wide_here ? 1 : most + 1) << label;
-          EXPECT_EQ(range.hi, wide_here ? most : INT64_MAX) << label;
+        // The grid holds the splits a wave does (the rest are marked empty).
+        int64_t want_heads = 0, want_splits = splits, lo = 1, hi = INT64_MAX;
+        for (int64_t hb = 1; hb <= block && want_heads == 0; hb *= 2) {
+          const int64_t in_a_wave = sm_count() / (B * c.kv_heads * ((group + hb - 1) / hb)), most = in_a_wave * 64;
+          if (splits <= in_a_wave) want_heads = hb;  // at any key count
+          else if (keys <= most) want_heads = hb, want_splits = in_a_wave, hi = most;
+          else lo = most + 1;
         }
+        const int64_t want_blocks = c.kv_heads * (want_heads ? (group + want_heads - 1) / want_heads : 1);
+        EXPECT_EQ(threads, want_heads ? 256 : 128) << label;
+        EXPECT_EQ(grid_x, want_blocks) << label;
+        EXPECT_EQ(grid_z, want_splits) << label;
+        EXPECT_EQ(range.lo, lo) << label;
+        EXPECT_EQ(range.hi, hi) << label;
       }
 }
 

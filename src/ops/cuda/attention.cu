@@ -203,8 +203,16 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
   const int n_keys = int((pos_dev ? *pos_dev : pos0) + (tables.rows_are_sequences ? 0 : t) + 1);
   const KeyRange range = split_range(n_keys, n_splits, split);
   auto head_ok = [&](int g) { return head0 + g < group; };
-  auto slot = [&](int g) { return (int64_t(t) * n_heads + kv_h * group + head0 + g) * n_splits + split; };
+  auto slot_of = [&](int g, int s) { return (int64_t(t) * n_heads + kv_h * group + head0 + g) * n_splits + s; };
+  auto slot = [&](int g) { return slot_of(g, split); };
 
+  // A wide grid (lever wide_attention_blocks) may hold fewer splits than the
+  // partials, the rest past the keys: block `split` marks split + j * gridDim.z empty.
+  if (threadIdx.x < HB && head_ok(threadIdx.x))
+    for (int s = split + int(gridDim.z); s < n_splits; s += int(gridDim.z)) {
+      part_m[slot_of(threadIdx.x, s)] = -INFINITY;
+      part_l[slot_of(threadIdx.x, s)] = 0;
+    }
   if (range.begin >= range.end) {
     if (threadIdx.x < HB && head_ok(threadIdx.x)) {
       part_m[slot(threadIdx.x)] = -INFINITY;
@@ -665,47 +673,52 @@ __global__ void __launch_bounds__(kMergeThreads)
   }
 }
 
-// Lever wide_attention_blocks: the GQA kernel in blocks of 8 warps, for groups
-// of 4 or 8 heads over dense rows of up to 128 elements (8 warps hold an 8-head
-// block's warp partials in 32 KB of shared memory).
-template <typename KV, int HD, int HB>
-constexpr bool kHasWideForm = HB >= 4 && HD <= 128 && !Storage<KV>::quantized;
+// Lever wide_attention_blocks: the GQA kernel in blocks of 8 warps over dense
+// rows of up to 128 elements (8 warps hold an 8-head block's warp partials in
+// 32 KB of shared memory).
+template <typename KV, int HD>
+constexpr bool kHasWideForm = HD <= 128 && !Storage<KV>::quantized;
 
-// Whether blocks of 8 warps run, for a grid of `per_split` blocks a split: where
-// the splits with keys to walk fit one wave of one block an SM. A short
-// context's few blocks then walk their keys with twice the warps (at 64 keys
-// one block a kv head); with more blocks, 2-3 blocks of 4 warps an SM keep more
-// loads in flight. The splits with keys, ceil(keys / kMinKeysPerSplit) up to
-// n_splits, depend on the step's key count (decode_keys): the decode graph
-// captured for it serves the counts that choose the same.
-bool wide_blocks(int per_split, int n_splits) {
-  if (!wide_attention_blocks_enabled()) return false;
+// The splits of an 8-warp grid of `per_split` blocks a split, 0 where the
+// 4-warp form runs: 8 warps where the splits with keys to walk fit one wave of
+// one block an SM. A short context's few blocks then walk their keys with twice
+// the warps; with more blocks, 2-3 blocks of 4 warps an SM keep more loads in
+// flight. The splits with keys, ceil(keys / kMinKeysPerSplit) up to n_splits,
+// depend on the step's key count (decode_keys): the decode graph captured for
+// it serves the counts that choose the same, and its grid holds only the splits
+// a wave does (the kernel marks the rest empty), not a long cache's many.
+int wide_grid_splits(int per_split, int n_splits) {
+  if (!wide_attention_blocks_enabled()) return 0;
   const int64_t splits_in_a_wave = sm_count() / per_split;
-  if (n_splits <= splits_in_a_wave) return true;  // at any context
+  if (n_splits <= splits_in_a_wave) return n_splits;  // at any context
   const int64_t keys = decode_keys(), most = splits_in_a_wave * kMinKeysPerSplit;
-  if (keys <= 0) return false;  // unknown: all of the cache may be in use
+  if (keys <= 0) return 0;  // unknown: all of the cache may be in use
   if (keys <= most) {
     narrow_decode_keys_range(1, most);
-    return true;
+    return int(splits_in_a_wave);
   }
   narrow_decode_keys_range(most + 1, INT64_MAX);
-  return false;
+  return 0;
 }
 
-template <typename KV, int HD, int HB, bool kFresh>
-void launch_gqa(const float* q, const typename Storage<KV>::Unit* k, const typename Storage<KV>::Unit* v,
-                const AffineGroups& groups, float* part_m, float* part_l, float* part_o, int T, int n_heads,
-                int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
-                const KvTables& tables, const FreshArgs<kFresh>& fresh, cudaStream_t stream) {
-  const int chunks = (n_heads / n_kv_heads + HB - 1) / HB;
-  auto go = [&]<int NW>() {
-    launch_kernel(attention_gqa_kernel<KV, HD, HB, kFresh, NW>, dim3(n_kv_heads * chunks, T, n_splits), NW * 32, 0,
-        stream, q, k, v, groups, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits,
-        tables, fresh);
-  };
-  if constexpr (kHasWideForm<KV, HD, HB>)
-    if (wide_blocks(T * n_kv_heads * chunks, n_splits)) return go.template operator()<8>();
-  go.template operator()<4>();
+// The form of the wide grid (lever wide_attention_blocks).
+struct WideForm {
+  int heads = 0;   // a block's, 0: the 4-warp form runs
+  int splits = 0;  // the grid's
+};
+
+// The wide form of a group of 3 or more heads over `rows_kv` (rows x kv heads)
+// blocks: the fewest heads a block (1, 2, 4, 8) whose blocks fit a wave. Each
+// block's work is a chain of dependent steps per head (rows roped, scores,
+// softmax, partials), so at short contexts spreading a kv head's heads over
+// more blocks shortens the chain; the kv head's K/V, read by each of them, is
+// then small and in L2.
+WideForm wide_form(int group, int rows_kv, int n_splits) {
+  if (group <= 2) return {};
+  const int block = group <= 4 ? 4 : 8;  // the 4-warp form's heads a block
+  for (int hb = 1; hb <= block; hb *= 2)
+    if (const int splits = wide_grid_splits(rows_kv * ((group + hb - 1) / hb), n_splits)) return {hb, splits};
+  return {};
 }
 
 template <typename KV, int HD, bool kFresh = false>
@@ -713,17 +726,28 @@ void launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k, const
                       const AffineGroups& groups, float* part_m, float* part_l, float* part_o, int T, int n_heads,
                       int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
                       const KvTables& tables, cudaStream_t stream, const FreshArgs<kFresh>& fresh = {}) {
+  const int group = n_heads / n_kv_heads;
+  auto go = [&]<int HB, int NW>(int grid_splits) {
+    const int chunks = (group + HB - 1) / HB;
+    launch_kernel(attention_gqa_kernel<KV, HD, HB, kFresh, NW>, dim3(n_kv_heads * chunks, T, grid_splits), NW * 32,
+        0, stream, q, k, v, groups, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale,
+        n_splits, tables, fresh);
+  };
+  if constexpr (kHasWideForm<KV, HD>) {
+    const WideForm wide = wide_form(group, T * n_kv_heads, n_splits);
+    switch (wide.heads) {
+      case 1: return go.template operator()<1, 8>(wide.splits);
+      case 2: return go.template operator()<2, 8>(wide.splits);
+      case 4: return go.template operator()<4, 8>(wide.splits);
+      case 8: return go.template operator()<8, 8>(wide.splits);
+    }
+  }
   // Heads per block: the group rounded up to a power of two, at most 8 (larger
   // groups take several blocks per kv head).
-  const int group = n_heads / n_kv_heads;
-  auto go = [&]<int HB>() {
-    launch_gqa<KV, HD, HB, kFresh>(q, k, v, groups, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim,
-                                   pos_dev, pos0, n_splits, scale, tables, fresh, stream);
-  };
-  if (group <= 1) go.template operator()<1>();
-  else if (group <= 2) go.template operator()<2>();
-  else if (group <= 4) go.template operator()<4>();
-  else go.template operator()<8>();
+  if (group <= 1) go.template operator()<1, 4>(n_splits);
+  else if (group <= 2) go.template operator()<2, 4>(n_splits);
+  else if (group <= 4) go.template operator()<4, 4>(n_splits);
+  else go.template operator()<8, 4>(n_splits);
 }
 
 }  // namespace
@@ -781,8 +805,7 @@ bool rope_in_attention_supports(int head_dim, int n_heads, int n_kv_heads, DType
 bool rope_in_attention_takes_rows(int rows, int n_heads, int n_kv_heads, int n_splits) {
   const int group = n_heads / n_kv_heads;
   if (rows == 1 || (rows <= 4 && group <= 4)) return true;
-  // Groups of 5-8 take one 8-head block a kv head and split.
-  return rows <= 4 && group <= 8 && wide_blocks(rows * n_kv_heads, n_splits);
+  return rows <= 4 && group <= 8 && wide_form(group, rows * n_kv_heads, n_splits).heads > 0;
 }
 
 cudaError_t launch_rope_in_attention(const FreshRows& fresh, const RopeParams& rope, DType kv_dtype, float* part_m,

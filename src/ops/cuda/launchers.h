@@ -40,8 +40,9 @@ bool tensor_core_kv_attention_enabled();
 // rope/store kernel first. Off unless set.
 void set_rope_in_attention(bool on);
 bool rope_in_attention_enabled();
-// The GQA decode kernel in blocks of 8 warps where the blocks with keys to walk
-// fit one wave (lever wide_attention_blocks, attention.cu); off: 4 warps always.
+// The GQA decode kernel in blocks of 8 warps of the fewest heads whose blocks
+// with keys to walk fit one wave (lever wide_attention_blocks, attention.cu);
+// off: 4 warps always.
 void set_wide_attention_blocks(bool on);
 bool wide_attention_blocks_enabled();
 // The key count a sequence sees in the decode step launched next (0: unknown,
