@@ -60,6 +60,11 @@ void DecodeStep::run_step() {
 
 int DecodeStep::queue() {
   MERE_CHECK(length() < capacity_, "context is full: the cache holds {} tokens", capacity_);
+  // run_step says its key count to the launches; what runs next (a prefill) is
+  // not this step, even when this one throws.
+  struct ForgetKeys {
+    ~ForgetKeys() { ops::set_decode_keys(0); }
+  } forget_keys;
   if (!use_graph_) {
     for (SeqState* s : states_) s->reserve(s->length() + 1);
     run_step();
@@ -81,7 +86,6 @@ int DecodeStep::queue() {
       ++captures_;
     }
   }
-  ops::set_decode_keys(0);  // what runs next (a prefill) is not this step
   for (SeqState* s : states_) s->advance(1);
   return ticket_for_slot();
 }

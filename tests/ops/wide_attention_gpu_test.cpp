@@ -141,6 +141,23 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
       }
 }
 
+// A launch told fewer keys than its step sees (as a graph replayed outside the
+// key counts it was captured for would be): the wide grid's last block takes
+// the keys past it, so the output is still every key's.
+TEST_F(WideAttentionBlocks, AStepPastItsKeyCountStillSeesEveryKey) {
+  const int64_t heads = 32, kv_heads = 4, hd = 128, rows = 4096, keys = 3000;
+  const Tensor k = random({rows, kv_heads, hd}, DType::f32, 1).to(DType::bf16), v = random({rows, kv_heads, hd}, DType::f32, 2).to(DType::bf16);
+  const Tensor q = random({1, heads, hd}, DType::f32, 3, 2.0f);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const Tensor want = ops::attention(q, k.slice_rows(0, keys).to(DType::f32), v.slice_rows(0, keys).to(DType::f32),
+                                     keys - 1, scale);
+  ops::set_launch_settings({.wide_attention_blocks = true});
+  ops::set_decode_keys(64);  // one split of one-head blocks: a grid of 4 splits
+  const Tensor got = ops::attention(gpu(q), gpu(k), gpu(v), position(keys - 1), scale);
+  ops::set_decode_keys(0);
+  EXPECT_LE(relative_error(got, want, "3,000 keys told 64"), 1e-5f);
+}
+
 // Without a key count (a prefill, or a caller that does not say) the form is
 // the one for the whole cache; with the lever off it is always 4 warps, and
 // the key range is left whole.

@@ -201,13 +201,17 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
   const int32_t* table = tables.table[tables.rows_are_sequences ? t : 0];
 
   const int n_keys = int((pos_dev ? *pos_dev : pos0) + (tables.rows_are_sequences ? 0 : t) + 1);
-  const KeyRange range = split_range(n_keys, n_splits, split);
+  // A wide grid (lever wide_attention_blocks) may hold fewer splits than the
+  // partials, the rest past the keys. Should a step have keys past the grid (a
+  // graph replayed outside the key counts it was captured for), its last block
+  // takes them all: slower, never wrong.
+  KeyRange range = split_range(n_keys, n_splits, split);
+  if (split == int(gridDim.z) - 1) range.end = n_keys;
   auto head_ok = [&](int g) { return head0 + g < group; };
   auto slot_of = [&](int g, int s) { return (int64_t(t) * n_heads + kv_h * group + head0 + g) * n_splits + s; };
   auto slot = [&](int g) { return slot_of(g, split); };
 
-  // A wide grid (lever wide_attention_blocks) may hold fewer splits than the
-  // partials, the rest past the keys: block `split` marks split + j * gridDim.z empty.
+  // Block `split` marks the partials' splits past the grid, split + j * gridDim.z, empty.
   if (threadIdx.x < HB && head_ok(threadIdx.x))
     for (int s = split + int(gridDim.z); s < n_splits; s += int(gridDim.z)) {
       part_m[slot_of(threadIdx.x, s)] = -INFINITY;
