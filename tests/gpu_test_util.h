@@ -155,6 +155,18 @@ inline void expect_huge_tiny_and_nan_inputs(const Weight& w, const ops::LaunchSe
   EXPECT_LE(relative_error(nan_y.slice_rows(0, 1), finite, name + ", the finite token"), 1e-5f);
 }
 
+// A decode position (i32 [1]) and a block table (i32 [blocks]) on the GPU.
+inline Tensor device_position(int64_t p) {
+  Tensor t = Tensor::empty({1}, DType::i32);
+  t.data<int32_t>()[0] = int32_t(p);
+  return gpu(t);
+}
+inline Tensor device_table(const std::vector<int32_t>& blocks) {
+  Tensor t = Tensor::empty({int64_t(blocks.size())}, DType::i32);
+  std::copy(blocks.begin(), blocks.end(), t.data<int32_t>());
+  return gpu(t);
+}
+
 // The kernels `run` launches on the current stream, from a graph capture of one
 // call (run it once before, so that the allocator has every size it needs).
 struct KernelLaunch {

@@ -28,20 +28,10 @@
 namespace mere {
 namespace {
 
+using test::device_position;
+using test::device_table;
 using test::gpu;
 using test::random;
-
-Tensor position(int64_t p) {
-  Tensor t = Tensor::empty({1}, DType::i32);
-  t.data<int32_t>()[0] = int32_t(p);
-  return gpu(t);
-}
-
-Tensor table_of(const std::vector<int32_t>& blocks) {
-  Tensor t = Tensor::empty({int64_t(blocks.size())}, DType::i32);
-  std::copy(blocks.begin(), blocks.end(), t.data<int32_t>());
-  return gpu(t);
-}
 
 int32_t argmax(const Tensor& logits) {
   const Tensor host = logits.to_device(Device::cpu);
@@ -94,7 +84,7 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
           for (int64_t b = 0; b < B; ++b) {  // rows / 16 blocks each, scrambled and interleaved with the others'
             std::vector<int32_t> blocks;
             for (int64_t j = 0; j < rows / 16; ++j) blocks.push_back(int32_t(((j * 7) % (rows / 16)) * B + b));
-            pages.tables.push_back(table_of(blocks));
+            pages.tables.push_back(device_table(blocks));
           }
         const int64_t storage = rows * B;
         Tensor k_cache = gpu(random({storage, c.kv_heads, c.head_dim}, DType::f32, 10).to(c.cache));
@@ -113,11 +103,11 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
         ops::set_decode_keys(pos + 1);
         ops::set_launch_settings({.wide_attention_blocks = wide});
         Tensor q_rotated = q.clone();
-        ops::qk_norm_rope_store(q_rotated, k, v, qn, kn, 1e-6f, rope, position(pos), k_cache, v_cache, pages);
+        ops::qk_norm_rope_store(q_rotated, k, v, qn, kn, 1e-6f, rope, device_position(pos), k_cache, v_cache, pages);
         ops::AttentionSplits want;
-        ASSERT_TRUE(ops::attention_unmerged(q_rotated, k_cache, v_cache, position(pos), scale, pages, want)) << label;
+        ASSERT_TRUE(ops::attention_unmerged(q_rotated, k_cache, v_cache, device_position(pos), scale, pages, want)) << label;
         ops::AttentionSplits off;
-        EXPECT_FALSE(ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, position(pos), k_cache2, v_cache2,
+        EXPECT_FALSE(ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, device_position(pos), k_cache2, v_cache2,
                                                      scale, pages, off))
             << label << ": ran with the lever off";
 
@@ -125,14 +115,14 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
         ops::AttentionSplits got;
         // Batches keep the two kernels where groups exceed 4 heads, unless in 8-warp blocks.
         if (B > 1 && c.heads / c.kv_heads > 4 && !wide) {
-          EXPECT_FALSE(ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, position(pos), k_cache2,
+          EXPECT_FALSE(ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, device_position(pos), k_cache2,
                                                        v_cache2, scale, pages, got))
               << label;
           ops::set_launch_settings({});
           EXPECT_TRUE(same_bytes(k_cache2, k_cache_before)) << label << " k cache written";
           continue;
         }
-        ASSERT_TRUE(ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, position(pos), k_cache2, v_cache2,
+        ASSERT_TRUE(ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, device_position(pos), k_cache2, v_cache2,
                                                     scale, pages, got))
             << label;
         ops::set_launch_settings({});
@@ -163,7 +153,7 @@ TEST_F(RopeInAttention, DeclinesWhereItDoesNotApply) {
     ops::AttentionSplits out;
     EXPECT_FALSE(ops::rope_in_attention_unmerged(
         gpu(random({s.T, s.heads, s.head_dim}, DType::f32, 1)), gpu(random({s.T, s.kv_heads, s.head_dim}, DType::f32, 2)),
-        gpu(random({s.T, s.kv_heads, s.head_dim}, DType::f32, 3)), Tensor(), Tensor(), 1e-6f, rope, position(5), kc, vc,
+        gpu(random({s.T, s.kv_heads, s.head_dim}, DType::f32, 3)), Tensor(), Tensor(), 1e-6f, rope, device_position(5), kc, vc,
         0.125f, {}, out))
         << "T " << s.T << " " << s.heads << "/" << s.kv_heads << "x" << s.head_dim;
     EXPECT_TRUE(same_bytes(kc, before)) << "the cache was written";
@@ -171,13 +161,13 @@ TEST_F(RopeInAttention, DeclinesWhereItDoesNotApply) {
   {
     const int64_t B = 5;
     ops::KvPages pages;
-    for (int64_t b = 0; b < B; ++b) pages.tables.push_back(table_of({int32_t(b)}));
+    for (int64_t b = 0; b < B; ++b) pages.tables.push_back(device_table({int32_t(b)}));
     Tensor kc = Tensor::zeros({16 * B, 2, 64}, DType::bf16, Device::cuda), vc = kc.clone();
     ops::AttentionSplits out;
     EXPECT_FALSE(ops::rope_in_attention_unmerged(gpu(random({B, 8, 64}, DType::f32, 1)),
                                                  gpu(random({B, 2, 64}, DType::f32, 2)),
                                                  gpu(random({B, 2, 64}, DType::f32, 3)), Tensor(), Tensor(), 1e-6f,
-                                                 rope, position(5), kc, vc, 0.125f, pages, out))
+                                                 rope, device_position(5), kc, vc, 0.125f, pages, out))
         << "a batch of " << B;
   }
   {  // a rotary table longer than the head (the kernel's angle table holds head_dim / 2)
@@ -188,7 +178,7 @@ TEST_F(RopeInAttention, DeclinesWhereItDoesNotApply) {
     EXPECT_FALSE(ops::rope_in_attention_unmerged(gpu(random({1, 8, 64}, DType::f32, 1)),
                                                  gpu(random({1, 2, 64}, DType::f32, 2)),
                                                  gpu(random({1, 2, 64}, DType::f32, 3)), Tensor(), Tensor(), 1e-6f,
-                                                 too_long, position(5), kc, vc, 0.125f, {}, out))
+                                                 too_long, device_position(5), kc, vc, 0.125f, {}, out))
         << "a rotary table of 96 dims for heads of 64";
   }
   {  // rows that do not fit are an error that names them, not a decline
@@ -196,18 +186,18 @@ TEST_F(RopeInAttention, DeclinesWhereItDoesNotApply) {
     ops::AttentionSplits out;
     const Tensor q = gpu(random({1, 8, 64}, DType::f32, 1)), v = gpu(random({1, 2, 64}, DType::f32, 3));
     EXPECT_THROW(ops::rope_in_attention_unmerged(q, gpu(random({1, 3, 64}, DType::f32, 2)), v, Tensor(), Tensor(),
-                                                 1e-6f, rope, position(5), kc, vc, 0.125f, {}, out),
+                                                 1e-6f, rope, device_position(5), kc, vc, 0.125f, {}, out),
                  Error);
     Tensor short_rows = Tensor::zeros({64, 2, 32}, DType::bf16, Device::cuda);
     EXPECT_THROW(ops::rope_in_attention_unmerged(q, gpu(random({1, 2, 64}, DType::f32, 2)), v, Tensor(), Tensor(),
-                                                 1e-6f, rope, position(5), short_rows, short_rows, 0.125f, {}, out),
+                                                 1e-6f, rope, device_position(5), short_rows, short_rows, 0.125f, {}, out),
                  Error);
   }
   Tensor kc = Tensor::zeros({64, 2, 64}, DType::f32), vc = kc.clone();
   ops::AttentionSplits out;
   EXPECT_FALSE(ops::rope_in_attention_unmerged(random({1, 8, 64}, DType::f32, 1), random({1, 2, 64}, DType::f32, 2),
                                                random({1, 2, 64}, DType::f32, 3), Tensor(), Tensor(), 1e-6f, rope,
-                                               position(5).to_device(Device::cpu), kc, vc, 0.125f, {}, out));
+                                               device_position(5).to_device(Device::cpu), kc, vc, 0.125f, {}, out));
   ops::set_launch_settings({});
 }
 
@@ -230,12 +220,12 @@ TEST_F(RopeInAttention, TimingAgainstTheTwoKernels) {
         for (int64_t b = 0; b < B; ++b) {
           std::vector<int32_t> blocks;
           for (int64_t j = 0; j < rows / 16; ++j) blocks.push_back(int32_t(j * B + b));
-          pages.tables.push_back(table_of(blocks));
+          pages.tables.push_back(device_table(blocks));
         }
         if (B == 1) pages = {};
         Tensor kc = gpu(random({rows * B, s.kv_heads, hd}, DType::f32, 1).to(DType::bf16)), vc = kc.clone();
         const Tensor q = gpu(random({B, s.heads, hd}, DType::f32, 2)), k = gpu(random({B, s.kv_heads, hd}, DType::f32, 3));
-        const Tensor v = gpu(random({B, s.kv_heads, hd}, DType::f32, 4)), p = position(pos);
+        const Tensor v = gpu(random({B, s.kv_heads, hd}, DType::f32, 4)), p = device_position(pos);
         const Tensor qn = s.norm ? gpu(random({hd}, DType::bf16, 5, 0.2f, 1.0f)) : Tensor(), kn = s.norm ? qn : Tensor();
         Tensor q_rotated = q.clone();
         ops::set_launch_settings({.programmatic = true});

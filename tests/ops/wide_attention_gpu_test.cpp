@@ -27,23 +27,13 @@
 namespace mere {
 namespace {
 
+using test::device_position;
+using test::device_table;
 using test::gpu;
 using test::random;
 using test::relative_error;
 
 class WideAttentionBlocks : public test::NeedsGpuDefaultLaunch {};
-
-Tensor position(int64_t p) {
-  Tensor t = Tensor::empty({1}, DType::i32);
-  t.data<int32_t>()[0] = int32_t(p);
-  return gpu(t);
-}
-
-Tensor table_of(const std::vector<int32_t>& blocks) {
-  Tensor t = Tensor::empty({int64_t(blocks.size())}, DType::i32);
-  std::copy(blocks.begin(), blocks.end(), t.data<int32_t>());
-  return gpu(t);
-}
 
 int sm_count() {
   int device = 0, sms = 0;
@@ -75,7 +65,7 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
         for (int64_t b = 0; b < B && B > 1; ++b) {
           std::vector<int32_t> blocks;
           for (int64_t j = 0; j < rows / 16; ++j) blocks.push_back(int32_t(j * B + b));
-          pages.tables.push_back(table_of(blocks));
+          pages.tables.push_back(device_table(blocks));
         }
         const Tensor k_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 1).to(c.cache);
         const Tensor v_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 2).to(c.cache);
@@ -98,7 +88,7 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
           std::copy_n(got.data<float>(), got.numel(), want.data<float>() + b * c.heads * c.head_dim);
         }
 
-        const Tensor kc = gpu(k_pool), vc = gpu(v_pool), q_gpu = gpu(q), pos = position(keys - 1);
+        const Tensor kc = gpu(k_pool), vc = gpu(v_pool), q_gpu = gpu(q), pos = device_position(keys - 1);
         auto attend = [&] { return ops::attention(q_gpu, kc, vc, pos, scale, pages); };
         ops::set_launch_settings({});
         const Tensor four = attend();
@@ -153,7 +143,7 @@ TEST_F(WideAttentionBlocks, AStepPastItsKeyCountStillSeesEveryKey) {
                                      keys - 1, scale);
   ops::set_launch_settings({.wide_attention_blocks = true});
   ops::set_decode_keys(64);  // one split of one-head blocks: a grid of 4 splits
-  const Tensor got = ops::attention(gpu(q), gpu(k), gpu(v), position(keys - 1), scale);
+  const Tensor got = ops::attention(gpu(q), gpu(k), gpu(v), device_position(keys - 1), scale);
   ops::set_decode_keys(0);
   EXPECT_LE(relative_error(got, want, "3,000 keys told 64"), 1e-5f);
 }
@@ -166,7 +156,7 @@ TEST_F(WideAttentionBlocks, UnknownKeysTakeTheCacheWideForm) {
   for (int64_t rows : {64, 4096})
     for (bool lever : {false, true}) {
       const Tensor kc = gpu(random({rows, kv_heads, hd}, DType::f32, 1).to(DType::bf16)), vc = kc.clone();
-      const Tensor q = gpu(random({1, heads, hd}, DType::f32, 2)), pos = position(40);
+      const Tensor q = gpu(random({1, heads, hd}, DType::f32, 2)), pos = device_position(40);
       ops::set_launch_settings({.wide_attention_blocks = lever});
       ops::set_decode_keys(lever ? 0 : 41);
       ops::attention(q, kc, vc, pos, 0.088f);  // the allocator's sizes, before the capture
