@@ -33,9 +33,11 @@ constexpr int kWarps = 4;
 // GQA kernel, for decode and prefill alike whenever the K/V rows allow aligned
 // 16-byte loads (head_dim a multiple of 16 bytes, 16-byte aligned bases).
 //
-// Grid (kv head x chunk of HB query heads, token or sequence, split), 4 warps. The block walks
+// Grid (kv head x chunk of HB query heads, token or sequence, split), NW warps
+// (4, or 8 for short contexts: lever wide_attention_blocks, below). The block walks
 // its split once for the HB query heads that share the kv head, so each K/V byte
-// is read from memory once per token rather than once per query head. A sub-group
+// is read from memory once per token rather than once per query head (short
+// contexts' blocks of fewer heads read it once per block, from L2). A sub-group
 // of L lanes takes one key: each lane loads 16-byte pieces of the key's K and V
 // rows (E = head_dim_bucket / L elements), holds q and the output accumulator for
 // those elements for all HB heads, and the partial dot products meet in log2(L)
@@ -154,8 +156,8 @@ __device__ __forceinline__ void unpack_affine(const uint32_t& r, uint16_t scale,
 // 32 bytes per lane) against the q and out registers (HB x E each).
 template <int HB, int C>
 constexpr int kKeysPerStep = (HB >= 8 ? 2 : 4) / C;
-// Blocks per SM to fit in registers: three up to four heads (at most 170
-// registers a thread), one for eight (up to 255). Left to itself ptxas sometimes
+// Blocks per SM to fit in registers: with 4 warps three up to four heads (at
+// most 170 registers a thread), one for eight (up to 255); with 8 warps one. Left to itself ptxas sometimes
 // spills a few words to fit an occupancy of its own choosing.
 template <int HB, int NW>
 constexpr int kMinBlocksPerSm = HB >= 8 ? 1 : 12 / NW;
