@@ -10,12 +10,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "core/device.h"
+#include "engine/levers.h"
+#include "models/model.h"
 #include "ops/cuda/affine_launchers.h"
 #include "ops/ops.h"
 #include "ops/weight.h"
@@ -155,6 +158,12 @@ inline void expect_huge_tiny_and_nan_inputs(const Weight& w, const ops::LaunchSe
   EXPECT_LE(relative_error(nan_y.slice_rows(0, 1), finite, name + ", the finite token"), 1e-5f);
 }
 
+// Whether two tensors (any devices) hold the same shape, dtype and bytes.
+inline bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.to_device(Device::cpu), y = b.to_device(Device::cpu);
+  return x.shape() == y.shape() && x.dtype() == y.dtype() && std::memcmp(x.raw(), y.raw(), x.size_bytes()) == 0;
+}
+
 // A decode position (i32 [1]) and a block table (i32 [blocks]) on the GPU.
 inline Tensor device_position(int64_t p) {
   Tensor t = Tensor::empty({1}, DType::i32);
@@ -198,5 +207,40 @@ inline std::vector<KernelLaunch> kernel_launches_by(const std::function<void()>&
   return kernels;
 }
 inline size_t kernels_launched_by(const std::function<void()>& run) { return kernel_launches_by(run).size(); }
+
+// A fixture's 24 greedy decode steps after a 40-token prompt with `levers`: the
+// logits of each step (on the host), and the kernels one decode step launches.
+struct FixtureDecode {
+  std::vector<Tensor> logits;
+  size_t step_kernels = 0;
+  int64_t layers = 0;
+};
+inline FixtureDecode decode_fixture(const std::string& family, const Levers& levers) {
+  FixtureDecode d;
+  auto model = load_model(fixtures_dir() / family, Device::cuda, levers.load_options(Device::cuda));
+  d.layers = model->kv_layout().n_layers;
+  auto state = model->make_state(256);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(int32_t((31 * i + 7) % model->info().vocab));
+  Tensor last = model->forward(prompt, *state, false);
+  for (int step = 0; step < 24; ++step) {
+    const Tensor host = last.to_device(Device::cpu);
+    const float* row = host.data<float>() + (host.numel() - host.dim(-1));
+    const int32_t next = int32_t(std::max_element(row, row + host.dim(-1)) - row);
+    last = model->forward({next}, *state, false);
+    d.logits.push_back(last.to_device(Device::cpu));
+  }
+  // One step's kernels, counted in a capture after a warm-up step (the allocator's sizes).
+  Tensor ids = Tensor::empty({1}, DType::i32), pos = Tensor::empty({1}, DType::i32);
+  ids.data<int32_t>()[0] = 3;
+  state->reserve(state->length() + 1);
+  pos.data<int32_t>()[0] = int32_t(state->length());
+  const Tensor ids_dev = gpu(ids), pos_dev = gpu(pos);
+  SeqState* states[] = {state.get()};
+  model->run(ids_dev, pos_dev, states, false);
+  device_synchronize();
+  d.step_kernels = kernels_launched_by([&] { model->run(ids_dev, pos_dev, states, false); });
+  return d;
+}
 
 }  // namespace mere::test

@@ -31,18 +31,8 @@ namespace {
 using test::device_position;
 using test::device_table;
 using test::gpu;
+using test::same_bytes;
 using test::random;
-
-int32_t argmax(const Tensor& logits) {
-  const Tensor host = logits.to_device(Device::cpu);
-  const float* row = host.data<float>() + (host.numel() - host.dim(-1));
-  return int32_t(std::max_element(row, row + host.dim(-1)) - row);
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to_device(Device::cpu), y = b.to_device(Device::cpu);
-  return x.shape() == y.shape() && x.dtype() == y.dtype() && std::memcmp(x.raw(), y.raw(), x.size_bytes()) == 0;
-}
 
 class RopeInAttention : public test::NeedsGpuDefaultLaunch {};
 
@@ -247,50 +237,23 @@ TEST_F(RopeInAttention, TimingAgainstTheTwoKernels) {
       }
 }
 
-// Kernels in a captured decode step (after a warm-up step, so the allocator has
-// every size the step needs).
-size_t kernels_in_step(const Model& model, SeqState& state, const Tensor& ids, const Tensor& pos) {
-  SeqState* states[] = {&state};
-  model.run(ids, pos, states, false);
-  device_synchronize();
-  return test::kernels_launched_by([&] { model.run(ids, pos, states, false); });
-}
-
 // The fixtures (Llama without q/k norms, Qwen3 with them, Qwen3-MoE unfolded):
 // 24 decode steps give the same logits, bit for bit, with the lever on and off,
 // and a step launches one kernel fewer per layer with it.
 TEST_F(RopeInAttention, ModelDecodeIsTheSameBitsWithOneKernelFewerALayer) {
   for (const char* family : {"llama", "qwen3", "qwen3_moe"}) {
-    std::vector<Tensor> logits[2];
-    size_t kernels[2] = {0, 0};
-    int64_t layers = 0;
+    test::FixtureDecode runs[2];
     for (int on = 0; on < 2; ++on) {
       Levers levers = Levers::from_env();
       levers.rope_in_attention = on == 1;
-      auto model = load_model(test::fixtures_dir() / family, Device::cuda, levers.load_options(Device::cuda));
-      layers = model->kv_layout().n_layers;
-      auto state = model->make_state(256);
-      std::vector<int32_t> prompt;
-      for (int i = 0; i < 40; ++i) prompt.push_back(int32_t((31 * i + 7) % model->info().vocab));
-      Tensor last = model->forward(prompt, *state, false);
-      for (int step = 0; step < 24; ++step) {
-        const int32_t next = argmax(last);
-        last = model->forward({next}, *state, false);
-        logits[on].push_back(last.to_device(Device::cpu));
-      }
-      Tensor ids = Tensor::empty({1}, DType::i32);
-      ids.data<int32_t>()[0] = 3;
-      state->reserve(state->length() + 1);
-      Tensor pos = Tensor::empty({1}, DType::i32);
-      pos.data<int32_t>()[0] = int32_t(state->length());
-      kernels[on] = kernels_in_step(*model, *state, gpu(ids), gpu(pos));
+      runs[on] = test::decode_fixture(family, levers);
     }
     std::printf("[ gpu      ] %s decode step kernels: rope_in_attention off %zu, on %zu (%lld layers)\n", family,
-                kernels[0], kernels[1], static_cast<long long>(layers));
-    EXPECT_EQ(kernels[0] - kernels[1], size_t(layers)) << family;
-    ASSERT_EQ(logits[0].size(), logits[1].size());
-    for (size_t s = 0; s < logits[0].size(); ++s)
-      EXPECT_TRUE(same_bytes(logits[0][s], logits[1][s])) << family << " step " << s;
+                runs[0].step_kernels, runs[1].step_kernels, static_cast<long long>(runs[0].layers));
+    EXPECT_EQ(runs[0].step_kernels - runs[1].step_kernels, size_t(runs[0].layers)) << family;
+    ASSERT_EQ(runs[0].logits.size(), runs[1].logits.size());
+    for (size_t s = 0; s < runs[0].logits.size(); ++s)
+      EXPECT_TRUE(same_bytes(runs[0].logits[s], runs[1].logits[s])) << family << " step " << s;
   }
 }
 
