@@ -137,5 +137,19 @@ TEST(Cli, BenchBatchRowsAndResidentMemory) {
   EXPECT_NE(r.err.find("--batch"), std::string::npos) << r.err;
 }
 
+// -c gives decode rows' sequences a cache of that many tokens, named in the row;
+// a negative count is an error naming the flag.
+TEST(Cli, BenchContextSizesTheDecodeRowsCache) {
+  auto r = test::run_mere("bench --device cpu -p 0 -n 3 -r 1 -c 200 --batch 1,2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 3u) << r.out;
+  EXPECT_EQ(j["rows"][0]["test"], "tg3 c200");
+  EXPECT_EQ(j["rows"][2]["test"], "tg3 c200 x2");
+  r = test::run_mere("bench --device cpu -p 0 -n 3 -r 1 -c -5");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--context"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace mere
