@@ -42,12 +42,15 @@ std::string label(const char* kind, int64_t tokens, int64_t depth, int64_t conte
          (context ? " c" + std::to_string(context) : "");
 }
 
-// A state holding `depth` cached tokens, with room for `extra` more, or for
-// `context` in all if that is more; on `pool` when given (a batch on one pool
-// attends in one launch per layer), else its own.
+// A decode row's cache a sequence: room for `depth` cached tokens and `extra`
+// more, or `context` in all if that is more.
+int64_t row_capacity(int64_t depth, int64_t extra, int64_t context) { return std::max(depth + extra + 1, context); }
+
+// A state holding `depth` cached tokens, with row_capacity's room; on `pool`
+// when given (a batch on one pool attends in one launch per layer), else its own.
 std::unique_ptr<SeqState> state_at_depth(const Model& model, int64_t depth, int64_t extra, KvCacheMode kv_mode,
                                          std::shared_ptr<BlockPool> pool = nullptr, int64_t context = 0) {
-  const int64_t capacity = std::max(depth + extra + 1, context);
+  const int64_t capacity = row_capacity(depth, extra, context);
   auto state = pool ? std::make_unique<SeqState>(pool, capacity) : model.make_state(capacity, kv_mode);
   for (int64_t done = 0; done < depth;) {  // in chunks, so deep contexts do not need one huge activation
     int64_t n = std::min<int64_t>(2048, depth - done);
@@ -219,7 +222,7 @@ BenchRow bench_batched_decode(const Model& model, int64_t batch, int64_t tokens,
     std::vector<std::unique_ptr<SeqState>> states;
     std::vector<SeqState*> raw;
     auto pool = std::make_shared<BlockPool>(model.kv_layout(kv_mode),
-                                            batch * BlockPool::blocks_for_tokens(std::max(depth + tokens + 4, context)));
+                                            batch * BlockPool::blocks_for_tokens(row_capacity(depth, tokens + 3, context)));
     for (int64_t b = 0; b < batch; ++b) {
       states.push_back(state_at_depth(model, depth, tokens + 3, kv_mode, pool, context));
       raw.push_back(states.back().get());

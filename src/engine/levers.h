@@ -25,9 +25,9 @@ struct Levers {
   bool fused_rope_store = true;
   // With fused_rope_store, decode attention over a dense cache does that
   // kernel's work itself (one sequence, or batches up to 4 with groups up to 4
-  // heads): it rotates q (and, in the
-  // split holding it, the new key) and writes the new K/V row, one kernel fewer
-  // per layer. Default: the same bits (logits of the fixtures, partials and
+  // heads, or of 5-8 in wide_attention_blocks' 8-warp blocks): it rotates q
+  // (and, in the split holding it, the new key) and writes the new K/V row, one
+  // kernel fewer per layer. Default: the same bits (logits of the fixtures, partials and
   // caches of the op), Llama-3-8B int4 decode +3.6% at batch 1 (docs/levers.md).
   bool rope_in_attention = true;
   // Decode attention over a dense cache in blocks of 8 warps instead of 4, each

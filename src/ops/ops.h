@@ -244,8 +244,9 @@ bool attention_unmerged(const Tensor& q, const AffineRows& k, const AffineRows& 
 // token per row (a decode step, or a batch's sequences at *start_pos); k and v
 // written to the cache, q left as it was. The same partials and cache as the
 // two ops. False, with nothing run, where it does not apply (the lever off, the
-// CPU, a prefill, batches over 4 sequences (over 1 with groups of more than 4
-// heads), head_dim over 128, groups over 8 heads).
+// CPU, a prefill, batches over 4 sequences, batches with groups of more than 4
+// heads outside the 8-warp blocks of lever wide_attention_blocks, head_dim over
+// 128, groups over 8 heads).
 bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
                                 const Tensor& k_norm, float eps, const RopeTable& rope, const Tensor& start_pos,
                                 Tensor& k_cache, Tensor& v_cache, float scale, const KvPages& pages,

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "core/device.h"
@@ -20,6 +21,7 @@
 #include "engine/levers.h"
 #include "gpu_test_util.h"
 #include "models/model.h"
+#include "ops/cuda/launchers.h"
 #include "ops/ops.h"
 #include "sampling/device_sampler.h"
 #include "test_util.h"
@@ -34,6 +36,14 @@ using test::random;
 using test::relative_error;
 
 class WideAttentionBlocks : public test::NeedsGpuDefaultLaunch {};
+
+// The GQA attention kernel's launch in a capture of `run`.
+test::KernelLaunch gqa_launch(const std::function<void()>& run) {
+  for (const test::KernelLaunch& k : test::kernel_launches_by(run))
+    if (k.name.find("attention_gqa_kernel") != std::string::npos) return k;
+  ADD_FAILURE() << "no attention_gqa_kernel launched";
+  return {};
+}
 
 int sm_count() {
   int device = 0, sms = 0;
@@ -96,12 +106,9 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
         ops::set_decode_keys(keys);
         const Tensor wide = attend();
         const ops::KeyCountRange range = ops::decode_keys_range();
-        // The attention kernel's block size in a capture of the same launch.
+        // The attention kernel's shape in a capture of the same launch.
         ops::set_decode_keys(keys);
-        int64_t threads = 0, grid_x = 0, grid_z = 0;
-        for (const test::KernelLaunch& k : test::kernel_launches_by([&] { attend(); }))
-          if (k.name.find("attention_gqa_kernel") != std::string::npos)
-            threads = k.block.x, grid_x = k.grid.x, grid_z = k.grid.z;
+        const test::KernelLaunch launch = gqa_launch([&] { attend(); });
         ops::set_decode_keys(0);
         ops::set_launch_settings({});
 
@@ -113,7 +120,7 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
         // heads a block (1, 2, 4, up to the 4-warp form's 4 or 8) that fit;
         // each option tried narrows the key range to the counts deciding alike.
         const int64_t group = c.heads / c.kv_heads, block = group <= 4 ? 4 : 8;
-        const int64_t splits = std::min<int64_t>({(rows + 63) / 64, 2 * sm_count() / c.kv_heads, 64});
+        const int64_t splits = cuda::attention_splits(rows, c.kv_heads);
         // The grid holds the splits a wave does (the rest are marked empty).
         int64_t want_heads = 0, want_splits = splits, lo = 1, hi = INT64_MAX;
         for (int64_t hb = 1; hb <= block && want_heads == 0; hb *= 2) {
@@ -123,9 +130,9 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
           else lo = most + 1;
         }
         const int64_t want_blocks = c.kv_heads * (want_heads ? (group + want_heads - 1) / want_heads : 1);
-        EXPECT_EQ(threads, want_heads ? 256 : 128) << label;
-        EXPECT_EQ(grid_x, want_blocks) << label;
-        EXPECT_EQ(grid_z, want_splits) << label;
+        EXPECT_EQ(launch.block.x, want_heads ? 256u : 128u) << label;
+        EXPECT_EQ(launch.grid.x, unsigned(want_blocks)) << label;
+        EXPECT_EQ(launch.grid.z, unsigned(want_splits)) << label;
         EXPECT_EQ(range.lo, lo) << label;
         EXPECT_EQ(range.hi, hi) << label;
       }
@@ -136,7 +143,8 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
 // the keys past it, so the output is still every key's.
 TEST_F(WideAttentionBlocks, AStepPastItsKeyCountStillSeesEveryKey) {
   const int64_t heads = 32, kv_heads = 4, hd = 128, rows = 4096, keys = 3000;
-  const Tensor k = random({rows, kv_heads, hd}, DType::f32, 1).to(DType::bf16), v = random({rows, kv_heads, hd}, DType::f32, 2).to(DType::bf16);
+  const Tensor k = random({rows, kv_heads, hd}, DType::f32, 1).to(DType::bf16);
+  const Tensor v = random({rows, kv_heads, hd}, DType::f32, 2).to(DType::bf16);
   const Tensor q = random({1, heads, hd}, DType::f32, 3, 2.0f);
   const float scale = 1.0f / std::sqrt(float(hd));
   const Tensor want = ops::attention(q, k.slice_rows(0, keys).to(DType::f32), v.slice_rows(0, keys).to(DType::f32),
@@ -160,14 +168,12 @@ TEST_F(WideAttentionBlocks, UnknownKeysTakeTheCacheWideForm) {
       ops::set_launch_settings({.wide_attention_blocks = lever});
       ops::set_decode_keys(lever ? 0 : 41);
       ops::attention(q, kc, vc, pos, 0.088f);  // the allocator's sizes, before the capture
-      int threads = 0;
-      for (const test::KernelLaunch& k : test::kernel_launches_by([&] { ops::attention(q, kc, vc, pos, 0.088f); }))
-        if (k.name.find("attention_gqa_kernel") != std::string::npos) threads = int(k.block.x);
+      const test::KernelLaunch launch = gqa_launch([&] { ops::attention(q, kc, vc, pos, 0.088f); });
       const ops::KeyCountRange range = ops::decode_keys_range();
       ops::set_decode_keys(0);
       ops::set_launch_settings({});
-      // 64 rows: one split of 8 blocks, wide at any context; 4096: 33 splits of 8 blocks.
-      EXPECT_EQ(threads, lever && rows == 64 ? 256 : 128) << rows << " rows, lever " << lever;
+      // 64 rows: one split, wide (one-head blocks) at any context; 4096: 33 splits, more than a wave holds.
+      EXPECT_EQ(launch.block.x, lever && rows == 64 ? 256u : 128u) << rows << " rows, lever " << lever;
       EXPECT_EQ(range.lo, 1);
       EXPECT_EQ(range.hi, INT64_MAX);
     }
