@@ -43,11 +43,14 @@ Weight random_affine(int64_t rows, int64_t cols, int bits, int group, uint64_t s
   return Weight(std::move(a), cols);
 }
 
-// E experts [f, d] / [d, f] in `format` ("bf16", "int4", "int8"), gate and up fused or not.
-ops::ExpertWeights random_experts(int64_t E, int64_t f, int64_t d, const std::string& format, bool fused) {
+// E experts [f, d] / [d, f] in `format` ("bf16", "int4", "int8"), gate and up fused or not;
+// affine groups of `group` (default: 64 for int4, 32 for int8).
+ops::ExpertWeights random_experts(int64_t E, int64_t f, int64_t d, const std::string& format, bool fused,
+                                  int group = 0) {
   auto matrix = [&](int64_t rows, int64_t cols, uint64_t seed) {
     if (format == "bf16") return Weight(random({rows, cols}, DType::bf16, seed, 0.05f));
-    return random_affine(rows, cols, format == "int4" ? 4 : 8, format == "int4" ? 64 : 32, seed);
+    const int bits = format == "int4" ? 4 : 8;
+    return random_affine(rows, cols, bits, group > 0 ? group : bits == 4 ? 64 : 32, seed);
   };
   ops::ExpertWeights w;
   w.n_experts = E;
@@ -83,6 +86,30 @@ TEST_F(MoeOpsGpu, ExpertsMatchCpuForDecodeAndPrefill) {
         // Decode runs f32 arithmetic; prefill rounds x, the activations and dense weights to bf16.
         EXPECT_LE(relative_error(ops::moe_experts(gpu(x), wg, on_gpu(c)), ops::moe_experts(x, w, c), label),
                   T <= 8 ? 1e-4f : 2e-2f);
+      }
+    }
+}
+
+// Decode at shapes whose rows are not a multiple of a warp's chunks or of its rows
+// (the down kernel's slots then start mid-round), every group size, 8 slots.
+TEST_F(MoeOpsGpu, DecodeMatchesCpuAtUnevenShapesAndEveryGroupSize) {
+  struct Case {
+    std::string format;
+    int group;
+    int64_t f, d;
+  };
+  const int64_t E = 12, k = 8;
+  for (const Case& s : {Case{"int4", 32, 96, 160}, Case{"int4", 64, 192, 320}, Case{"int4", 128, 384, 128},
+                        Case{"int8", 32, 160, 96}, Case{"int8", 64, 192, 2048}, Case{"int8", 128, 768, 256},
+                        Case{"int4", 64, 768, 2048}, Case{"bf16", 0, 96, 64}})
+    for (bool fused : {false, true}) {
+      const ops::ExpertWeights w = random_experts(E, s.f, s.d, s.format, fused, s.group), wg = on_gpu(w);
+      for (int64_t T : {1, 2, 5}) {
+        const Tensor x = random({T, s.d}, DType::f32, 70 + uint64_t(T));
+        const ops::MoeChoice c = ops::moe_route(random({T, E}, DType::f32, 80, 2.0f), {.top_k = int(k)});
+        const std::string label = s.format + " g" + std::to_string(s.group) + " f=" + std::to_string(s.f) +
+                                  " d=" + std::to_string(s.d) + (fused ? " fused" : "") + " T=" + std::to_string(T);
+        EXPECT_LE(relative_error(ops::moe_experts(gpu(x), wg, on_gpu(c)), ops::moe_experts(x, w, c), label), 1e-4f);
       }
     }
 }

@@ -173,33 +173,39 @@ struct Dense {
 template <typename S, int kBits>
 struct Affine {
   static constexpr int kValues = 128 / kBits;  // per chunk
+  static constexpr int kValuesShift = kBits == 4 ? 5 : 4;  // log2(kValues)
   static constexpr int kPerWord = 32 / kBits;
-  struct Meta {
-    float scale, bias;
+  struct Meta {  // as stored: converted where used, so a batch holds fewer registers
+    S scale, bias;
   };
   struct Row {  // where one row's chunks, scales and biases are
     const uint4* chunks;
     const S* scales;
     const S* biases;
-    int chunks_per_group;
+    int chunk_shift;  // chunk c is in group c >> chunk_shift
   };
   __device__ static const uint32_t* row_words(const ExpertMatrix& m, int64_t row) {
     return static_cast<const uint32_t*>(m.w) + row * (m.cols / kPerWord);
   }
+  // Group sizes are powers of two (32, 64, 128): shifts, not divisions, which
+  // cost more instructions than a chunk's arithmetic.
   __device__ static Row row_at(const ExpertMatrix& m, int64_t row) {
-    const int64_t groups = m.cols / m.group_size;
+    const int group_shift = __ffs(m.group_size) - 1;
+    const int64_t groups = m.cols >> group_shift;
     return {reinterpret_cast<const uint4*>(row_words(m, row)), static_cast<const S*>(m.scales) + row * groups,
-            static_cast<const S*>(m.biases) + row * groups, m.group_size / kValues};
+            static_cast<const S*>(m.biases) + row * groups, group_shift - kValuesShift};
   }
   __device__ static uint4 load(const Row& r, int c) { return __ldg(r.chunks + c); }
   __device__ static Meta meta(const Row& r, int c) {
-    const int g = c / r.chunks_per_group;
-    return {to_float(r.scales[g]), to_float(r.biases[g])};
+    const int g = c >> r.chunk_shift;
+    return {r.scales[g], r.biases[g]};
   }
   __device__ static Meta meta_at(const ExpertMatrix& m, int64_t row, int64_t col) {
     const int64_t g = row * (m.cols / m.group_size) + col / m.group_size;
-    return {to_float(static_cast<const S*>(m.scales)[g]), to_float(static_cast<const S*>(m.biases)[g])};
+    return {static_cast<const S*>(m.scales)[g], static_cast<const S*>(m.biases)[g]};
   }
+  // Chunk c of a row (its bits in `chunk`) dotted with the staged input. (One
+  // FMA on 2^23 + q for scale * q, as affine_matvec.cu, measured slower here.)
   __device__ static float dot(const uint4& chunk, Meta meta, const float4* xs, const float* sums, int c) {
     const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
     float qx = 0;
@@ -216,7 +222,7 @@ struct Affine {
                    xs[swizzle(c * 8 + 2 * w + 1)]);
       }
     }
-    return meta.scale * qx + meta.bias * sums[c];
+    return to_float(meta.scale) * qx + to_float(meta.bias) * sums[c];
   }
   // The 8 codes [8i, 8i + 8) as floats.
   __device__ static void codes8(const ExpertMatrix& m, int64_t row, int64_t i, float (&q)[8]) {
@@ -243,7 +249,7 @@ struct Affine {
     for (int h = 0; h < 2; ++h) {
       codes8(m, row, k0 / 8 + h, q);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[8 * h + j] = g.scale * q[j] + g.bias;
+      for (int j = 0; j < 8; ++j) v[8 * h + j] = to_float(g.scale) * q[j] + to_float(g.bias);
     }
   }
 };
@@ -286,14 +292,16 @@ size_t staged_bytes(int64_t n) {
 
 // act[pair, r] = silu(gate_e[r] . x_t) * (up_e[r] . x_t), one warp per row r.
 // The first kBatch chunks of both rows are loaded before x_t is staged, so the
-// staging's latency hides behind the weights'.
+// staging's latency hides behind the weights'. (Two rows a warp, sharing x's
+// reads, need more registers than three blocks an SM leave: spills, slower.)
 template <typename F, int kBatch>
 __global__ void __launch_bounds__(kWarps * 32, 3) moe_gate_up_decode(const MoeExpertsArgs a, float* act) {
   extern __shared__ __align__(16) float4 staged[];  // x_t [d_model / 4], then chunk sums
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t pair = blockIdx.y, r = int64_t(blockIdx.x) * kWarps + warp;
-  allow_next_kernel();
   wait_for_previous_kernel();
+  // After the wait: the down kernel reads the routing's ids before its own wait.
+  allow_next_kernel();
   const int64_t e = a.ids[pair], t = pair / a.k;
   const int n = int(a.d_model / F::kValues);
   const bool active = r < a.d_ff;
@@ -334,16 +342,20 @@ __global__ void __launch_bounds__(kWarps * 32, 3) moe_gate_up_decode(const MoeEx
 
 // out[t, j] = sum_s weight[t, s] * (down_e[j] . act[t, s]), one warp per output j,
 // token t's k activation rows staged in shared memory; the chunks of all k rows
-// form one loop, so the next expert's loads are in flight with this one's, and
-// the first batch is loaded before the staging.
+// form one loop, so the next expert's loads are in flight with this one's. The
+// experts are known before the gate/up kernel ends (it lets this one start only
+// after its own wait for the routing): the first batch is requested before the
+// wait for the activations.
 template <typename F, int kBatch>
 __global__ void __launch_bounds__(kWarps * 32, 3) moe_down_decode(const MoeExpertsArgs a, const float* act) {
   extern __shared__ __align__(16) float4 staged[];  // act[t, 0..k) [k * d_ff / 4], then chunk sums
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t t = blockIdx.y, j = int64_t(blockIdx.x) * kWarps + warp;
-  allow_next_kernel();
-  wait_for_previous_kernel();
   const int n = int(a.k * a.d_ff), per_row = int(a.d_ff / F::kValues), total = int(a.k) * per_row;
+  // Chunk q of the concatenation is chunk q - s per_row of slot s = q / per_row,
+  // found in f32: exact, since (q + 0.5) / per_row stays further from an integer
+  // than f32 rounds for q < 2^20, and shared memory holds far fewer chunks.
+  const float inv_per_row = 1.0f / float(per_row);
   const bool active = j < a.d_model;
   __shared__ int64_t slot_row[32];  // slot s: the first storage row of its expert
   __shared__ float slot_weight[32];
@@ -360,13 +372,15 @@ __global__ void __launch_bounds__(kWarps * 32, 3) moe_down_decode(const MoeExper
     for (int b = 0; b < kBatch; ++b) {
       const int q = q0 + 32 * b;
       if (!active || q >= total) continue;
-      slot[b] = q / per_row;
+      slot[b] = __float2int_rz((float(q) + 0.5f) * inv_per_row);
       const typename F::Row row = F::row_at(a.down, slot_row[slot[b]] + j);
       w[b] = F::load(row, q - slot[b] * per_row);
       m[b] = F::meta(row, q - slot[b] * per_row);
     }
   };
   load_batch(lane);
+  wait_for_previous_kernel();
+  allow_next_kernel();
   float* sums = reinterpret_cast<float*>(staged + n / 4);
   stage_input<F::kValues>(act + t * n, n, staged, sums);  // (synchronises the block)
   if (!active) return;
