@@ -90,8 +90,10 @@ TEST_F(MoeOpsGpu, ExpertsMatchCpuForDecodeAndPrefill) {
     }
 }
 
-// Decode at shapes whose rows are not a multiple of a warp's chunks or of its rows
-// (the down kernel's slots then start mid-round), every group size, 8 slots.
+// Decode at shapes whose rows are not a whole round of a warp's 32 chunks (the
+// down kernel's slots then start mid-round, where it finds them by an f32
+// quotient), every group size (found by shifts), 8 slots. The early fetch of the
+// down rows under programmatic launch: LlamaGpu.ProgrammaticLaunchIsBitIdentical.
 TEST_F(MoeOpsGpu, DecodeMatchesCpuAtUnevenShapesAndEveryGroupSize) {
   struct Case {
     std::string format;
