@@ -189,11 +189,12 @@ struct Affine {
   }
   // Group sizes are powers of two (32, 64, 128): shifts, not divisions, which
   // cost more instructions than a chunk's arithmetic.
+  __device__ static int group_shift(const ExpertMatrix& m) { return __ffs(m.group_size) - 1; }
   __device__ static Row row_at(const ExpertMatrix& m, int64_t row) {
-    const int group_shift = __ffs(m.group_size) - 1;
-    const int64_t groups = m.cols >> group_shift;
+    const int shift = group_shift(m);
+    const int64_t groups = m.cols >> shift;
     return {reinterpret_cast<const uint4*>(row_words(m, row)), static_cast<const S*>(m.scales) + row * groups,
-            static_cast<const S*>(m.biases) + row * groups, group_shift - kValuesShift};
+            static_cast<const S*>(m.biases) + row * groups, shift - kValuesShift};
   }
   __device__ static uint4 load(const Row& r, int c) { return __ldg(r.chunks + c); }
   __device__ static Meta meta(const Row& r, int c) {
@@ -201,7 +202,8 @@ struct Affine {
     return {r.scales[g], r.biases[g]};
   }
   __device__ static Meta meta_at(const ExpertMatrix& m, int64_t row, int64_t col) {
-    const int64_t g = row * (m.cols / m.group_size) + col / m.group_size;
+    const int shift = group_shift(m);
+    const int64_t g = row * (m.cols >> shift) + (col >> shift);
     return {static_cast<const S*>(m.scales)[g], static_cast<const S*>(m.biases)[g]};
   }
   // Chunk c of a row (its bits in `chunk`) dotted with the staged input. (One
@@ -373,9 +375,10 @@ __global__ void __launch_bounds__(kWarps * 32, 3) moe_down_decode(const MoeExper
       const int q = q0 + 32 * b;
       if (!active || q >= total) continue;
       slot[b] = __float2int_rz((float(q) + 0.5f) * inv_per_row);
+      const int c = q - slot[b] * per_row;  // the chunk within its slot's row
       const typename F::Row row = F::row_at(a.down, slot_row[slot[b]] + j);
-      w[b] = F::load(row, q - slot[b] * per_row);
-      m[b] = F::meta(row, q - slot[b] * per_row);
+      w[b] = F::load(row, c);
+      m[b] = F::meta(row, c);
     }
   };
   load_batch(lane);
