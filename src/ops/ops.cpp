@@ -237,20 +237,19 @@ std::vector<Tensor> split_columns(const Tensor& x, const std::vector<int64_t>& w
              shape_str(x.shape()), total);
   std::vector<Tensor> out;
   const int64_t T = x.dim(0);
-  Tensor flat = x.reshape({-1});
-  int64_t offset = 0;
-  for (int64_t w : widths) {
-    if (T == 1) {
+  if (T == 1) {
+    Tensor flat = x.reshape({-1});
+    int64_t offset = 0;
+    for (int64_t w : widths) {
       out.push_back(flat.slice_rows(offset, offset + w).reshape({1, w}));
-    } else {
-      Tensor part = Tensor::empty({T, w}, x.dtype(), x.device());
-      switch (x.device()) {
-        case Device::cpu: cpu::copy_columns(x, offset, part); break;
-        case Device::cuda: cuda::copy_columns(x, offset, part); break;
-      }
-      out.push_back(part);
+      offset += w;
     }
-    offset += w;
+    return out;
+  }
+  for (int64_t w : widths) out.push_back(Tensor::empty({T, w}, x.dtype(), x.device()));
+  switch (x.device()) {  // all parts at once (one kernel on the GPU)
+    case Device::cpu: cpu::split_columns(x, out); break;
+    case Device::cuda: cuda::split_columns(x, out); break;
   }
   return out;
 }

@@ -98,7 +98,7 @@ void set_decode_keys(int64_t keys);
 KeyCountRange decode_keys_range();
 
 // Column blocks of x [T, sum(widths)] as tensors [T, width]: views when T == 1
-// (contiguous already), copies otherwise.
+// (contiguous already), copies otherwise (on the GPU one launch, at most 4 parts).
 std::vector<Tensor> split_columns(const Tensor& x, const std::vector<int64_t>& widths);
 
 // Rows of several tensors of one dtype stacked: [sum(rows), ...], on `device`

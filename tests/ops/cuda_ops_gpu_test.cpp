@@ -74,9 +74,16 @@ TEST_F(CudaOps, ElementwiseEmbedAndConvert) {
 TEST_F(CudaOps, FusedHelpersMatchTheCpu) {
   Tensor gu = random({5, 2 * 300}, DType::f32, 11, 3.0f);
   EXPECT_LE(relative_error(ops::silu_mul_halves(gpu(gu)), ops::silu_mul_halves(gu), "silu_mul_halves"), 1e-6f);
-  auto cpu_parts = ops::split_columns(gu, {128, 64, 408});
-  auto gpu_parts = ops::split_columns(gpu(gu), {128, 64, 408});
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(relative_error(gpu_parts[i], cpu_parts[i], "split_columns"), 0.0f);
+  // A fused qkv's three parts (or up to four) in one launch, exact copies.
+  const Tensor gu_gpu = gpu(gu);
+  for (const std::vector<int64_t>& widths : {std::vector<int64_t>{128, 64, 408}, {600}, {1, 3, 500, 96}}) {
+    // (A captured launch does not run: the count and the values come from two calls.)
+    EXPECT_EQ(test::kernels_launched_by([&] { ops::split_columns(gu_gpu, widths); }), 1u);
+    const auto cpu_parts = ops::split_columns(gu, widths), gpu_parts = ops::split_columns(gu_gpu, widths);
+    for (size_t i = 0; i < widths.size(); ++i)
+      EXPECT_EQ(relative_error(gpu_parts[i], cpu_parts[i], "split_columns"), 0.0f);
+  }
+  EXPECT_THROW(ops::split_columns(gu_gpu, {100, 100, 100, 100, 200}), Error);
   // add_rms_norm on the GPU is bit-identical to add_inplace then rms_norm on the GPU.
   Tensor h = random({3, 4096}, DType::f32, 12), x = random({3, 4096}, DType::f32, 13);
   Tensor w = random({4096}, DType::bf16, 14, 0.2f, 1.0f);

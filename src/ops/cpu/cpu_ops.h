@@ -12,7 +12,7 @@ void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
 void add_inplace(Tensor& h, const Tensor& x);
 void silu_mul_halves(const Tensor& gate_up, Tensor& out);
 // dst [T, w] = columns [offset, offset + w) of x [T, n].
-void copy_columns(const Tensor& x, int64_t offset, Tensor& dst);
+void split_columns(const Tensor& x, std::vector<Tensor>& parts);
 
 void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table);
 void convert(const Tensor& src, Tensor& dst);

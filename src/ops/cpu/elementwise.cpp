@@ -22,12 +22,17 @@ void silu_mul_halves(const Tensor& gate_up, Tensor& out) {
   }
 }
 
-void copy_columns(const Tensor& x, int64_t offset, Tensor& dst) {
-  const int64_t T = dst.dim(0), w = dst.dim(1), n = x.dim(1);
+void split_columns(const Tensor& x, std::vector<Tensor>& parts) {
+  const int64_t n = x.dim(1);
   const size_t elem = dtype_size(x.dtype());
-  for (int64_t t = 0; t < T; ++t)
-    std::memcpy(dst.data<char>() + t * w * int64_t(elem), x.data<char>() + (t * n + offset) * int64_t(elem),
-                size_t(w) * elem);
+  int64_t offset = 0;
+  for (Tensor& dst : parts) {
+    const int64_t T = dst.dim(0), w = dst.dim(1);
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(dst.data<char>() + t * w * int64_t(elem), x.data<char>() + (t * n + offset) * int64_t(elem),
+                  size_t(w) * elem);
+    offset += w;
+  }
 }
 
 void add_inplace(Tensor& h, const Tensor& x) {

@@ -232,10 +232,18 @@ void silu_mul_halves(const Tensor& gate_up, Tensor& out) {
   MERE_CUDA(launch_silu_mul_halves(gate_up.data<float>(), out.data<float>(), out.dim(0), out.dim(1), stream()));
 }
 
-void copy_columns(const Tensor& x, int64_t offset, Tensor& dst) {
-  MERE_CHECK(x.dtype() == DType::f32, "copy_columns (CUDA): f32 only, got {}", dtype_name(x.dtype()));
-  MERE_CUDA(launch_copy_columns(x.data<float>(), dst.data<float>(), dst.dim(0), x.dim(1), offset, dst.dim(1),
-                                stream()));
+void split_columns(const Tensor& x, std::vector<Tensor>& parts) {
+  MERE_CHECK(x.dtype() == DType::f32, "split_columns (CUDA): f32 only, got {}", dtype_name(x.dtype()));
+  MERE_CHECK(parts.size() <= size_t(ColumnParts::kMax), "split_columns (CUDA): {} parts, at most {}", parts.size(),
+             ColumnParts::kMax);
+  ColumnParts launch;
+  int64_t end = 0;
+  for (Tensor& part : parts) {
+    launch.dst[launch.count] = part.data<float>();
+    end += part.dim(1);
+    launch.end[launch.count++] = end;
+  }
+  MERE_CUDA(launch_split_columns(x.data<float>(), x.dim(0), x.dim(1), launch, stream()));
 }
 
 void add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& out) {
@@ -543,7 +551,7 @@ void rope(Tensor&, const std::vector<int32_t>&, const RopeTable&) { no_cuda(); }
 void attention(const Tensor&, const Tensor&, const Tensor&, int64_t, float, Tensor&) { no_cuda(); }
 void convert(const Tensor&, Tensor&) { no_cuda(); }
 void silu_mul_halves(const Tensor&, Tensor&) { no_cuda(); }
-void copy_columns(const Tensor&, int64_t, Tensor&) { no_cuda(); }
+void split_columns(const Tensor&, std::vector<Tensor>&) { no_cuda(); }
 void add_rms_norm(Tensor&, const Tensor&, const Tensor&, float, Tensor&) { no_cuda(); }
 void embed(const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void rope(Tensor&, const Tensor&, const RopeTable&) { no_cuda(); }

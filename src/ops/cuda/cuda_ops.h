@@ -13,7 +13,7 @@ void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
 void add_inplace(Tensor& h, const Tensor& x);
 void silu_mul_halves(const Tensor& gate_up, Tensor& out);
 // dst [T, w] = columns [offset, offset + w) of x [T, n].
-void copy_columns(const Tensor& x, int64_t offset, Tensor& dst);
+void split_columns(const Tensor& x, std::vector<Tensor>& parts);  // at most 4 parts, one launch
 void add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& out);
 // The fused decode forms (ops.h); each returns false when the decode matvec does
 // not apply (more rows than it takes, unaligned rows, a norm weight of another

@@ -52,11 +52,17 @@ __global__ void silu_mul_halves_kernel(const float* gate_up, float* out, int64_t
   }
 }
 
-__global__ void copy_columns_kernel(const float* x, float* dst, int64_t T, int64_t n, int64_t offset, int64_t w) {
+// Every part in one launch: a thread a column of x, read in order.
+__global__ void split_columns_kernel(const float* x, int64_t T, int64_t n, const __grid_constant__ ColumnParts parts) {
   allow_next_kernel();
   wait_for_previous_kernel();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * w; i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = x[(i / w) * n + offset + i % w];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / n, c = i - t * n;
+    int p = 0;
+    while (c >= parts.end[p]) ++p;
+    const int64_t begin = p ? parts.end[p - 1] : 0;
+    parts.dst[p][t * (parts.end[p] - begin) + c - begin] = x[i];
+  }
 }
 
 template <typename D>
@@ -87,9 +93,10 @@ cudaError_t launch_silu_mul_halves(const float* gate_up, float* out, int64_t T, 
   return cudaGetLastError();
 }
 
-cudaError_t launch_copy_columns(const float* x, float* dst, int64_t T, int64_t n, int64_t offset, int64_t w,
-                                cudaStream_t stream) {
-  launch_kernel(copy_columns_kernel, grid_for(T * w), 256, 0, stream, x, dst, T, n, offset, w);
+cudaError_t launch_split_columns(const float* x, int64_t T, int64_t n, const ColumnParts& parts, cudaStream_t stream) {
+  if (parts.count < 1 || parts.count > ColumnParts::kMax || parts.end[parts.count - 1] != n)
+    return cudaErrorInvalidValue;
+  launch_kernel(split_columns_kernel, grid_for(T * n), 256, 0, stream, x, T, n, parts);
   return cudaGetLastError();
 }
 

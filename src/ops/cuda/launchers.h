@@ -105,9 +105,15 @@ cudaError_t launch_silu_mul(const float* gate, const float* up, float* out, int6
 cudaError_t launch_add(float* h, const float* x, int64_t n, cudaStream_t stream);
 // gate_up [T, 2f] -> out [T, f] = silu(gate) * up.
 cudaError_t launch_silu_mul_halves(const float* gate_up, float* out, int64_t T, int64_t f, cudaStream_t stream);
-// dst [T, w] = x[:, offset : offset + w] of x [T, n]; 4-byte elements.
-cudaError_t launch_copy_columns(const float* x, float* dst, int64_t T, int64_t n, int64_t offset, int64_t w,
-                                cudaStream_t stream);
+// x [T, n] cut into column blocks: part p, columns [end[p - 1], end[p]) (from
+// 0; end[count - 1] == n), into dst[p] [T, its width]; 4-byte elements, one launch.
+struct ColumnParts {
+  static constexpr int kMax = 4;
+  float* dst[kMax] = {};
+  int64_t end[kMax] = {};
+  int count = 0;
+};
+cudaError_t launch_split_columns(const float* x, int64_t T, int64_t n, const ColumnParts& parts, cudaStream_t stream);
 // h += x (rows of d), then y = RMSNorm(h) * w; bit-identical to launch_add + launch_rms_norm.
 cudaError_t launch_add_rms_norm(float* h, const float* x, const void* w, DType w_dtype, float* y, int64_t rows,
                                 int64_t d, float eps, cudaStream_t stream);
