@@ -14,6 +14,9 @@ rm -rf "$pack" && mkdir -p "$pack"
 # Compressed: the carried pack must stay under the device's 64 MiB transfer limit. xz -9e's
 # large window finds the code the two binaries share (half the size of plain -J).
 tar -cf - -C "$build" mere -C "$PWD/$build/tests" mere_gpu_tests | xz -9e -T0 > "$pack/bin.tar.xz"
+# The CUPTI kernel tracer (tools/kernel_timeline.cpp) for `gpu_run.sh timeline`.
+g++ -std=c++20 -O2 -shared -fPIC -I/usr/local/cuda/include tools/kernel_timeline.cpp \
+  -L/usr/local/cuda/lib64 -lcupti -o "$pack/kernel_timeline.so"
 pwd > "$pack/source_dir"
 echo "$build" > "$pack/build_dir"  # where the tests look for the mere binary (MERE_BINARY)
 libs=$(ldd "$build/mere" | awk '/libfmt|libpcre2|libicu/ {print $3}')

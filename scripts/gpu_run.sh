@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere
 # (the device machine of our workplace has no Debian packages): .devrun/ holds
 # bin.tar.xz (mere, mere_gpu_tests) and libs.tar.xz (libfmt, libpcre2, ICU). Logs go to $OUT.
-# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [moe] [quant] [quant_moe] [kv] [tc_matvec] [affine_gemm] [hang]; MERE_DEVRUN names the pack
+# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [timeline] [moe] [quant] [quant_moe] [kv] [tc_matvec] [affine_gemm] [hang]; MERE_DEVRUN names the pack
 # (default .devrun), GTEST_FILTER picks tests.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -72,6 +72,15 @@ for what in "${@:-tests bench}"; do
         -k regex:'matvec|attention|norm|silu|embed|store|add|copy|rope|sample|advance' \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size --csv --page raw \
         "$m" bench --device cuda --shape llama3-8b -p 0 -n 4 -r 1 > "$out/ncu_llama3-8b.csv" 2> "$out/ncu.err" ;;
+    timeline)  # where a decode step's time goes inside its graph (tools/kernel_timeline.*), B = 1 and 8
+      m="$bin/mere"
+      for shape in llama3-8b qwen3-30b-a3b; do
+        for b in 1 8; do
+          CUDA_INJECTION64_PATH="$pack/kernel_timeline.so" MERE_TIMELINE="$out/timeline_${shape}_b$b.csv" \
+            "$m" bench --device cuda --shape $shape --quant int4 -p 0 -n 32 -r 1 -d 0 --batch $b > /dev/null 2>&1
+          python3 "$root/tools/kernel_timeline.py" "$out/timeline_${shape}_b$b.csv" | tee "$out/timeline_${shape}_b$b.txt"
+        done
+      done ;;
     moe)  # the Qwen3-30B-A3B shape: bf16, int8 and int4 experts, and the fused gate/up lever
       m="$bin/mere"
       for q in bf16 int8 int4; do
