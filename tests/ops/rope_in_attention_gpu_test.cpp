@@ -1,9 +1,10 @@
 // Lever rope_in_attention (ctest label gpu): the decode attention kernel that
 // applies the q/k norm and RoPE itself and writes the new K/V row gives the same
 // bits as qk_norm_rope_store then attention_unmerged (partials and cache), for a
-// contiguous cache, a paged sequence and a paged batch (groups up to 4 heads;
-// larger groups decline batches unless in the 8-warp blocks of lever
-// wide_attention_blocks), in both block forms, bf16/f16/f32 caches,
+// contiguous cache, a paged sequence and paged batches of 3 and 8 (groups up to
+// 4 heads; larger groups, and batches over 4, decline unless in the 8-warp
+// blocks of lever wide_attention_blocks, where a grid that fits a wave runs
+// them), in both block forms, bf16/f16/f32 caches,
 // with and without q/k norms, rotate-half and interleaved, partial rotary dims,
 // at positions on both sides of split edges; it declines (nothing run) where it
 // does not apply; and a model's decode step with it is one kernel a layer
@@ -66,9 +67,10 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
     // Both attention block forms (lever wide_attention_blocks); these shapes'
     // splits fit a wave, so the wide one runs at every position.
     for (bool wide : {false, true})
-    for (int layout = 0; layout < 3; ++layout)  // contiguous, one paged sequence, a paged batch of 3
+    for (int layout = 0; layout < 4; ++layout) {  // contiguous, one paged sequence, paged batches of 3 and 8
+      const int64_t B = layout == 2 ? 3 : layout == 3 ? 8 : 1;
+      bool ran = false;  // a batch of 8
       for (int64_t pos : {0, 1, 63, 64, 65, 200, 1000}) {
-        const int64_t B = layout == 2 ? 3 : 1;
         ops::KvPages pages;
         if (layout > 0)
           for (int64_t b = 0; b < B; ++b) {  // rows / 16 blocks each, scrambled and interleaved with the others'
@@ -88,7 +90,7 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
             fmt::format("{}/{}x{} {} cache{}{}{} {} pos {}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache),
                         norm ? " norm" : "", c.interleaved ? " interleaved" : "",
                         c.rotary_dim ? " partial rotary" : "", layout == 0 ? "contiguous" : layout == 1 ? "paged" : "batch",
-                        pos) + (wide ? " wide blocks" : "");
+                        pos) + (wide ? " wide blocks" : "") + (B > 1 ? fmt::format(" of {}", B) : "");
 
         ops::set_decode_keys(pos + 1);
         ops::set_launch_settings({.wide_attention_blocks = wide});
@@ -103,18 +105,24 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
 
         ops::set_launch_settings({.rope_in_attention = true, .wide_attention_blocks = wide});
         ops::AttentionSplits got;
-        // Batches keep the two kernels where groups exceed 4 heads, unless in 8-warp blocks.
-        if (B > 1 && c.heads / c.kv_heads > 4 && !wide) {
-          EXPECT_FALSE(ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, device_position(pos), k_cache2,
-                                                       v_cache2, scale, pages, got))
+        // Batches keep the two kernels where groups exceed 4 heads, unless in 8-warp
+        // blocks; batches of 5-8 run it only in 8-warp blocks whose grid fits a wave.
+        const bool must_decline = B > 1 && c.heads / c.kv_heads > 4 && !wide;
+        if (must_decline || B > 4) {
+          const bool took = ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, device_position(pos), k_cache2,
+                                                            v_cache2, scale, pages, got);
+          if (!took) {
+            ops::set_launch_settings({});
+            EXPECT_TRUE(same_bytes(k_cache2, k_cache_before)) << label << " k cache written";
+            continue;
+          }
+          EXPECT_TRUE(!must_decline && wide) << label << ": ran";
+          ran = true;
+        } else {
+          ASSERT_TRUE(ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, device_position(pos), k_cache2,
+                                                      v_cache2, scale, pages, got))
               << label;
-          ops::set_launch_settings({});
-          EXPECT_TRUE(same_bytes(k_cache2, k_cache_before)) << label << " k cache written";
-          continue;
         }
-        ASSERT_TRUE(ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, device_position(pos), k_cache2, v_cache2,
-                                                    scale, pages, got))
-            << label;
         ops::set_launch_settings({});
         EXPECT_TRUE(same_bytes(got.max, want.max)) << label << " maxima";
         EXPECT_TRUE(same_bytes(got.sum, want.sum)) << label << " sums";
@@ -123,6 +131,9 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
         EXPECT_TRUE(same_bytes(k_cache2, k_cache)) << label << " k cache";
         EXPECT_TRUE(same_bytes(v_cache2, v_cache)) << label << " v cache";
       }
+      // In 8-warp blocks a batch of 8 runs it at the short positions (groups of 3 or more heads).
+      if (B == 8) EXPECT_EQ(ran, wide && c.heads / c.kv_heads >= 3) << c.heads << "/" << c.kv_heads << " batch of 8";
+    }
   }
 }
 

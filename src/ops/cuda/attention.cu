@@ -811,7 +811,7 @@ bool rope_in_attention_supports(int head_dim, int n_heads, int n_kv_heads, DType
 bool rope_in_attention_takes_rows(int rows, int n_heads, int n_kv_heads, int n_splits) {
   const int group = n_heads / n_kv_heads;
   if (rows == 1 || (rows <= 4 && group <= 4)) return true;
-  return rows <= 4 && group <= 8 && wide_form(group, rows * n_kv_heads, n_splits).heads > 0;
+  return rows <= 8 && group <= 8 && wide_form(group, rows * n_kv_heads, n_splits).heads > 0;
 }
 
 cudaError_t launch_rope_in_attention(const FreshRows& fresh, const RopeParams& rope, DType kv_dtype, float* part_m,

@@ -193,12 +193,14 @@ struct FreshRows {
   void *k_cache = nullptr, *v_cache = nullptr;  // the dense cache launch_attention reads
 };
 // The rows (sequences) of a step it takes: one, or up to 4 where a kv head has
-// at most 4 query heads, or up to 4 with groups of 5-8 where the 8-warp blocks
-// of lever wide_attention_blocks run. Every split block ropes its q rows itself,
-// so large batches pay more than the launch saved: Llama-3-8B int4 (groups of 4)
-// at 8k keys, 4 sequences -1% and 8 -3% (2 and 3 at d0 +4% and +6%);
-// Qwen3-30B-A3B int4 (groups of 8) in 4-warp blocks 1 sequence +0.8%, 2 -2.4%,
-// 3 -5.8%, 4 -3.6%, in 8-warp blocks 2 +6%, 4 +2% (H200, 2026-11-30).
+// at most 4 query heads, or up to 8 with groups of 3-8 where the 8-warp blocks
+// of lever wide_attention_blocks run (their grid fits a wave: short contexts).
+// Every split block ropes its q rows itself, so large batches over many splits
+// pay more than the launch saved: Llama-3-8B int4 (groups of 4) at 8k keys, 4
+// sequences -1% and 8 -3% (2 and 3 at d0 +4% and +6%); Qwen3-30B-A3B int4
+// (groups of 8) in 4-warp blocks 1 sequence +0.8%, 2 -2.4%, 3 -5.8%, 4 -3.6%,
+// in 8-warp blocks 2 +6%, 4 +2%; in 8-warp blocks at d0, 5 / 8 sequences
+// Llama-3-8B int4 +4.6% / +3.3%, Qwen3-30B-A3B int4 +3.8% / +2.0% (H200, 2026-11-30).
 bool rope_in_attention_takes_rows(int rows, int n_heads, int n_kv_heads, int n_splits);
 bool rope_in_attention_supports(int head_dim, int n_heads, int n_kv_heads, DType kv_dtype, const void* k_cache,
                                 const void* v_cache);
