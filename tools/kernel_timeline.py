@@ -7,7 +7,12 @@ share of the step is how far it moves the step's latest end (end minus the lates
 of the kernels before it, at least 0), so the shares add up to the step. Prints the
 shares by kernel, averaged over the last steps, and one step's first kernels in order.
 
+With --svg, one step's kernels (from --svg-from, --svg-kernels of them) of the graph
+--graph (default: the first reported) are drawn as bars from start to end, the part
+before the step's latest end so far pale (overlapped, or waiting), the share dark.
+
 usage: kernel_timeline.py TIMELINE.csv [--steps N] [--show K] [--min-launches L]
+                          [--svg OUT.svg [--graph G] [--svg-from K] [--svg-kernels N] [--title T]]
 """
 import argparse
 import collections
@@ -26,6 +31,12 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--steps", type=int, default=8, help="the last N launches of each graph")
     ap.add_argument("--min-launches", type=int, default=4, help="graphs launched fewer times are left out")
+    ap.add_argument("--svg", help="draw one step's kernels into this SVG file")
+    ap.add_argument("--graph", help="the graph to draw (default: the first reported)")
+    ap.add_argument("--svg-from", type=int, default=1, help="the first kernel drawn (0: the step's first)")
+    ap.add_argument("--svg-kernels", type=int, default=20, help="kernels drawn")
+    ap.add_argument("--title", default="", help="the chart's title")
+    ap.add_argument("--labels", default="", help="names for the drawn kernels, comma-separated, repeated")
     ap.add_argument("--show", type=int, default=24, help="kernels of one step to list in order")
     a = ap.parse_args()
     launches = collections.defaultdict(list)
@@ -41,9 +52,60 @@ def main():
     graphs = collections.defaultdict(list)  # a graph's launches, each a decode step of one batch size
     for (graph, _), kernels in launches.items():
         graphs[graph].append(kernels)
+    drawn = False
     for graph, steps in sorted(graphs.items(), key=lambda kv: min(k[0] for k in kv[1][0])):
         if len(steps) >= a.min_launches:
             report(graph, steps, a)
+            if a.svg and not drawn and (a.graph is None or a.graph == graph):
+                last = sorted(steps, key=lambda v: min(k[0] for k in v))[-1]
+                labels = [x.strip() for x in a.labels.split(",")] if a.labels else []
+                draw(sorted(last)[a.svg_from : a.svg_from + a.svg_kernels], a.svg, a.title or f"graph {graph}", labels)
+                drawn = True
+
+
+def draw(kernels, path, title, labels):
+    """A Gantt chart of kernels (start, end, name, ...), in us from the first one's start;
+    each named by labels (repeated) where given, else by its kernel."""
+    t0 = kernels[0][0]
+    span = max(k[1] for k in kernels) - t0
+    left, width, row, top = 250, 640, 18, 40
+    scale = width / span
+    colors = {"matvec": "#3b6fb6", "prepare": "#e08a2c", "attention": "#3f9b5a"}
+
+    def kind(name):
+        return next((c for key, c in colors.items() if key in name), "#888888")
+
+    def label(name):
+        name = name.replace("void ", "")
+        return name.split("<")[0][:34]
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 70}" '
+           f'height="{top + row * len(kernels) + 40}" font-family="sans-serif" font-size="11">',
+           f'<text x="10" y="20" font-size="13">{title}</text>']
+    latest = t0
+    for i, (start, end, name, blocks, *_) in enumerate(kernels):
+        y = top + i * row
+        x0, x1 = left + (start - t0) * scale, left + (end - t0) * scale
+        xl = left + (max(latest, start) - t0) * scale
+        c = kind(name)
+        text = labels[i % len(labels)] if labels else label(name)
+        out.append(f'<text x="{left - 6}" y="{y + 12}" text-anchor="end">{text} ({blocks} blocks)</text>')
+        out.append(f'<rect x="{x0:.1f}" y="{y + 2}" width="{max(xl - x0, 0):.1f}" height="{row - 5}" fill="{c}" '
+                   f'opacity="0.25"/>')
+        out.append(f'<rect x="{xl:.1f}" y="{y + 2}" width="{max(x1 - xl, 0.5):.1f}" height="{row - 5}" fill="{c}"/>')
+        share = max(0, end - latest) / 1e3
+        out.append(f'<text x="{x1 + 4:.1f}" y="{y + 12}" fill="#444">+{share:.1f}</text>')
+        latest = max(latest, end)
+    axis_y = top + row * len(kernels) + 8
+    out.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + width}" y2="{axis_y}" stroke="#000"/>')
+    step = 10 if span / 1e3 > 40 else 5
+    for us in range(0, int(span / 1e3) + 1, step):
+        x = left + us * 1e3 * scale
+        out.append(f'<line x1="{x:.1f}" y1="{axis_y}" x2="{x:.1f}" y2="{axis_y + 4}" stroke="#000"/>')
+        out.append(f'<text x="{x:.1f}" y="{axis_y + 16}" text-anchor="middle">{us} us</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
 
 
 def report(graph, steps, a):
