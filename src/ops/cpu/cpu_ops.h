@@ -11,7 +11,7 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
 void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
 void add_inplace(Tensor& h, const Tensor& x);
 void silu_mul_halves(const Tensor& gate_up, Tensor& out);
-// dst [T, w] = columns [offset, offset + w) of x [T, n].
+// x [T, n] into parts [T, w_i]: its column blocks in order (the widths sum to n).
 void split_columns(const Tensor& x, std::vector<Tensor>& parts);
 
 void rope(Tensor& x, const std::vector<int32_t>& positions, const RopeTable& table);

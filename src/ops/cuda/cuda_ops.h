@@ -12,7 +12,7 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
 void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
 void add_inplace(Tensor& h, const Tensor& x);
 void silu_mul_halves(const Tensor& gate_up, Tensor& out);
-// dst [T, w] = columns [offset, offset + w) of x [T, n].
+// x [T, n] into parts [T, w_i]: its column blocks in order (the widths sum to n).
 void split_columns(const Tensor& x, std::vector<Tensor>& parts);  // at most 4 parts, one launch
 void add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& out);
 // The fused decode forms (ops.h); each returns false when the decode matvec does
