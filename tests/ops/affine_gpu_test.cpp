@@ -549,7 +549,8 @@ TEST_F(Affine, DequantizeAndEmbedMatchTheReference) {
       }
 }
 
-// GB/s of the decode matvec on Llama-3-8B's matrices (bytes: packed words,
+// GB/s of the decode matvec on Llama-3-8B's matrices (and, named by
+// MERE_AFFINE_TIMING only, Qwen3-30B-A3B's attention and router; bytes: packed words,
 // scales and biases; bf16 weights for the dense kernel), and the fraction of
 // the H200's 4.2 TB/s copy bandwidth. Programmatic launch and split-K on, as
 // a decode step runs. Nothing is asserted.
