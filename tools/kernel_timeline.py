@@ -12,7 +12,8 @@ With --svg, one step's kernels (from --svg-from, --svg-kernels of them) of the g
 before the step's latest end so far pale (overlapped, or waiting), the share dark.
 
 usage: kernel_timeline.py TIMELINE.csv [--steps N] [--show K] [--min-launches L]
-                          [--svg OUT.svg [--graph G] [--svg-from K] [--svg-kernels N] [--title T]]
+                          [--svg OUT.svg [--graph G] [--svg-from K] [--svg-kernels N] [--title T]
+                           [--labels NAME,NAME,...]]
 """
 import argparse
 import collections
