@@ -56,11 +56,10 @@ def main():
     drawn = False
     for graph, steps in sorted(graphs.items(), key=lambda kv: min(k[0] for k in kv[1][0])):
         if len(steps) >= a.min_launches:
-            report(graph, steps, a)
+            last = report(graph, steps, a)
             if a.svg and not drawn and (a.graph is None or a.graph == graph):
-                last = sorted(steps, key=lambda v: min(k[0] for k in v))[-1]
                 labels = [x.strip() for x in a.labels.split(",")] if a.labels else []
-                draw(sorted(last)[a.svg_from : a.svg_from + a.svg_kernels], a.svg, a.title or f"graph {graph}", labels)
+                draw(last[a.svg_from : a.svg_from + a.svg_kernels], a.svg, a.title or f"graph {graph}", labels)
                 drawn = True
 
 
@@ -110,6 +109,7 @@ def draw(kernels, path, title, labels):
 
 
 def report(graph, steps, a):
+    """Prints a graph's shares; returns its last step's kernels, sorted by start."""
     steps = sorted(steps, key=lambda v: min(k[0] for k in v))[-a.steps:]
     share = collections.defaultdict(float)
     duration = collections.defaultdict(float)
@@ -140,6 +140,7 @@ def report(graph, steps, a):
               f"{blocks:>5}x{threads:<4} {int(smem) // 1024:4d} KB  {name}")
         latest = max(latest, end)
     print()
+    return step
 
 
 if __name__ == "__main__":
