@@ -94,6 +94,12 @@ struct Levers {
   // the demo converted to FP8, KL 1.1e-7 nats, greedy 100%; Llama-3-8B shape
   // +8% at batch 1, x3 at batch 8 (docs/levers.md).
   bool tensor_core_fp8_matvec = true;
+  // MoE experts' decode (2 kernels) on the integer tensor cores for MLX affine
+  // experts: x and the activations converted once into three s8 digits (23
+  // bits per group, as tensor_core_affine_matvec), gate/up and down as mma
+  // matvecs over each token's chosen experts, down's slots added in order.
+  // Two prepare kernels more a layer. Off until measured (docs/levers.md).
+  bool tensor_core_moe_matvec = false;
   // Prefill of MLX affine (int8/int4) weights on a GEMM that dequantizes its
   // tiles in registers (wgmma) instead of writing a bf16 copy of each weight
   // first: 9 to 384 tokens of matrices of 2^24 weights or more; longer prompts
@@ -121,7 +127,8 @@ struct Levers {
   // MERERUN_FUSED_NORM_MATVEC (0|1|auto), MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC,
-  // MERERUN_TENSOR_CORE_FP8_MATVEC, MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto), MERERUN_PSI_FUSED_MOE,
+  // MERERUN_TENSOR_CORE_FP8_MATVEC, MERERUN_TENSOR_CORE_MOE_MATVEC, MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto),
+  // MERERUN_PSI_FUSED_MOE,
   // MERERUN_PREFIX_CACHE (0|1)
   // override the defaults.
   static Levers from_env();
@@ -131,7 +138,7 @@ struct Levers {
                   .fused_norm_matvec = LeverMode::off, .programmatic_launch = false, .matvec_split_k = false,
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,
                   .tensor_core_affine_matvec = false, .int16_activation_matvec = false,
-                  .tensor_core_fp8_matvec = false,
+                  .tensor_core_fp8_matvec = false, .tensor_core_moe_matvec = false,
                   .tensor_core_affine_gemm = LeverMode::off,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false};

@@ -77,6 +77,7 @@ struct LaunchSettings {
   // to 15 bits per group (two base-256 digits, four tokens an mma) instead of 23.
   bool int16_activation_matvec = false;
   bool tensor_core_fp8_matvec = false;  // lever tensor_core_fp8_matvec: FP8 decode matvecs on mma
+  bool tensor_core_moe_matvec = false;  // lever tensor_core_moe_matvec: affine MoE experts' decode on mma
   // Lever tensor_core_affine_gemm: affine prefill on the GEMM that dequantizes its
   // tiles, where it measured faster (auto), or at every size (on).
   bool tensor_core_affine_gemm = false;

@@ -112,5 +112,23 @@ TEST(Levers, TensorCoreFp8MatvecIsACudaLever) {
   }
 }
 
+// tensor_core_moe_matvec: off by default, a CUDA lever switched by its variable.
+TEST(Levers, TensorCoreMoeMatvecIsACudaLever) {
+  EXPECT_FALSE(Levers{}.tensor_core_moe_matvec);
+  EXPECT_FALSE(Levers::all_off().tensor_core_moe_matvec);
+  Levers on_cpu;
+  on_cpu.tensor_core_moe_matvec = true;
+  EXPECT_FALSE(on_cpu.load_options(Device::cpu).tensor_core_moe_matvec);
+  EXPECT_TRUE(on_cpu.load_options(Device::cuda).tensor_core_moe_matvec);
+  for (const char* value : {"0", "1"}) {
+    ScopedEnv env("MERERUN_TENSOR_CORE_MOE_MATVEC", value);
+    const bool on = value[0] == '1';
+    EXPECT_EQ(Levers::from_env().tensor_core_moe_matvec, on);
+    EXPECT_EQ(Levers::from_env().load_options(Device::cuda).tensor_core_moe_matvec, on);
+    const std::string described = std::string("tensor_core_moe_matvec=") + (on ? "on" : "off");
+    EXPECT_NE(Levers::from_env().describe(Device::cuda).find(described), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace mere

@@ -116,6 +116,86 @@ TEST_F(MoeOpsGpu, DecodeMatchesCpuAtUnevenShapesAndEveryGroupSize) {
     }
 }
 
+// Lever tensor_core_moe_matvec: the affine experts' decode on the integer tensor
+// cores (x and the activations in three s8 digits, 23 bits per group) against
+// the CPU's f32 arithmetic, for every bits / group / scale dtype, fused and
+// separate gate/up, k of 1, 2 and 8 slots and 1 to 8 tokens, with tokens
+// sharing experts (E = 12 at k = 8). It runs two prepare and two mma kernels;
+// k = 3 (not a divisor of the 8 warps) and int4 gate with int8 down fall back
+// or mix as they should.
+class MoeTensorCoreGpu : public test::NeedsGpuDefaultLaunch {};
+
+TEST_F(MoeTensorCoreGpu, DecodeMatchesCpuForEveryFormatSlotCountAndBatch) {
+  struct Case {
+    std::string format;
+    int group;
+    int64_t k, f, d;
+    DType scales;
+  };
+  const int64_t E = 12;
+  for (const Case& s : {Case{"int4", 64, 8, 256, 512, DType::bf16}, Case{"int4", 32, 2, 512, 256, DType::f16},
+                        Case{"int4", 128, 1, 256, 768, DType::f32}, Case{"int8", 32, 8, 128, 256, DType::bf16},
+                        Case{"int8", 64, 4, 384, 512, DType::bf16}, Case{"int8", 128, 8, 256, 1024, DType::f16}})
+    for (bool fused : {false, true}) {
+      ops::ExpertWeights w = random_experts(E, s.f, s.d, s.format, fused, s.group);
+      for (Weight* m : {&w.gate, &w.up, &w.gate_up, &w.down}) {
+        if (!m->defined()) continue;
+        AffineWeight a = m->affine();
+        a.scales = a.scales.to(s.scales);
+        a.biases = a.biases.to(s.scales);
+        *m = Weight(std::move(a), m->cols());
+      }
+      const ops::ExpertWeights wg = on_gpu(w);
+      for (int64_t T : {1, 2, 5, 8}) {
+        const Tensor x = random({T, s.d}, DType::f32, 90 + uint64_t(T));
+        const ops::MoeChoice c =
+            ops::moe_route(random({T, E}, DType::f32, 91, 2.0f), {.top_k = int(s.k), .renormalize = true});
+        const std::string label = s.format + " g" + std::to_string(s.group) + " k=" + std::to_string(s.k) +
+                                  " f=" + std::to_string(s.f) + " d=" + std::to_string(s.d) + (fused ? " fused" : "") +
+                                  " T=" + std::to_string(T);
+        ops::set_launch_settings({.tensor_core_moe_matvec = true});
+        const Tensor xg = gpu(x);
+        const ops::MoeChoice cg = on_gpu(c);
+        const auto kernels = test::kernel_launches_by([&] { ops::moe_experts(xg, wg, cg); });
+        const Tensor got = ops::moe_experts(xg, wg, cg);
+        ops::set_launch_settings({});
+        size_t mma = 0;
+        for (const auto& k : kernels) mma += k.name.find("affine_matvec_mma_kernel") != std::string::npos;
+        EXPECT_EQ(kernels.size(), 4u) << label;
+        EXPECT_EQ(mma, 2u) << label;
+        EXPECT_LE(relative_error(got, ops::moe_experts(x, w, c), label), 1e-5f);
+      }
+    }
+}
+
+TEST_F(MoeTensorCoreGpu, FallsBackWhereItCannotRunAndMixesFormats) {
+  const int64_t E = 12, f = 256, d = 512, T = 3;
+  const Tensor x = random({T, d}, DType::f32, 95);
+  // k = 3 slots: not a divisor of the block's 8 warps, so the CUDA-core kernels run.
+  {
+    const ops::ExpertWeights w = random_experts(E, f, d, "int4", false), wg = on_gpu(w);
+    const ops::MoeChoice c = ops::moe_route(random({T, E}, DType::f32, 96, 2.0f), {.top_k = 3}), cg = on_gpu(c);
+    const Tensor xg = gpu(x);
+    ops::set_launch_settings({.tensor_core_moe_matvec = true});
+    const auto kernels = test::kernel_launches_by([&] { ops::moe_experts(xg, wg, cg); });
+    const Tensor got = ops::moe_experts(xg, wg, cg);
+    ops::set_launch_settings({});
+    for (const auto& k : kernels) EXPECT_EQ(k.name.find("mma"), std::string::npos) << k.name;
+    EXPECT_LE(relative_error(got, ops::moe_experts(x, w, c), "k=3 falls back"), 1e-4f);
+  }
+  // int4 gate/up with int8 down (MLX per-layer overrides): each half in its own format.
+  {
+    ops::ExpertWeights w = random_experts(E, f, d, "int4", false);
+    w.down = random_experts(E, f, d, "int8", false).down;
+    const ops::ExpertWeights wg = on_gpu(w);
+    const ops::MoeChoice c = ops::moe_route(random({T, E}, DType::f32, 97, 2.0f), {.top_k = 8});
+    ops::set_launch_settings({.tensor_core_moe_matvec = true});
+    const Tensor got = ops::moe_experts(gpu(x), wg, on_gpu(c));
+    ops::set_launch_settings({});
+    EXPECT_LE(relative_error(got, ops::moe_experts(x, w, c), "int4 gate/up, int8 down"), 1e-5f);
+  }
+}
+
 TEST_F(MoeOpsGpu, SkewedRoutingAllTokensToOneExpertLeavesOthersEmpty) {
   const int64_t E = 8, f = 64, d = 64, T = 200;  // 200 rows: four row tiles of one expert, seven empty experts
   const ops::ExpertWeights w = random_experts(E, f, d, "bf16", false);

@@ -60,6 +60,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 #include "ops/cuda/matvec_tiles.cuh"
+#include "ops/cuda/moe_launchers.h"
 
 namespace mere::cuda {
 namespace {
@@ -123,7 +124,20 @@ struct Problem {
   int n_groups;     // of the launch's columns
   int split;        // warps per tile
   int n_units;      // units of kWarps / split tiles
+  // Mixture of experts (kMode != kDense): blockIdx.y picks the token's image and
+  // the experts' rows (moe_launchers.h). Gate/up: a block per (token, slot)
+  // pair, rows [0, d_ff) from the gate stack at packed, [d_ff, 2 d_ff) from
+  // the up stack; y [2][pairs][d_ff], gate then up. Down: a block per token,
+  // one warp per slot (split = k) over its expert's rows, y [T][out].
+  const int32_t* ids;  // [T, k]
+  int k, d_ff, pairs;
+  int64_t expert_stride;  // rows from one expert's first row to the next's
+  const uint8_t* up_packed;
+  const void *up_scales, *up_biases;
+  int64_t image_bytes;    // one token's staged image
 };
+
+constexpr int kDense = 0, kMoeGateUp = 1, kMoeDown = 2;  // what a matvec launch computes
 
 // The converted x, and the start of a block's shared memory: digit rows
 // [digits T][in + pad] s8, then per group, mma and lane quad q the float2
@@ -244,6 +258,13 @@ struct Prepare {
   int64_t x_bytes, part_bytes;
   const float *split_max, *split_sum;  // kAttentionSplits: [T, heads, splits]
   int splits, head_dim;
+  // kSiluGated for the experts' down: input column e is scaled by the routing
+  // weight pair_weights[e / pair_cols] of its (token, slot) pair.
+  const float* pair_weights;
+  int pair_cols;
+  // The next kernel may start only after this one's wait, so that it can read
+  // what the kernel before this one wrote (the routing's ids) before its own.
+  bool allow_after_wait;
 };
 
 // Column e of the row: its part's image, and its column there.
@@ -267,8 +288,9 @@ __device__ __forceinline__ void load_input(const Prepare& p, int t, int e, bool 
     const float4* up = reinterpret_cast<const float4*>(row + p.full + e);
     const float4 c = active ? __ldg(up) : make_float4(0, 0, 0, 0), d = active ? __ldg(up + 1) : c;
     const float u[8] = {c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
+    const float w = p.pair_weights ? __ldg(p.pair_weights + e / p.pair_cols) : 1.0f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * u[j];
+    for (int j = 0; j < 8; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * u[j] * w;
   }
 }
 
@@ -279,8 +301,9 @@ __device__ __forceinline__ void load_input(const Prepare& p, int t, int e, bool 
 // RMSNorm: one block a token left the other SMs idle at one token.
 template <int kBits, int kGroup, int kDigits, int kKind, typename N>
 __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
-  allow_next_kernel();
+  if (!p.allow_after_wait) allow_next_kernel();
   wait_for_previous_kernel();
+  if (p.allow_after_wait) allow_next_kernel();
   const int runs = p.full / 8, lane = threadIdx.x % 32;
   if constexpr (kKind != int(AffineMmaInput::Kind::rms_normed)) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;  // T * runs is a multiple of G / 8
@@ -429,7 +452,7 @@ __device__ __forceinline__ float unpack_scale(const uint32_t* words, int i) {
 
 // Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
 // 16 rows, warp w its tile w / split and the share w % split of its stages.
-template <int kBits, int kGroup, typename S, int kMmas, int kDigits>
+template <int kBits, int kGroup, typename S, int kMmas, int kDigits, int kMode>
 __global__ void __launch_bounds__(kWarps * 32)
     affine_matvec_mma_kernel(const __grid_constant__ Problem p) {
   using Sh = Shape<kBits, kGroup, S>;
@@ -459,6 +482,36 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kSb = Sh::kScaleRowBytes;
   constexpr int kSbCopy = kSb < 16 ? kSb : 16;  // bytes per copy of a row's scales (or biases)
 
+  // Mixture of experts: the block's token and, per tile row, its expert's row.
+  // Down: warp part s reads slot s's expert over the stages [s, s + 1) row_bytes
+  // of the slots' concatenated row, so its row pointers start s rows early.
+  int token = 0, slot = 0;
+  int64_t expert_row0 = 0, up_row0 = 0;
+  if constexpr (kMode == kMoeGateUp) {
+    const int pair = blockIdx.y;
+    token = pair / p.k;
+    expert_row0 = int64_t(p.ids[pair]) * p.expert_stride;
+    up_row0 = expert_row0 - p.d_ff;
+  } else if constexpr (kMode == kMoeDown) {
+    token = blockIdx.y;
+    expert_row0 = int64_t(p.ids[token * p.k + part]) * p.expert_stride;
+    slot = part;
+  }
+  // Row `row`'s codes, and its scales (or biases) pointer, as the tile's copies take them.
+  auto codes_of = [&](int row) -> const uint8_t* {
+    if constexpr (kMode == kMoeGateUp)
+      if (row >= p.d_ff) return p.up_packed + (up_row0 + row) * row_bytes;
+    return p.packed + (expert_row0 + row - slot) * row_bytes;
+  };
+  auto scales_of = [&](int row, bool biases) -> const uint8_t* {
+    if constexpr (kMode == kMoeGateUp)
+      if (row >= p.d_ff)
+        return static_cast<const uint8_t*>(biases ? p.up_biases : p.up_scales) +
+               (up_row0 + row) * p.scale_stride * int64_t(sizeof(S));
+    return static_cast<const uint8_t*>(biases ? p.biases : p.scales) +
+           (expert_row0 + row - slot) * p.scale_stride * int64_t(sizeof(S));
+  };
+
   // Copy u of a lane takes chunk lane % kChunks of row lane / kChunks + u kCopyRows;
   // lanes 0-15 copy row lane's scales, 16-31 row lane - 16's biases. Shared
   // addresses are kept as offsets so that the copies take them as immediates.
@@ -475,11 +528,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int u = 0; u < kCopies; ++u) {
       const int row = min(issue_row0 + lane / kChunks + u * kCopyRows, p.out - 1);
-      copy_src[u] = p.packed + row * row_bytes + (lane % kChunks) * 16;
+      copy_src[u] = codes_of(row) + (lane % kChunks) * 16;
     }
-    const int row = min(issue_row0 + lane % kTileRows, p.out - 1);
-    scale_src = static_cast<const uint8_t*>(lane < kTileRows ? p.scales : p.biases) +
-                int64_t(row) * p.scale_stride * sizeof(S);
+    scale_src = scales_of(min(issue_row0 + lane % kTileRows, p.out - 1), lane >= kTileRows);
   };
   point_at_tile();
   uint32_t issue_addr = ring_addr;
@@ -522,7 +573,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   };
   read_tile_addends((int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows);
-  tiles::load_staged_x(smem, p.staged, p.staged_bytes);
+  tiles::load_staged_x(smem, p.staged + token * p.image_bytes, p.staged_bytes);
 
   float acc[kMmas][2] = {};  // per mma: rows g and g + 8 of the lane's columns
   // B: lane g loads column 8 m + g, digit g % 4 of token 2 m + g / 4 (3
@@ -619,6 +670,11 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int t = token_of(m, q);
         if (t >= p.T) continue;
         float* y = p.y + int64_t(t) * p.out;
+        if constexpr (kMode == kMoeGateUp)  // gate rows to y[0][pair], up rows to y[1][pair]
+          y = p.y + (row0 < p.d_ff ? int64_t(blockIdx.y) * p.d_ff
+                                   : (int64_t(p.pairs) + blockIdx.y) * p.d_ff - p.d_ff);
+        else if constexpr (kMode == kMoeDown)
+          y = p.y + int64_t(token) * p.out;
         if (row0 + g < p.out) y[row0 + g] = prior[m][0] + (top + bias[0]);
         if (row0 + g + 8 < p.out) y[row0 + g + 8] = prior[m][1] + (bottom + bias[1]);
       }
@@ -639,7 +695,9 @@ using tiles::max_smem;
 template <int kBits, int kGroup, typename S, int kMmas, int kDigits>
 struct Variant {
   using Sh = Shape<kBits, kGroup, S>;
-  static constexpr auto kernel = affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits>;
+  template <int kMode>
+  static constexpr auto kernel_for = affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits, kMode>;
+  static constexpr auto kernel = kernel_for<kDense>;
 
   static Layout layout_for(int64_t in, int64_t T) {
     return layout(int(in), kGroup, int(T), kDigits, Sh::kStageBytes, Sh::kStages);
@@ -669,13 +727,92 @@ struct Variant {
     const int parts = parts_for(w, T);
     return parts > 0 ? parts * part_image_bytes(w.in / parts, T) : 0;
   }
+  template <int kMode = kDense>
   static int blocks_per_sm(int64_t smem) {
     static const cudaError_t raised =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
+        cudaFuncSetAttribute(kernel_for<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
     (void)raised;
     int blocks = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, size_t(smem));
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel_for<kMode>, kWarps * 32, size_t(smem));
     return blocks;
+  }
+
+  // The experts' decode matvecs, one token's image (T = 1 layout) per block.
+  // Whether matrix `m` can be read in whole stages, with `in` columns a block.
+  static bool moe_fits(const ExpertMatrix& m, int64_t in) {
+    constexpr uintptr_t kScaleCopy = Sh::kScaleRowBytes < 16 ? Sh::kScaleRowBytes : 16;
+    return m.cols % Sh::kStageValues == 0 && reinterpret_cast<uintptr_t>(m.w) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(m.scales) % kScaleCopy == 0 &&
+           reinterpret_cast<uintptr_t>(m.biases) % kScaleCopy == 0 && layout_for(in, 1).total <= max_smem();
+  }
+  // Gate/up (kMoeGateUp: `m` the gate stack, `up` the up stack) or down
+  // (kMoeDown: `m` the down stack, `in` = k columns of it) over the images at `staged`.
+  template <int kMode>
+  static cudaError_t launch_moe(const MoeExpertsArgs& a, const ExpertMatrix& m, const ExpertMatrix& up, int64_t in,
+                                const uint8_t* staged, float* y, cudaStream_t stream) {
+    const Layout l = layout_for(in, 1);
+    const int per_sm = blocks_per_sm<kMode>(l.total);
+    if (per_sm < 1) return cudaErrorInvalidValue;
+    const int64_t slots = int64_t(per_sm) * sm_count();
+    const int64_t blocks_y = kMode == kMoeGateUp ? a.T * a.k : a.T;  // pairs, or tokens
+    const int out = int(kMode == kMoeGateUp ? 2 * a.d_ff : a.d_model);
+    const int n_tiles = (out + kTileRows - 1) / kTileRows, row_stages = int(in / Sh::kStageValues);
+    Problem p{};
+    p.packed = static_cast<const uint8_t*>(m.w);
+    p.scales = m.scales;
+    p.biases = m.biases;
+    p.row_bytes = m.cols * kBits / 8;
+    p.scale_stride = int(m.cols / kGroup);
+    p.staged = staged;
+    p.x_stride = l.x_stride;
+    p.x_bytes = l.x_bytes;
+    p.staged_bytes = l.staged_bytes;
+    p.image_bytes = part_image_bytes(in, 1);
+    p.y = y;
+    p.in = int(in);
+    p.out = out;
+    p.T = 1;
+    p.n_groups = int(in / kGroup);
+    // Down: a warp per slot (its expert's stages of the concatenated row).
+    p.split = kMode == kMoeDown ? int(a.k)
+                                : tiles::split_for(int(n_tiles * blocks_y), row_stages, slots, Sh::kStages - 1);
+    p.n_units = (n_tiles + kWarps / p.split - 1) / (kWarps / p.split);
+    p.ids = a.ids;
+    p.k = int(a.k);
+    p.d_ff = int(a.d_ff);
+    p.pairs = int(a.T * a.k);
+    p.expert_stride = m.expert_stride;
+    p.up_packed = static_cast<const uint8_t*>(up.w);
+    p.up_scales = up.scales;
+    p.up_biases = up.biases;
+    const int64_t per_y = std::max<int64_t>(1, slots / blocks_y);
+    const dim3 grid(unsigned(std::min<int64_t>(p.n_units, per_y)), unsigned(blocks_y));
+    return launch_kernel(kernel_for<kMode>, grid, dim3(kWarps * 32), size_t(l.total), stream, p);
+  }
+  // One launch of the prepare kernel: x [T, d] or the gate/up products [2][pairs][d_ff]
+  // (silu-gated, scaled by the routing weights) into one image per token of `in` columns.
+  static cudaError_t prepare_moe(const float* x, int64_t T, int64_t in, const float* pair_weights, int64_t pair_cols,
+                                 uint8_t* staged, cudaStream_t stream) {
+    const Layout l = layout_for(in, 1);
+    Prepare prep{};
+    prep.x = x;
+    prep.full = int(T * in);  // the tokens' rows as one row, each token's columns a part
+    prep.T = 1;
+    prep.part = int(in);
+    prep.x_stride = l.x_stride;
+    prep.staged = staged;
+    prep.x_bytes = l.x_bytes;
+    prep.part_bytes = part_image_bytes(in, 1);
+    prep.pair_weights = pair_weights;
+    prep.pair_cols = int(pair_cols);
+    prep.allow_after_wait = true;  // the matvec after it reads the routing's ids before its wait
+    using Kind = AffineMmaInput::Kind;
+    const dim3 grid(unsigned(ceil_div(T * in / 8, 256)));
+    if (pair_weights)
+      return launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, kDigits, int(Kind::silu_gated), float>, grid,
+                           dim3(256), 0, stream, prep);
+    return launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, kDigits, int(Kind::plain), float>, grid, dim3(256),
+                         0, stream, prep);
   }
 
   static cudaError_t launch(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y, int64_t T,
@@ -708,7 +845,8 @@ struct Variant {
     const int64_t part_bytes = part_image_bytes(in, T);
     const Prepare prep{input.x,         input.norm_w,    input.eps,    int(w.in),     int(T),
                        int(in),         l.x_stride,      static_cast<uint8_t*>(scratch), l.x_bytes, part_bytes,
-                       input.split_max, input.split_sum, input.splits, input.head_dim};
+                       input.split_max, input.split_sum, input.splits, input.head_dim,
+                       nullptr,         0,               false};
     const dim3 runs_grid(unsigned(ceil_div(int(T * w.in / 8), 256)));          // a thread a run
     const dim3 token_grid(unsigned(ceil_div(int(w.in / 8), 256)), unsigned(T));  // kRmsNormed
     using Kind = AffineMmaInput::Kind;
@@ -783,7 +921,85 @@ bool shape_supported(const AffineArgs& w, int64_t T, int digits) {
   return reinterpret_cast<uintptr_t>(w.packed) % 16 == 0;
 }
 
+// Calls fn with the one-token Variant (three digits) for an expert stack's format.
+template <typename Fn>
+cudaError_t visit_expert_variant(const ExpertMatrix& m, Fn&& fn) {
+  return visit_float(m.dtype, [&]<typename S>() {
+    auto by_group = [&]<int kBits>() {
+      if (m.group_size == 32) fn(Variant<kBits, 32, S, 1, 3>{});
+      else if (m.group_size == 64) fn(Variant<kBits, 64, S, 1, 3>{});
+      else fn(Variant<kBits, 128, S, 1, 3>{});
+    };
+    m.bits == 4 ? by_group.template operator()<4>() : by_group.template operator()<8>();
+  });
+}
+
+bool same_format(const ExpertMatrix& a, const ExpertMatrix& b) {
+  return a.bits == b.bits && a.group_size == b.group_size && a.dtype == b.dtype && a.cols == b.cols &&
+         a.expert_stride == b.expert_stride;
+}
+
+// Where the experts' decode keeps its scratch: x's images, the gate/up products, the activations' images.
+struct MoeScratch {
+  int64_t x_images = 0, products = 0, act_images = 0, total = 0;
+};
+MoeScratch moe_scratch(const MoeExpertsArgs& a) {
+  MoeScratch s;
+  int64_t x_image = 0, act_image = 0;
+  visit_expert_variant(a.gate, [&](auto v) { x_image = decltype(v)::part_image_bytes(a.d_model, 1); });
+  visit_expert_variant(a.down, [&](auto v) { act_image = decltype(v)::part_image_bytes(a.k * a.d_ff, 1); });
+  auto round = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  s.products = round(a.T * x_image);
+  s.act_images = s.products + round(2 * a.T * a.k * a.d_ff * int64_t(sizeof(float)));
+  s.total = s.act_images + round(a.T * act_image);
+  return s;
+}
+
 }  // namespace
+
+bool moe_experts_mma_supports(const MoeExpertsArgs& a) {
+  const bool affine = a.gate.bits != 0 && a.down.bits != 0;
+  if (!affine || !same_format(a.gate, a.up) || a.T < 1 || a.T > 8 || a.k < 1 || kWarps % a.k != 0 ||
+      a.d_ff % kTileRows != 0 || a.T * a.k > 65535)
+    return false;
+  for (const ExpertMatrix* m : {&a.gate, &a.up, &a.down})
+    if ((m->bits != 4 && m->bits != 8) || (m->group_size != 32 && m->group_size != 64 && m->group_size != 128))
+      return false;
+  bool fits = false;
+  visit_expert_variant(a.gate, [&](auto v) {
+    using V = decltype(v);
+    fits = V::moe_fits(a.gate, a.d_model) && V::moe_fits(a.up, a.d_model);
+  });
+  if (!fits) return false;
+  visit_expert_variant(a.down, [&](auto v) { fits = decltype(v)::moe_fits(a.down, a.k * a.d_ff); });
+  return fits;
+}
+
+int64_t moe_experts_mma_scratch_bytes(const MoeExpertsArgs& a) { return moe_scratch(a).total; }
+
+cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream) {
+  if (!moe_experts_mma_supports(a) || reinterpret_cast<uintptr_t>(a.x) % 16 ||
+      reinterpret_cast<uintptr_t>(scratch) % 256)
+    return cudaErrorInvalidValue;
+  const MoeScratch s = moe_scratch(a);
+  uint8_t* base = static_cast<uint8_t*>(scratch);
+  float* products = reinterpret_cast<float*>(base + s.products);
+  cudaError_t status = cudaSuccess;
+  cudaError_t dispatch = visit_expert_variant(a.gate, [&](auto v) {
+    using V = decltype(v);
+    status = V::prepare_moe(a.x, a.T, a.d_model, nullptr, 0, base, stream);
+    if (status == cudaSuccess)
+      status = V::template launch_moe<kMoeGateUp>(a, a.gate, a.up, a.d_model, base, products, stream);
+  });
+  if (status != cudaSuccess || dispatch != cudaSuccess) return status != cudaSuccess ? status : dispatch;
+  dispatch = visit_expert_variant(a.down, [&](auto v) {
+    using V = decltype(v);
+    status = V::prepare_moe(products, a.T, a.k * a.d_ff, a.weights, a.d_ff, base + s.act_images, stream);
+    if (status == cudaSuccess)
+      status = V::template launch_moe<kMoeDown>(a, a.down, a.down, a.k * a.d_ff, base + s.act_images, a.out, stream);
+  });
+  return status != cudaSuccess ? status : dispatch;
+}
 
 bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T, int digits) {
   if (!shape_supported(w, T, digits)) return false;

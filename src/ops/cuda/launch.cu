@@ -1,7 +1,7 @@
 // Launch settings the kernel launchers share (levers programmatic_launch,
 // matvec_split_k, fp8_activation_gemm, int8_activation_matvec,
 // tensor_core_kv_attention, tensor_core_affine_matvec, int16_activation_matvec,
-// tensor_core_fp8_matvec, tensor_core_affine_gemm, rope_in_attention and
+// tensor_core_fp8_matvec, tensor_core_moe_matvec, tensor_core_affine_gemm, rope_in_attention and
 // wide_attention_blocks), the decode step's key count, and device queries.
 #include <algorithm>
 
@@ -18,6 +18,7 @@ bool tensor_core_kv_attention = false;
 bool tensor_core_affine_matvec = false;
 bool int16_activation_matvec = false;
 bool tensor_core_fp8_matvec = false;
+bool tensor_core_moe_matvec = false;
 bool tensor_core_affine_gemm = false;
 bool affine_gemm_every_size = false;
 bool rope_in_attention = false;
@@ -42,6 +43,8 @@ bool int16_activation_matvec_enabled() { return int16_activation_matvec; }
 void set_int16_activation_matvec(bool on) { int16_activation_matvec = on; }
 bool tensor_core_fp8_matvec_enabled() { return tensor_core_fp8_matvec; }
 void set_tensor_core_fp8_matvec(bool on) { tensor_core_fp8_matvec = on; }
+bool tensor_core_moe_matvec_enabled() { return tensor_core_moe_matvec; }
+void set_tensor_core_moe_matvec(bool on) { tensor_core_moe_matvec = on; }
 bool rope_in_attention_enabled() { return rope_in_attention; }
 void set_rope_in_attention(bool on) { rope_in_attention = on; }
 bool wide_attention_blocks_enabled() { return wide_attention_blocks; }

@@ -69,6 +69,10 @@ bool int16_activation_matvec_enabled();
 // fp8_matvec_mma.cu); off: the CUDA-core kernel. Off unless set.
 void set_tensor_core_fp8_matvec(bool on);
 bool tensor_core_fp8_matvec_enabled();
+// MLX affine MoE experts' decode on the tensor cores (lever tensor_core_moe_matvec,
+// launch_moe_experts_mma); off: the CUDA-core kernels. Off unless set.
+void set_tensor_core_moe_matvec(bool on);
+bool tensor_core_moe_matvec_enabled();
 bool tensor_core_affine_matvec_enabled();
 // MLX affine prefill on the GEMM that dequantizes its tiles (lever
 // tensor_core_affine_gemm, affine_gemm.cu): where affine_ops.cpp measured it

@@ -292,54 +292,66 @@ size_t staged_bytes(int64_t n) {
   return size_t(n) * sizeof(float) + size_t(n / F::kValues) * sizeof(float);
 }
 
-// act[pair, r] = silu(gate_e[r] . x_t) * (up_e[r] . x_t), one warp per row r.
-// The first kBatch chunks of both rows are loaded before x_t is staged, so the
-// staging's latency hides behind the weights'. (Two rows a warp, sharing x's
-// reads, need more registers than three blocks an SM leave: spills, slower.)
+// act[pair, r] = silu(gate_e[r] . x_t) * (up_e[r] . x_t), one warp per row r,
+// `rows_per_warp` consecutive rows each (so a block stages x_t once for more
+// weights, and a grid of many tokens needs fewer waves of blocks). The first
+// kBatch chunks of both rows are loaded before x_t is staged, so the staging's
+// latency hides behind the weights'; the next row's before this row's sums
+// are reduced. (Two rows a warp at once, sharing x's reads, need more
+// registers than three blocks an SM leave: spills, slower.)
 template <typename F, int kBatch>
-__global__ void __launch_bounds__(kWarps * 32, 3) moe_gate_up_decode(const MoeExpertsArgs a, float* act) {
+__global__ void __launch_bounds__(kWarps * 32, 3)
+    moe_gate_up_decode(const MoeExpertsArgs a, float* act, int rows_per_warp) {
   extern __shared__ __align__(16) float4 staged[];  // x_t [d_model / 4], then chunk sums
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t pair = blockIdx.y, r = int64_t(blockIdx.x) * kWarps + warp;
+  const int64_t pair = blockIdx.y;
+  int64_t r = (int64_t(blockIdx.x) * kWarps + warp) * rows_per_warp;
+  const int64_t last_row = min(r + rows_per_warp, a.d_ff) - 1;
   wait_for_previous_kernel();
   // After the wait: the down kernel reads the routing's ids before its own wait.
   allow_next_kernel();
   const int64_t e = a.ids[pair], t = pair / a.k;
   const int n = int(a.d_model / F::kValues);
-  const bool active = r < a.d_ff;
-  const typename F::Row gate = F::row_at(a.gate, e * a.gate.expert_stride + r);
-  const typename F::Row up = F::row_at(a.up, e * a.up.expert_stride + r);
+  typename F::Row gate, up;
   uint4 wg[kBatch], wu[kBatch];
   typename F::Meta mg[kBatch], mu[kBatch];
   auto load_batch = [&](int c0) {
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int c = c0 + 32 * b;
-      if (!active || c >= n) continue;
+      if (c >= n) continue;
       wg[b] = F::load(gate, c);
       wu[b] = F::load(up, c);
       mg[b] = F::meta(gate, c);
       mu[b] = F::meta(up, c);
     }
   };
-  load_batch(lane);
+  auto start_row = [&] {
+    gate = F::row_at(a.gate, e * a.gate.expert_stride + r);
+    up = F::row_at(a.up, e * a.up.expert_stride + r);
+    load_batch(lane);
+  };
+  if (r <= last_row) start_row();
   float* sums = reinterpret_cast<float*>(staged + a.d_model / 4);
   stage_input<F::kValues>(a.x + t * a.d_model, int(a.d_model), staged, sums);
-  if (!active) return;
-  float g = 0, u = 0;
-  for (int c0 = lane; c0 < n; c0 += 32 * kBatch) {
-    if (c0 != lane) load_batch(c0);
+  for (; r <= last_row;) {
+    float g = 0, u = 0;
+    for (int c0 = lane; c0 < n; c0 += 32 * kBatch) {
+      if (c0 != lane) load_batch(c0);
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int c = c0 + 32 * b;
-      if (c >= n) continue;
-      g += F::dot(wg[b], mg[b], staged, sums, c);
-      u += F::dot(wu[b], mu[b], staged, sums, c);
+      for (int b = 0; b < kBatch; ++b) {
+        const int c = c0 + 32 * b;
+        if (c >= n) continue;
+        g += F::dot(wg[b], mg[b], staged, sums, c);
+        u += F::dot(wu[b], mu[b], staged, sums, c);
+      }
     }
+    const int64_t done = r++;
+    if (r <= last_row) start_row();
+    g = warp_sum(g);
+    u = warp_sum(u);
+    if (lane == 0) act[pair * a.d_ff + done] = g / (1.0f + __expf(-g)) * u;
   }
-  g = warp_sum(g);
-  u = warp_sum(u);
-  if (lane == 0) act[pair * a.d_ff + r] = g / (1.0f + __expf(-g)) * u;
 }
 
 // out[t, j] = sum_s weight[t, s] * (down_e[j] . act[t, s]), one warp per output j,
@@ -411,6 +423,16 @@ void with_batch(int64_t chunks_per_lane, int max_batch, Fn&& fn) {
   else if (chunks_per_lane <= 2 || max_batch == 2) fn.template operator()<2>();
   else if (chunks_per_lane <= 4 || max_batch == 4) fn.template operator()<4>();
   else fn.template operator()<8>();
+}
+
+// Rows a gate/up warp takes: the fewest whose grid fits one wave of blocks
+// (three an SM), so every block's loads start at once and x_t is staged once
+// per block for as many rows as that allows.
+int gate_up_rows_per_warp(const MoeExpertsArgs& a) {
+  const int64_t wave = 3 * int64_t(sm_count());
+  int rows = 1;
+  while (rows < 64 && ceil_div(a.d_ff, int64_t(kWarps) * rows) * a.T * a.k > wave) rows *= 2;
+  return rows;
 }
 
 // ---- prefill: sort the pairs by expert, grouped GEMMs, combine ----
@@ -636,8 +658,9 @@ cudaError_t launch_moe_experts_decode(const MoeExpertsArgs& a, float* act, cudaS
       const auto kernel = moe_gate_up_decode<F, kBatch>;
       const size_t bytes = staged_bytes<F>(a.d_model);
       if (bytes > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-      const dim3 grid(unsigned(ceil_div(a.d_ff, kWarps)), unsigned(a.T * a.k));
-      launch_kernel(kernel, grid, dim3(kWarps * 32), bytes, stream, a, act);
+      const int rows = gate_up_rows_per_warp(a);
+      const dim3 grid(unsigned(ceil_div(a.d_ff, int64_t(kWarps) * rows)), unsigned(a.T * a.k));
+      launch_kernel(kernel, grid, dim3(kWarps * 32), bytes, stream, a, act, rows);
     });
   });
   if (err != cudaSuccess) return err;

@@ -52,6 +52,18 @@ struct MoeExpertsArgs {
 // the bf16 GEMM would round). T * k <= 65535. `act` is scratch [T * k, d_ff] f32.
 cudaError_t launch_moe_experts_decode(const MoeExpertsArgs& a, float* act, cudaStream_t stream);
 
+// The same decode on the tensor cores (lever tensor_core_moe_matvec,
+// affine_matvec_mma.cu), for MLX affine experts: x converted once into exact
+// integer digits (one image per token), gate/up as mma matvecs over each
+// pair's expert rows into [2][T k][d_ff], the activations silu(gate) up times
+// the routing weight converted likewise, and down as one matvec per token over
+// the concatenation of its k experts' rows, a warp per slot, their sums added
+// in slot order. Needs T <= 8, k dividing 8, d_ff a multiple of 16 and rows of
+// whole stages; scratch of moe_experts_mma_scratch_bytes (256-byte aligned).
+bool moe_experts_mma_supports(const MoeExpertsArgs& a);
+int64_t moe_experts_mma_scratch_bytes(const MoeExpertsArgs& a);
+cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream);
+
 // Prefill: the (token, slot) pairs sorted by expert on the device, then two
 // grouped tensor-core GEMMs (bf16 inputs, f32 accumulation) in which each
 // expert's weights are read once per tile of 64 of its rows, and a combine in
