@@ -132,7 +132,9 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
         EXPECT_TRUE(same_bytes(v_cache2, v_cache)) << label << " v cache";
       }
       // In 8-warp blocks a batch of 8 runs it at the short positions (groups of 3 or more heads).
-      if (B == 8) EXPECT_EQ(ran, wide && c.heads / c.kv_heads >= 3) << c.heads << "/" << c.kv_heads << " batch of 8";
+      if (B == 8) {
+        EXPECT_EQ(ran, wide && c.heads / c.kv_heads >= 3) << c.heads << "/" << c.kv_heads << " batch of 8";
+      }
     }
   }
 }
