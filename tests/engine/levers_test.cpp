@@ -112,14 +112,12 @@ TEST(Levers, TensorCoreFp8MatvecIsACudaLever) {
   }
 }
 
-// tensor_core_moe_matvec: off by default, a CUDA lever switched by its variable.
+// tensor_core_moe_matvec: on by default, a CUDA lever switched by its variable.
 TEST(Levers, TensorCoreMoeMatvecIsACudaLever) {
-  EXPECT_FALSE(Levers{}.tensor_core_moe_matvec);
+  EXPECT_TRUE(Levers{}.tensor_core_moe_matvec);
+  EXPECT_TRUE(Levers{}.load_options(Device::cuda).tensor_core_moe_matvec);
   EXPECT_FALSE(Levers::all_off().tensor_core_moe_matvec);
-  Levers on_cpu;
-  on_cpu.tensor_core_moe_matvec = true;
-  EXPECT_FALSE(on_cpu.load_options(Device::cpu).tensor_core_moe_matvec);
-  EXPECT_TRUE(on_cpu.load_options(Device::cuda).tensor_core_moe_matvec);
+  EXPECT_FALSE(Levers{}.load_options(Device::cpu).tensor_core_moe_matvec);
   for (const char* value : {"0", "1"}) {
     ScopedEnv env("MERERUN_TENSOR_CORE_MOE_MATVEC", value);
     const bool on = value[0] == '1';
