@@ -44,6 +44,11 @@
 // columns from 4 tokens), the row is cut into launches of whole stages, each
 // adding its columns' product into y; the first kernel converts the whole row
 // once, into one image per launch.
+// The MoE experts' decode (lever tensor_core_moe_matvec, moe_launchers.h) runs
+// the same kernel in two more modes, blockIdx.y picking the work: gate/up, a
+// block row per (token, slot) pair over its expert's gate then up rows; down, a
+// block row per token over its k experts' rows side by side, warp s of a tile
+// on slot s (split = k). Their prepare kernels write one image per token.
 // Each warp streams its 16-row tiles' codes, at least 128 contiguous bytes of
 // each row a stage, with their scales and biases, through a ring of cp.async
 // stages in shared memory (several KB in flight per warp, none in registers);
@@ -939,9 +944,10 @@ bool same_format(const ExpertMatrix& a, const ExpertMatrix& b) {
          a.expert_stride == b.expert_stride;
 }
 
-// Where the experts' decode keeps its scratch: x's images, the gate/up products, the activations' images.
+// Where the experts' decode keeps its scratch: x's images (at 0), the gate/up
+// products, the activations' images.
 struct MoeScratch {
-  int64_t x_images = 0, products = 0, act_images = 0, total = 0;
+  int64_t products = 0, act_images = 0, total = 0;
 };
 MoeScratch moe_scratch(const MoeExpertsArgs& a) {
   MoeScratch s;
