@@ -211,19 +211,22 @@ TEST(MoeGpu, FusedGateUpMatchesSeparate) {
     expect_lever_parity(family, LoadOptions{.fuse_moe_gate_up = true}, 1e-5f, "fused_moe_gate_up");
 }
 
+// bf16, and FP8 experts (as Qwen3-30B-A3B-FP8 publishes them, 128x128 blocks).
 TEST(MoeGpu, Qwen3_30B_A3B_ShapeLoadsAndDecodes) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  auto model = random_model("qwen3-30b-a3b", Device::cuda);
-  EXPECT_NEAR(double(model->info().n_params), 30.5e9, 0.2e9);
-  auto state = model->make_state(64);
-  model->forward({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, *state, false);  // prefill path (T > 8)
-  Tensor logits = model->forward({13}, *state, false).to_device(Device::cpu);  // decode path
-  float max_abs = 0;
-  for (int64_t i = 0; i < logits.numel(); ++i) {
-    ASSERT_TRUE(std::isfinite(logits.at(i)));
-    max_abs = std::max(max_abs, std::fabs(logits.at(i)));
+  for (const char* quant : {"bf16", "fp8"}) {
+    auto model = random_model("qwen3-30b-a3b", Device::cuda, {}, 1, RandomQuant::parse(quant));
+    EXPECT_NEAR(double(model->info().n_params), 30.5e9, 0.2e9) << quant;
+    auto state = model->make_state(64);
+    model->forward({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, *state, false);  // prefill path (T > 8)
+    Tensor logits = model->forward({13}, *state, false).to_device(Device::cpu);  // decode path
+    float max_abs = 0;
+    for (int64_t i = 0; i < logits.numel(); ++i) {
+      ASSERT_TRUE(std::isfinite(logits.at(i))) << quant;
+      max_abs = std::max(max_abs, std::fabs(logits.at(i)));
+    }
+    EXPECT_GT(max_abs, 0.0f) << quant;
   }
-  EXPECT_GT(max_abs, 0.0f);
 }
 
 // Lever tensor_core_moe_matvec on the Qwen3-30B-A3B shape (random int4 and int8

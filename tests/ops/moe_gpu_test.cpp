@@ -1,12 +1,14 @@
 // The CUDA mixture-of-experts ops against the CPU reference on random inputs:
 // routing (ids exact, weights to f32 rounding), the experts' decode matvecs
-// (f32 arithmetic) and prefill grouped GEMMs (bf16 operands), for dense and
-// MLX affine experts, fused and separate gate/up, and skewed routing.
+// (f32 arithmetic) and prefill grouped GEMMs (bf16 operands), for dense, FP8
+// (128x128 block scales) and MLX affine experts, fused and separate gate/up,
+// and skewed routing.
 #include <gtest/gtest.h>
 
 #include "core/device.h"
 #include "gpu_test_util.h"
 #include "ops/ops.h"
+#include "quant/fp8_test_util.h"
 
 namespace mere {
 namespace {
@@ -43,12 +45,13 @@ Weight random_affine(int64_t rows, int64_t cols, int bits, int group, uint64_t s
   return Weight(std::move(a), cols);
 }
 
-// E experts [f, d] / [d, f] in `format` ("bf16", "int4", "int8"), gate and up fused or not;
+// E experts [f, d] / [d, f] in `format` ("bf16", "fp8", "int4", "int8"), gate and up fused or not;
 // affine groups of `group` (default: 64 for int4, 32 for int8).
 ops::ExpertWeights random_experts(int64_t E, int64_t f, int64_t d, const std::string& format, bool fused,
                                   int group = 0) {
   auto matrix = [&](int64_t rows, int64_t cols, uint64_t seed) {
     if (format == "bf16") return Weight(random({rows, cols}, DType::bf16, seed, 0.05f));
+    if (format == "fp8") return Weight(test::random_fp8(rows, cols, 128, seed));
     const int bits = format == "int4" ? 4 : 8;
     return random_affine(rows, cols, bits, group > 0 ? group : bits == 4 ? 64 : 32, seed);
   };
@@ -76,7 +79,7 @@ ops::MoeChoice on_gpu(const ops::MoeChoice& c) { return {gpu(c.ids), gpu(c.weigh
 
 TEST_F(MoeOpsGpu, ExpertsMatchCpuForDecodeAndPrefill) {
   const int64_t E = 16, f = 128, d = 256, k = 4;
-  for (const std::string format : {"bf16", "int4", "int8"})
+  for (const std::string format : {"bf16", "fp8", "int4", "int8"})
     for (bool fused : {false, true}) {
       const ops::ExpertWeights w = random_experts(E, f, d, format, fused), wg = on_gpu(w);
       for (int64_t T : {1, 3, 8, 9, 150}) {
@@ -103,7 +106,7 @@ TEST_F(MoeOpsGpu, DecodeMatchesCpuAtUnevenShapesAndEveryGroupSize) {
   const int64_t E = 12, k = 8;
   for (const Case& s : {Case{"int4", 32, 96, 160}, Case{"int4", 64, 192, 320}, Case{"int4", 128, 384, 128},
                         Case{"int8", 32, 160, 96}, Case{"int8", 64, 192, 2048}, Case{"int8", 128, 768, 256},
-                        Case{"int4", 64, 768, 2048}, Case{"bf16", 0, 96, 64}})
+                        Case{"int4", 64, 768, 2048}, Case{"bf16", 0, 96, 64}, Case{"fp8", 0, 256, 384}})
     for (bool fused : {false, true}) {
       const ops::ExpertWeights w = random_experts(E, s.f, s.d, s.format, fused, s.group), wg = on_gpu(w);
       for (int64_t T : {1, 2, 5}) {

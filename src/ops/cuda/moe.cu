@@ -8,6 +8,7 @@
 #include <climits>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/fp8_decode.cuh"
 #include "ops/cuda/launchers.h"
 #include "ops/cuda/moe_launchers.h"
 
@@ -256,9 +257,51 @@ struct Affine {
   }
 };
 
+// FP8 E4M3 with one f32 scale per 128x128 block (the checkpoint's
+// weight_scale_inv): w = value * scale. A chunk holds 16 values of one block;
+// the stack's block rows are the experts' (moe_matrix_supported: whole blocks).
+struct Fp8 {
+  static constexpr int kValues = 16, kBlock = 128;
+  struct Meta {
+    float scale;
+  };
+  struct Row {  // where one row's chunks and its block row of scales are
+    const uint4* chunks;
+    const float* scales;
+  };
+  __device__ static Row row_at(const ExpertMatrix& m, int64_t row) {
+    const int64_t blocks = (m.cols + kBlock - 1) / kBlock;
+    return {reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(m.w) + row * m.cols),
+            static_cast<const float*>(m.scales) + row / kBlock * blocks};
+  }
+  __device__ static uint4 load(const Row& r, int c) { return __ldg(r.chunks + c); }
+  __device__ static Meta meta(const Row& r, int c) { return {r.scales[c / (kBlock / kValues)]}; }
+  // Chunk c of a row (its bits in `chunk`) dotted with the staged input.
+  __device__ static float dot(const uint4& chunk, Meta meta, const float4* xs, const float*, int c) {
+    float w[kValues];
+    decode_chunk(chunk, w);
+    float s = 0;
+#pragma unroll
+    for (int m = 0; m < kValues / 4; ++m) s += dot4(w[4 * m], w[4 * m + 1], w[4 * m + 2], w[4 * m + 3], xs[swizzle(c * 4 + m)]);
+    return meta.scale * s;
+  }
+  // Values [k0, k0 + 16) of `row` (k0 a multiple of 16), for the prefill GEMM.
+  __device__ static void load16(const ExpertMatrix& m, int64_t row, int64_t k0, float (&v)[16]) {
+    const Row r = row_at(m, row);
+    decode_chunk(load(r, int(k0 / kValues)), v);
+    const float scale = r.scales[k0 / kBlock];
+#pragma unroll
+    for (int j = 0; j < kValues; ++j) v[j] *= scale;
+  }
+};
+
 // Calls fn.template operator()<Format>() for the matrix's storage.
 template <typename Fn>
 cudaError_t visit_format(const ExpertMatrix& m, Fn&& fn) {
+  if (m.dtype == DType::f8_e4m3) {
+    fn.template operator()<Fp8>();
+    return cudaSuccess;
+  }
   if (m.bits == 0) return visit_float(m.dtype, [&]<typename W>() { fn.template operator()<Dense<W>>(); });
   return visit_float(m.dtype, [&]<typename S>() {
     if (m.bits == 4) fn.template operator()<Affine<S, 4>>();
@@ -641,6 +684,9 @@ struct PrefillScratch {
 
 bool moe_matrix_supported(const ExpertMatrix& m) {
   if (m.cols % 32 != 0) return false;
+  if (m.dtype == DType::f8_e4m3)  // an expert's rows (and the up half's first row) start whole block rows
+    return m.bits == 0 && m.group_size == Fp8::kBlock && m.rows % Fp8::kBlock == 0 &&
+           m.expert_stride % Fp8::kBlock == 0;
   if (m.bits == 0) return m.dtype == DType::f32 || m.dtype == DType::f16 || m.dtype == DType::bf16;
   return (m.bits == 4 || m.bits == 8) && (m.group_size == 32 || m.group_size == 64 || m.group_size == 128);
 }

@@ -14,15 +14,16 @@ namespace mere::cuda {
 // e * expert_stride + r (stride 2 * d_ff for the gate or up half of a fused
 // gate/up stack, whose pointers then start at row 0 or d_ff).
 struct ExpertMatrix {
-  const void* w = nullptr;        // dense values (f32, f16, bf16) or affine packed u32
-  const void* scales = nullptr;   // affine only: [rows, cols / group_size]
+  const void* w = nullptr;        // dense values (f32, f16, bf16, f8_e4m3) or affine packed u32
+  const void* scales = nullptr;   // affine: [rows, cols / group_size]; fp8: f32 [rows / 128, cols / 128]
   const void* biases = nullptr;
-  DType dtype = DType::bf16;      // dense: of w; affine: of scales and biases
-  int bits = 0;                   // 0: dense; 4 or 8: MLX affine
-  int group_size = 0;
+  DType dtype = DType::bf16;      // dense: of w (f8_e4m3: fp8 with block scales); affine: of scales and biases
+  int bits = 0;                   // 0: dense or fp8; 4 or 8: MLX affine
+  int group_size = 0;             // affine: the group; fp8: the scale block (128)
   int64_t rows = 0, cols = 0, expert_stride = 0;
 };
-// Whether the kernels take this matrix (cols a multiple of 32, affine groups of 32, 64 or 128).
+// Whether the kernels take this matrix (cols a multiple of 32, affine groups of
+// 32, 64 or 128, fp8 blocks of 128 whole in each expert's rows).
 bool moe_matrix_supported(const ExpertMatrix& m);
 
 struct MoeRouteArgs {

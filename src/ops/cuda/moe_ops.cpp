@@ -42,12 +42,23 @@ ExpertMatrix expert_matrix(const Weight& w, int64_t rows, int64_t first_row, int
       m.group_size = a.group_size;
       break;
     }
+    case Weight::Kind::fp8: {
+      const Fp8Weight& f = w.fp8();
+      MERE_CHECK(first_row % f.block == 0, "moe_experts (CUDA): {} experts start at row {}, inside an fp8 block of {}",
+                 what, first_row, f.block);
+      m.w = static_cast<const uint8_t*>(f.values.raw()) + first_row * m.cols;
+      m.scales = f.scale_inv.data<float>() + first_row / f.block * ((m.cols + f.block - 1) / f.block);
+      m.dtype = DType::f8_e4m3;
+      m.group_size = f.block;
+      break;
+    }
     default:
-      fail("moe_experts (CUDA): {} experts are {}; the GPU runs dense and MLX affine (int4, int8) experts", what,
+      fail("moe_experts (CUDA): {} experts are {}; the GPU runs dense, MLX affine (int4, int8) and fp8 experts", what,
            w.describe());
   }
-  MERE_CHECK(moe_matrix_supported(m), "moe_experts (CUDA): {} experts ({}, {} columns) are not supported: columns "
-             "must be a multiple of 32 and affine groups 32, 64 or 128", what, w.describe(), m.cols);
+  MERE_CHECK(moe_matrix_supported(m), "moe_experts (CUDA): {} experts ({}, {} rows an expert, {} columns) are not "
+             "supported: columns must be a multiple of 32, affine groups 32, 64 or 128, fp8 blocks 128 and each "
+             "expert's rows whole blocks", what, w.describe(), m.rows, m.cols);
   return m;
 }
 
