@@ -94,13 +94,15 @@ struct Levers {
   // the demo converted to FP8, KL 1.1e-7 nats, greedy 100%; Llama-3-8B shape
   // +8% at batch 1, x3 at batch 8 (docs/levers.md).
   bool tensor_core_fp8_matvec = true;
-  // MoE experts' decode (1-8 tokens) on the integer tensor cores for MLX
-  // affine experts: x and the activations converted once into three s8 digits
-  // (23 bits per group, as tensor_core_affine_matvec), gate/up and down as mma
-  // matvecs over each token's chosen experts, down's slots added in order (two
-  // prepare kernels more a layer). Default: within 2e-6 of the CPU's f32 per
-  // op; Qwen3-30B-A3B shape logits within 6e-5 a step, 16 greedy steps the
-  // same; int4 +7% at batch 1 and +61% at batch 8, int8 +14% / +50% (docs/levers.md).
+  // MoE experts' decode (1-8 tokens) on the tensor cores: MLX affine experts
+  // on the integer mma (x and the activations converted once into three s8
+  // digits, 23 bits per group, as tensor_core_affine_matvec), FP8 experts on
+  // f16 mmas (hi and lo f16, as tensor_core_fp8_matvec); gate/up and down as
+  // mma matvecs over each token's chosen experts, down's slots added in order
+  // (two prepare kernels more a layer). Default: within 2e-6 of the CPU's f32
+  // per op; Qwen3-30B-A3B shape logits within 6e-5 a step, 16 greedy steps the
+  // same; int4 +7% at batch 1 and +61% at batch 8, int8 +14% / +50%, fp8 +5% /
+  // +19% (docs/levers.md).
   bool tensor_core_moe_matvec = true;
   // Prefill of MLX affine (int8/int4) weights on a GEMM that dequantizes its
   // tiles in registers (wgmma) instead of writing a bf16 copy of each weight

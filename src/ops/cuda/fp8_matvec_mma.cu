@@ -26,6 +26,11 @@
 // the first mma's k-slots 2q, 2q + 1 are columns +0, +1 and 2q + 8, 2q + 9
 // columns +2, +3, the second mma's +4 to +7 likewise. A row too long for x in
 // shared memory runs as launches of whole blocks, each adding into y.
+// The MoE experts' decode (lever tensor_core_moe_matvec, moe_launchers.h) runs
+// the kernel in the two more modes of affine_matvec_mma.cu: gate/up a block row
+// per (token, slot) pair over its expert's gate then up rows, down a block row
+// per token over its k experts' rows side by side (warp s of a tile on slot s),
+// over one image per token.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -36,6 +41,7 @@
 #include "ops/cuda/fp8_launchers.h"
 #include "ops/cuda/launchers.h"
 #include "ops/cuda/matvec_tiles.cuh"
+#include "ops/cuda/moe_launchers.h"
 
 namespace mere::cuda {
 namespace {
@@ -67,7 +73,16 @@ struct Problem {
   int n_blocks;  // the launch's 128-column blocks
   int split;     // warps per tile
   int n_units;   // units of kWarps / split tiles
+  // Mixture of experts (kMode != kDense), as affine_matvec_mma.cu's Problem.
+  const int32_t* ids;  // [T, k]
+  int k, d_ff, pairs;
+  int64_t expert_stride;  // rows from one expert's first row to the next's (whole scale blocks)
+  const uint8_t* up_values;
+  const float* up_scales;
+  int64_t image_bytes;  // one token's staged image
 };
+
+constexpr int kDense = 0, kMoeGateUp = 1, kMoeDown = 2;  // what a matvec launch computes
 
 // The converted x and the start of a block's shared memory: rows [2 T][in + pad]
 // of f16 (token t's hi, then lo), then 2^-k per token and block [T][n_blocks]
@@ -104,17 +119,30 @@ __device__ __forceinline__ void copy_async_4(uint32_t dst, const void* src) {
 
 // x [T, in] into the parts' images: a warp a (token, 128-column block), a lane
 // 4 values. A block holding inf or NaN gives NaN rows, as the f32 product would.
+// With `pair_weights` (the MoE experts' down), x is the gate/up products
+// [2][T in] and the input silu(gate) up times the routing weight of column e's
+// pair, pair_weights[e / pair_cols]; the next kernel then starts only after
+// this one's wait, so that it may read the routing's ids before its own.
 __global__ void __launch_bounds__(256)
     fp8_mma_prepare_kernel(const float* __restrict__ x, int T, int in, int part_in, int x_stride, uint8_t* staged,
-                           int64_t x_bytes, int64_t part_bytes) {
-  allow_next_kernel();
+                           int64_t x_bytes, int64_t part_bytes, const float* pair_weights, int pair_cols,
+                           bool allow_after_wait) {
+  if (!allow_after_wait) allow_next_kernel();
   wait_for_previous_kernel();
+  if (allow_after_wait) allow_next_kernel();
   const int lane = threadIdx.x % 32, blocks = in / kBlock;
   const int item = blockIdx.x * 8 + threadIdx.x / 32;
   if (item >= T * blocks) return;
   const int t = item / blocks, b = item % blocks;
-  const float4 v4 = __ldg(reinterpret_cast<const float4*>(x + int64_t(t) * in + b * kBlock) + lane);
-  const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+  const int64_t at = int64_t(t) * in + b * kBlock + 4 * lane;
+  const float4 v4 = __ldg(reinterpret_cast<const float4*>(x + at));
+  float v[4] = {v4.x, v4.y, v4.z, v4.w};
+  if (pair_weights) {
+    const float4 u4 = __ldg(reinterpret_cast<const float4*>(x + int64_t(T) * in + at));
+    const float u[4] = {u4.x, u4.y, u4.z, u4.w}, w = __ldg(pair_weights + at / pair_cols);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * u[j] * w;
+  }
   float amax = 0;
 #pragma unroll
   for (int j = 0; j < 4; ++j) amax = fmaxf(amax, isfinite(v[j]) ? fabsf(v[j]) : INFINITY);  // NaN counts as inf
@@ -143,7 +171,7 @@ __global__ void __launch_bounds__(256)
 
 // Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
 // 16 rows, warp w its tile w / split and the share w % split of its stages.
-template <int kMmas>
+template <int kMmas, int kMode>
 __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __grid_constant__ Problem p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const float* factors = reinterpret_cast<const float*>(smem + p.x_bytes);
@@ -155,6 +183,32 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
   const int stage_begin = part * p.n_blocks / p.split, stage_end = (part + 1) * p.n_blocks / p.split;
   const int my_units = (p.n_units - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
   const int n_stages = my_units * (stage_end - stage_begin);
+
+  // Mixture of experts: the block's token and its experts' rows, as in
+  // affine_matvec_mma.cu (down: warp part s on slot s, its pointers s rows early).
+  int token = 0, slot = 0;
+  int64_t expert_row0 = 0, up_row0 = 0;
+  if constexpr (kMode == kMoeGateUp) {
+    const int pair = blockIdx.y;
+    token = pair / p.k;
+    expert_row0 = int64_t(p.ids[pair]) * p.expert_stride;
+    up_row0 = expert_row0 - p.d_ff;
+  } else if constexpr (kMode == kMoeDown) {
+    token = blockIdx.y;
+    expert_row0 = int64_t(p.ids[token * p.k + part]) * p.expert_stride;
+    slot = part;
+  }
+  const int slot_blocks = int(p.row_bytes / kBlock);  // down: a slot's stages
+  auto values_of = [&](int row) -> const uint8_t* {
+    if constexpr (kMode == kMoeGateUp)
+      if (row >= p.d_ff) return p.up_values + (up_row0 + row) * p.row_bytes;
+    return p.values + (expert_row0 + row - slot) * p.row_bytes;
+  };
+  auto scales_of = [&](int row) -> const float* {  // the row's block row, as the stages index it
+    if constexpr (kMode == kMoeGateUp)
+      if (row >= p.d_ff) return p.up_scales + (up_row0 + row) / kBlock * p.scale_stride;
+    return p.scales + (expert_row0 + row) / kBlock * p.scale_stride - slot * slot_blocks;
+  };
 
   // Copy u of a lane takes chunk lane % 8 of row lane / 8 + 4 u; lane 0 copies
   // the tile's block scale. Shared addresses are kept as offsets.
@@ -168,9 +222,9 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int row = min(issue_row0 + lane / 8 + 4 * u, p.out - 1);
-      copy_src[u] = p.values + row * p.row_bytes + (lane % 8) * 16;
+      copy_src[u] = values_of(row) + (lane % 8) * 16;
     }
-    scale_src = p.scales + int64_t(min(issue_row0, p.out - 1) / kBlock) * p.scale_stride;
+    scale_src = scales_of(min(issue_row0, p.out - 1));
   };
   point_at_tile();
   uint32_t issue_addr = ring_addr;
@@ -208,7 +262,7 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
     }
   };
   read_tile_addends((int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows);
-  tiles::load_staged_x(smem, p.staged, p.staged_bytes);
+  tiles::load_staged_x(smem, p.staged + token * p.image_bytes, p.staged_bytes);
 
   // B: lane g loads column 8 m + g, the hi (g even) or lo row of token 4 m + g / 2;
   // tokens past T load the last token's rows, and their sums are never written.
@@ -265,6 +319,10 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
         const int t = 4 * m + q;
         if (t >= p.T) continue;
         float* y = p.y + int64_t(t) * p.out;
+        if constexpr (kMode == kMoeGateUp)  // gate rows to y[0][pair], up rows to y[1][pair]
+          y = p.y + (row0 < p.d_ff ? int64_t(blockIdx.y) : int64_t(p.pairs) + blockIdx.y - 1) * p.d_ff;
+        else if constexpr (kMode == kMoeDown)
+          y = p.y + int64_t(token) * p.out;
         if (row0 + g < p.out) y[row0 + g] = prior[m][0] + (acc[m][0] + bias[0]);
         if (row0 + g + 8 < p.out) y[row0 + g + 8] = prior[m][1] + (acc[m][1] + bias[1]);
       }
@@ -293,13 +351,14 @@ int parts_for(int64_t in, int64_t T) {
 
 int64_t part_image_bytes(int64_t part_in, int64_t T) { return (layout(part_in, T).staged_bytes + 15) / 16 * 16; }
 
-template <int kMmas>
+template <int kMmas, int kMode = kDense>
 int blocks_per_sm(int64_t smem) {
-  static const cudaError_t raised = cudaFuncSetAttribute(fp8_matvec_mma_kernel<kMmas>,
+  static const cudaError_t raised = cudaFuncSetAttribute(fp8_matvec_mma_kernel<kMmas, kMode>,
                                                          cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
   (void)raised;
   int blocks = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fp8_matvec_mma_kernel<kMmas>, kWarps * 32, size_t(smem));
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fp8_matvec_mma_kernel<kMmas, kMode>, kWarps * 32,
+                                                size_t(smem));
   return blocks;
 }
 
@@ -317,7 +376,8 @@ cudaError_t launch_for(const float* x, const Fp8WeightView& w, const float* bias
   const int64_t part_bytes = part_image_bytes(in, T);
   cudaError_t status = launch_kernel(fp8_mma_prepare_kernel, dim3(unsigned(ceil_div(T * (w.in / kBlock), 8))),
                                      dim3(256), 0, stream, x, int(T), int(w.in), int(in), l.x_stride,
-                                     static_cast<uint8_t*>(scratch), l.x_bytes, part_bytes);
+                                     static_cast<uint8_t*>(scratch), l.x_bytes, part_bytes,
+                                     static_cast<const float*>(nullptr), 1, false);
   if (status != cudaSuccess) return status;
   Problem p{};
   p.row_bytes = w.in;
@@ -339,13 +399,107 @@ cudaError_t launch_for(const float* x, const Fp8WeightView& w, const float* bias
     p.staged = static_cast<const uint8_t*>(scratch) + part * part_bytes;
     p.bias = part == 0 ? bias : nullptr;
     p.accumulate = part > 0;
-    status = launch_kernel(fp8_matvec_mma_kernel<kMmas>, dim3(grid), dim3(kWarps * 32), size_t(l.total), stream, p);
+    status = launch_kernel(fp8_matvec_mma_kernel<kMmas, kDense>, dim3(grid), dim3(kWarps * 32), size_t(l.total),
+                           stream, p);
     if (status != cudaSuccess) return status;
   }
   return cudaSuccess;
 }
 
+// The experts' decode: whether stack `m` is read in whole blocks with `in`
+// columns of one token's image a block.
+bool moe_fits(const ExpertMatrix& m, int64_t in) {
+  return m.dtype == DType::f8_e4m3 && m.group_size == kBlock && m.cols % kBlock == 0 && m.rows % kBlock == 0 &&
+         m.expert_stride % kBlock == 0 && reinterpret_cast<uintptr_t>(m.w) % 16 == 0 && layout(in, 1).total <= max_smem();
+}
+
+// x [T, in] (or the gate/up products, with pair_weights) into one image per token.
+cudaError_t prepare_moe(const float* x, int64_t T, int64_t in, const float* pair_weights, int64_t pair_cols,
+                        uint8_t* staged, cudaStream_t stream) {
+  const Layout l = layout(in, 1);
+  return launch_kernel(fp8_mma_prepare_kernel, dim3(unsigned(ceil_div(T * (in / kBlock), 8))), dim3(256), 0, stream,
+                       x, 1, int(T * in), int(in), l.x_stride, staged, l.x_bytes, part_image_bytes(in, 1),
+                       pair_weights, int(pair_cols), true);
+}
+
+// Gate/up (`m` the gate stack, `up` the up stack) or down (`m` the down stack,
+// `in` = k columns of it) over the images at `staged`.
+template <int kMode>
+cudaError_t launch_moe(const MoeExpertsArgs& a, const ExpertMatrix& m, const ExpertMatrix& up, int64_t in,
+                       const uint8_t* staged, float* y, cudaStream_t stream) {
+  const Layout l = layout(in, 1);
+  const int per_sm = blocks_per_sm<1, kMode>(l.total);
+  if (per_sm < 1) return cudaErrorInvalidValue;
+  const int64_t slots = int64_t(per_sm) * sm_count();
+  const int64_t blocks_y = kMode == kMoeGateUp ? a.T * a.k : a.T;  // pairs, or tokens
+  const int out = int(kMode == kMoeGateUp ? 2 * a.d_ff : a.d_model);
+  const int n_tiles = (out + kTileRows - 1) / kTileRows, n_blocks = int(in / kBlock);
+  Problem p{};
+  p.values = static_cast<const uint8_t*>(m.w);
+  p.scales = static_cast<const float*>(m.scales);
+  p.row_bytes = m.cols;
+  p.scale_stride = int(m.cols / kBlock);
+  p.staged = staged;
+  p.x_stride = l.x_stride;
+  p.x_bytes = l.x_bytes;
+  p.staged_bytes = l.staged_bytes;
+  p.image_bytes = part_image_bytes(in, 1);
+  p.y = y;
+  p.out = out;
+  p.T = 1;
+  p.n_blocks = n_blocks;
+  p.split = kMode == kMoeDown ? int(a.k) : tiles::split_for(int(n_tiles * blocks_y), n_blocks, slots, kStages - 1);
+  p.n_units = (n_tiles + kWarps / p.split - 1) / (kWarps / p.split);
+  p.ids = a.ids;
+  p.k = int(a.k);
+  p.d_ff = int(a.d_ff);
+  p.pairs = int(a.T * a.k);
+  p.expert_stride = m.expert_stride;
+  p.up_values = static_cast<const uint8_t*>(up.w);
+  p.up_scales = static_cast<const float*>(up.scales);
+  const int64_t per_y = std::max<int64_t>(1, slots / blocks_y);
+  const dim3 grid(unsigned(std::min<int64_t>(p.n_units, per_y)), unsigned(blocks_y));
+  return launch_kernel(fp8_matvec_mma_kernel<1, kMode>, grid, dim3(kWarps * 32), size_t(l.total), stream, p);
+}
+
+struct MoeScratch {  // x's images (at 0), the gate/up products, the activations' images
+  int64_t products = 0, act_images = 0, total = 0;
+};
+MoeScratch moe_scratch(const MoeExpertsArgs& a) {
+  auto round = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  MoeScratch s;
+  s.products = round(a.T * part_image_bytes(a.d_model, 1));
+  s.act_images = s.products + round(2 * a.T * a.k * a.d_ff * int64_t(sizeof(float)));
+  s.total = s.act_images + round(a.T * part_image_bytes(a.k * a.d_ff, 1));
+  return s;
+}
+
 }  // namespace
+
+bool moe_experts_fp8_mma_supports(const MoeExpertsArgs& a) {
+  if (a.T < 1 || a.T > kMaxFp8MatvecTokens || a.k < 1 || kWarps % a.k != 0 || a.d_ff % kBlock != 0 ||
+      a.gate.cols != a.up.cols || a.gate.expert_stride != a.up.expert_stride)
+    return false;
+  return moe_fits(a.gate, a.d_model) && moe_fits(a.up, a.d_model) && moe_fits(a.down, a.k * a.d_ff);
+}
+
+int64_t moe_experts_fp8_mma_scratch_bytes(const MoeExpertsArgs& a) { return moe_scratch(a).total; }
+
+cudaError_t launch_moe_experts_fp8_mma(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream) {
+  if (!moe_experts_fp8_mma_supports(a) || reinterpret_cast<uintptr_t>(a.x) % 16 ||
+      reinterpret_cast<uintptr_t>(scratch) % 256)
+    return cudaErrorInvalidValue;
+  const MoeScratch s = moe_scratch(a);
+  uint8_t* base = static_cast<uint8_t*>(scratch);
+  float* products = reinterpret_cast<float*>(base + s.products);
+  cudaError_t status = prepare_moe(a.x, a.T, a.d_model, nullptr, 1, base, stream);
+  if (status == cudaSuccess) status = launch_moe<kMoeGateUp>(a, a.gate, a.up, a.d_model, base, products, stream);
+  if (status == cudaSuccess)
+    status = prepare_moe(products, a.T, a.k * a.d_ff, a.weights, a.d_ff, base + s.act_images, stream);
+  if (status == cudaSuccess)
+    status = launch_moe<kMoeDown>(a, a.down, a.down, a.k * a.d_ff, base + s.act_images, a.out, stream);
+  return status;
+}
 
 bool fp8_matvec_mma_supports(const Fp8WeightView& w, int64_t T) {
   return T >= 1 && T <= kMaxFp8MatvecTokens && w.block == kBlock && w.in % kBlock == 0 && w.in <= (1 << 20) &&

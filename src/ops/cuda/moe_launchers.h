@@ -65,6 +65,13 @@ bool moe_experts_mma_supports(const MoeExpertsArgs& a);
 int64_t moe_experts_mma_scratch_bytes(const MoeExpertsArgs& a);
 cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream);
 
+// The same for FP8 experts (128x128 block scales; fp8_matvec_mma.cu): x and the
+// activations split into f16 hi and lo (22 bits a token and block), f32 sums.
+// Needs T <= 8, k dividing 8, d_model and d_ff multiples of 128.
+bool moe_experts_fp8_mma_supports(const MoeExpertsArgs& a);
+int64_t moe_experts_fp8_mma_scratch_bytes(const MoeExpertsArgs& a);
+cudaError_t launch_moe_experts_fp8_mma(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream);
+
 // Prefill: the (token, slot) pairs sorted by expert on the device, then two
 // grouped tensor-core GEMMs (bf16 inputs, f32 accumulation) in which each
 // expert's weights are read once per tile of 64 of its rows, and a combine in

@@ -103,6 +103,11 @@ void moe_experts(const Tensor& x, const ExpertWeights& w, const MoeChoice& choic
     MERE_CUDA(launch_moe_experts_mma(a, scratch.raw(), stream()));
     return;
   }
+  if (T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled() && moe_experts_fp8_mma_supports(a)) {
+    Tensor scratch = Tensor::empty({moe_experts_fp8_mma_scratch_bytes(a)}, DType::u8, Device::cuda);
+    MERE_CUDA(launch_moe_experts_fp8_mma(a, scratch.raw(), stream()));
+    return;
+  }
   if (T <= kMaxMatvecTokens || f32_experts) {
     MERE_CHECK(T * k <= 65535, "moe_experts (CUDA): {} tokens x {} experts in one f32 call (at most 65535)", T, k);
     Tensor act = Tensor::empty({T * k, f}, DType::f32, Device::cuda);
