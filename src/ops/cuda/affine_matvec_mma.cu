@@ -70,6 +70,9 @@
 namespace mere::cuda {
 namespace {
 
+using tiles::kDense;
+using tiles::kMoeDown;
+using tiles::kMoeGateUp;
 using tiles::kTileRows;
 using tiles::kWarps;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight (at least 3 stages)
@@ -141,8 +144,6 @@ struct Problem {
   const void *up_scales, *up_biases;
   int64_t image_bytes;    // one token's staged image
 };
-
-constexpr int kDense = 0, kMoeGateUp = 1, kMoeDown = 2;  // what a matvec launch computes
 
 // The converted x, and the start of a block's shared memory: digit rows
 // [digits T][in + pad] s8, then per group, mma and lane quad q the float2
@@ -487,21 +488,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kSb = Sh::kScaleRowBytes;
   constexpr int kSbCopy = kSb < 16 ? kSb : 16;  // bytes per copy of a row's scales (or biases)
 
-  // Mixture of experts: the block's token and, per tile row, its expert's row.
-  // Down: warp part s reads slot s's expert over the stages [s, s + 1) row_bytes
-  // of the slots' concatenated row, so its row pointers start s rows early.
-  int token = 0, slot = 0;
-  int64_t expert_row0 = 0, up_row0 = 0;
-  if constexpr (kMode == kMoeGateUp) {
-    const int pair = blockIdx.y;
-    token = pair / p.k;
-    expert_row0 = int64_t(p.ids[pair]) * p.expert_stride;
-    up_row0 = expert_row0 - p.d_ff;
-  } else if constexpr (kMode == kMoeDown) {
-    token = blockIdx.y;
-    expert_row0 = int64_t(p.ids[token * p.k + part]) * p.expert_stride;
-    slot = part;
-  }
+  // Mixture of experts: the block's token and its expert's rows (up rows from d_ff on).
+  const tiles::MoeBlock moe = tiles::moe_block<kMode>(p.ids, p.k, p.expert_stride, part);
+  const int token = moe.token, slot = moe.slot;
+  const int64_t expert_row0 = moe.expert_row0, up_row0 = expert_row0 - p.d_ff;
   // Row `row`'s codes, and its scales (or biases) pointer, as the tile's copies take them.
   auto codes_of = [&](int row) -> const uint8_t* {
     if constexpr (kMode == kMoeGateUp)
@@ -674,12 +664,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
         const int t = token_of(m, q);
         if (t >= p.T) continue;
-        float* y = p.y + int64_t(t) * p.out;
-        if constexpr (kMode == kMoeGateUp)  // gate rows to y[0][pair], up rows to y[1][pair]
-          y = p.y + (row0 < p.d_ff ? int64_t(blockIdx.y) * p.d_ff
-                                   : (int64_t(p.pairs) + blockIdx.y) * p.d_ff - p.d_ff);
-        else if constexpr (kMode == kMoeDown)
-          y = p.y + int64_t(token) * p.out;
+        float* y = tiles::output_row<kMode>(p.y, t, p.out, row0, p.d_ff, p.pairs, token);
         if (row0 + g < p.out) y[row0 + g] = prior[m][0] + (top + bias[0]);
         if (row0 + g + 8 < p.out) y[row0 + g + 8] = prior[m][1] + (bottom + bias[1]);
       }

@@ -46,6 +46,9 @@
 namespace mere::cuda {
 namespace {
 
+using tiles::kDense;
+using tiles::kMoeDown;
+using tiles::kMoeGateUp;
 using tiles::kTileRows;
 using tiles::kWarps;
 constexpr int kBlock = 128;                          // columns (bytes) of a stage: one scale block
@@ -82,7 +85,7 @@ struct Problem {
   int64_t image_bytes;  // one token's staged image
 };
 
-constexpr int kDense = 0, kMoeGateUp = 1, kMoeDown = 2;  // what a matvec launch computes
+
 
 // The converted x and the start of a block's shared memory: rows [2 T][in + pad]
 // of f16 (token t's hi, then lo), then 2^-k per token and block [T][n_blocks]
@@ -184,20 +187,10 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
   const int my_units = (p.n_units - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
   const int n_stages = my_units * (stage_end - stage_begin);
 
-  // Mixture of experts: the block's token and its experts' rows, as in
-  // affine_matvec_mma.cu (down: warp part s on slot s, its pointers s rows early).
-  int token = 0, slot = 0;
-  int64_t expert_row0 = 0, up_row0 = 0;
-  if constexpr (kMode == kMoeGateUp) {
-    const int pair = blockIdx.y;
-    token = pair / p.k;
-    expert_row0 = int64_t(p.ids[pair]) * p.expert_stride;
-    up_row0 = expert_row0 - p.d_ff;
-  } else if constexpr (kMode == kMoeDown) {
-    token = blockIdx.y;
-    expert_row0 = int64_t(p.ids[token * p.k + part]) * p.expert_stride;
-    slot = part;
-  }
+  // Mixture of experts: the block's token and its expert's rows (up rows from d_ff on).
+  const tiles::MoeBlock moe = tiles::moe_block<kMode>(p.ids, p.k, p.expert_stride, part);
+  const int token = moe.token, slot = moe.slot;
+  const int64_t expert_row0 = moe.expert_row0, up_row0 = expert_row0 - p.d_ff;
   const int slot_blocks = int(p.row_bytes / kBlock);  // down: a slot's stages
   auto values_of = [&](int row) -> const uint8_t* {
     if constexpr (kMode == kMoeGateUp)
@@ -318,11 +311,7 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
       for (int m = 0; m < kMmas; ++m) {
         const int t = 4 * m + q;
         if (t >= p.T) continue;
-        float* y = p.y + int64_t(t) * p.out;
-        if constexpr (kMode == kMoeGateUp)  // gate rows to y[0][pair], up rows to y[1][pair]
-          y = p.y + (row0 < p.d_ff ? int64_t(blockIdx.y) : int64_t(p.pairs) + blockIdx.y - 1) * p.d_ff;
-        else if constexpr (kMode == kMoeDown)
-          y = p.y + int64_t(token) * p.out;
+        float* y = tiles::output_row<kMode>(p.y, t, p.out, row0, p.d_ff, p.pairs, token);
         if (row0 + g < p.out) y[row0 + g] = prior[m][0] + (acc[m][0] + bias[0]);
         if (row0 + g + 8 < p.out) y[row0 + g + 8] = prior[m][1] + (acc[m][1] + bias[1]);
       }

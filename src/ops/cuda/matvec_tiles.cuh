@@ -56,6 +56,45 @@ __device__ __forceinline__ void add_split_sums(float (&acc)[kMmas][2], float2* p
   __syncthreads();  // partial is rewritten at the next tile
 }
 
+// The MoE experts' modes of both matvecs (moe_launchers.h): gate/up, a block
+// row (blockIdx.y) per (token, slot) pair over its expert's gate then up rows;
+// down, a block row per token over its k experts' rows side by side, warp
+// part s of a tile on slot s (split = k).
+constexpr int kDense = 0, kMoeGateUp = 1, kMoeDown = 2;  // what a matvec launch computes
+
+struct MoeBlock {
+  int token = 0;            // whose image the block stages
+  int slot = 0;             // down: the warp's slot; its row pointers start `slot` rows early, as its
+                            // stages are [slot, slot + 1) rows of the slots' concatenated row
+  int64_t expert_row0 = 0;  // the storage row of the expert's row 0
+};
+template <int kMode>
+__device__ __forceinline__ MoeBlock moe_block(const int32_t* ids, int k, int64_t expert_stride, int part) {
+  MoeBlock b;
+  if constexpr (kMode == kMoeGateUp) {
+    const int pair = blockIdx.y;
+    b.token = pair / k;
+    b.expert_row0 = int64_t(ids[pair]) * expert_stride;
+  } else if constexpr (kMode == kMoeDown) {
+    b.token = blockIdx.y;
+    b.expert_row0 = int64_t(ids[b.token * k + part]) * expert_stride;
+    b.slot = part;
+  }
+  return b;
+}
+
+// Where the rows of token column t of the tile at row0 go: y [T, out]; gate/up,
+// gate rows to y[0][pair] and up rows to y[1][pair] ([2][pairs][d_ff]); down,
+// the block's token's row.
+template <int kMode>
+__device__ __forceinline__ float* output_row(float* y, int t, int out, int row0, int d_ff, int pairs, int token) {
+  if constexpr (kMode == kMoeGateUp)
+    return y + (row0 < d_ff ? int64_t(blockIdx.y) : int64_t(pairs) + blockIdx.y - 1) * d_ff;
+  else if constexpr (kMode == kMoeDown)
+    return y + int64_t(token) * out;
+  return y + int64_t(t) * out;
+}
+
 // The ring's first kStages - 1 stages, each its own commit group: weights never
 // change during a forward, so they load before the kernel waits for its input.
 template <int kStages, typename Issue>
