@@ -929,21 +929,11 @@ bool same_format(const ExpertMatrix& a, const ExpertMatrix& b) {
          a.expert_stride == b.expert_stride;
 }
 
-// Where the experts' decode keeps its scratch: x's images (at 0), the gate/up
-// products, the activations' images.
-struct MoeScratch {
-  int64_t products = 0, act_images = 0, total = 0;
-};
-MoeScratch moe_scratch(const MoeExpertsArgs& a) {
-  MoeScratch s;
+tiles::MoeScratch moe_scratch(const MoeExpertsArgs& a) {
   int64_t x_image = 0, act_image = 0;
   visit_expert_variant(a.gate, [&](auto v) { x_image = decltype(v)::part_image_bytes(a.d_model, 1); });
   visit_expert_variant(a.down, [&](auto v) { act_image = decltype(v)::part_image_bytes(a.k * a.d_ff, 1); });
-  auto round = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
-  s.products = round(a.T * x_image);
-  s.act_images = s.products + round(2 * a.T * a.k * a.d_ff * int64_t(sizeof(float)));
-  s.total = s.act_images + round(a.T * act_image);
-  return s;
+  return tiles::moe_scratch(a.T, a.k, a.d_ff, x_image, act_image);
 }
 
 }  // namespace
@@ -972,7 +962,7 @@ cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaS
   if (!moe_experts_mma_supports(a) || reinterpret_cast<uintptr_t>(a.x) % 16 ||
       reinterpret_cast<uintptr_t>(scratch) % 256)
     return cudaErrorInvalidValue;
-  const MoeScratch s = moe_scratch(a);
+  const tiles::MoeScratch s = moe_scratch(a);
   uint8_t* base = static_cast<uint8_t*>(scratch);
   float* products = reinterpret_cast<float*>(base + s.products);
   cudaError_t status = cudaSuccess;

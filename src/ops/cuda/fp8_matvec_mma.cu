@@ -451,16 +451,8 @@ cudaError_t launch_moe(const MoeExpertsArgs& a, const ExpertMatrix& m, const Exp
   return launch_kernel(fp8_matvec_mma_kernel<1, kMode>, grid, dim3(kWarps * 32), size_t(l.total), stream, p);
 }
 
-struct MoeScratch {  // x's images (at 0), the gate/up products, the activations' images
-  int64_t products = 0, act_images = 0, total = 0;
-};
-MoeScratch moe_scratch(const MoeExpertsArgs& a) {
-  auto round = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
-  MoeScratch s;
-  s.products = round(a.T * part_image_bytes(a.d_model, 1));
-  s.act_images = s.products + round(2 * a.T * a.k * a.d_ff * int64_t(sizeof(float)));
-  s.total = s.act_images + round(a.T * part_image_bytes(a.k * a.d_ff, 1));
-  return s;
+tiles::MoeScratch moe_scratch(const MoeExpertsArgs& a) {
+  return tiles::moe_scratch(a.T, a.k, a.d_ff, part_image_bytes(a.d_model, 1), part_image_bytes(a.k * a.d_ff, 1));
 }
 
 }  // namespace
@@ -478,7 +470,7 @@ cudaError_t launch_moe_experts_fp8_mma(const MoeExpertsArgs& a, void* scratch, c
   if (!moe_experts_fp8_mma_supports(a) || reinterpret_cast<uintptr_t>(a.x) % 16 ||
       reinterpret_cast<uintptr_t>(scratch) % 256)
     return cudaErrorInvalidValue;
-  const MoeScratch s = moe_scratch(a);
+  const tiles::MoeScratch s = moe_scratch(a);
   uint8_t* base = static_cast<uint8_t*>(scratch);
   float* products = reinterpret_cast<float*>(base + s.products);
   cudaError_t status = prepare_moe(a.x, a.T, a.d_model, nullptr, 1, base, stream);

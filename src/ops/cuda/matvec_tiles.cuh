@@ -83,6 +83,21 @@ __device__ __forceinline__ MoeBlock moe_block(const int32_t* ids, int k, int64_t
   return b;
 }
 
+// Where the experts' decode keeps its scratch, 256-byte aligned parts: x's
+// images of the T tokens (at 0, `x_image` bytes each), the gate/up products
+// [2][T k][d_ff] f32, the activations' images (`act_image` bytes each).
+struct MoeScratch {
+  int64_t products = 0, act_images = 0, total = 0;
+};
+inline MoeScratch moe_scratch(int64_t T, int64_t k, int64_t d_ff, int64_t x_image, int64_t act_image) {
+  auto round = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  MoeScratch s;
+  s.products = round(T * x_image);
+  s.act_images = s.products + round(2 * T * k * d_ff * int64_t(sizeof(float)));
+  s.total = s.act_images + round(T * act_image);
+  return s;
+}
+
 // Where the rows of token column t of the tile at row0 go: y [T, out]; gate/up,
 // gate rows to y[0][pair] and up rows to y[1][pair] ([2][pairs][d_ff]); down,
 // the block's token's row.
