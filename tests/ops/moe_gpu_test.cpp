@@ -201,6 +201,26 @@ TEST_F(MoeTensorCoreGpu, FallsBackWhereItCannotRunAndMixesFormats) {
   }
 }
 
+// FP8 experts whose rows are not whole 128-row scale blocks (d_ff 96): a clear
+// error naming the experts and the rule, not wrong rows, separate or fused.
+TEST_F(MoeOpsGpu, Fp8ExpertsOffTheScaleBlocksAreRefused) {
+  const int64_t E = 4, f = 96, d = 256;
+  const Tensor x = gpu(random({1, d}, DType::f32, 130));
+  const ops::MoeChoice c = on_gpu(ops::moe_route(random({1, E}, DType::f32, 131, 2.0f), {.top_k = 2}));
+  for (bool fused : {false, true}) {
+    const ops::ExpertWeights w = on_gpu(random_experts(E, f, d, "fp8", fused));
+    try {
+      ops::moe_experts(x, w, c);
+      ADD_FAILURE() << "fp8 experts of 96 rows ran" << (fused ? " (fused)" : "");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("gate experts"), std::string::npos) << what;
+      EXPECT_NE(what.find("96 rows an expert"), std::string::npos) << what;
+      EXPECT_NE(what.find("whole blocks"), std::string::npos) << what;
+    }
+  }
+}
+
 TEST_F(MoeOpsGpu, SkewedRoutingAllTokensToOneExpertLeavesOthersEmpty) {
   const int64_t E = 8, f = 64, d = 64, T = 200;  // 200 rows: four row tiles of one expert, seven empty experts
   const ops::ExpertWeights w = random_experts(E, f, d, "bf16", false);
