@@ -1,6 +1,7 @@
 // Mixture of experts on CUDA (kernels in moe.cu): the router's top-k, then the
-// experts as decode matvecs (up to kMaxMatvecTokens tokens; affine experts on
-// the tensor cores under lever tensor_core_moe_matvec, affine_matvec_mma.cu) or
+// experts as decode matvecs (up to kMaxMatvecTokens tokens; MLX affine and FP8
+// experts on the tensor cores under lever tensor_core_moe_matvec,
+// affine_matvec_mma.cu and fp8_matvec_mma.cu) or
 // as grouped tensor-core GEMMs over the pairs sorted by expert (prefill).
 #include "ops/cuda/cuda_ops.h"
 
@@ -98,15 +99,15 @@ void moe_experts(const Tensor& x, const ExpertWeights& w, const MoeChoice& choic
   // f32 experts (test checkpoints) keep f32 arithmetic at every T: the GEMM's bf16
   // operands would move a near-tie in a later layer's routing.
   const bool f32_experts = a.gate.bits == 0 && a.gate.dtype == DType::f32;
-  if (T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled() && moe_experts_mma_supports(a)) {
-    Tensor scratch = Tensor::empty({moe_experts_mma_scratch_bytes(a)}, DType::u8, Device::cuda);
-    MERE_CUDA(launch_moe_experts_mma(a, scratch.raw(), stream()));
-    return;
-  }
-  if (T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled() && moe_experts_fp8_mma_supports(a)) {
-    Tensor scratch = Tensor::empty({moe_experts_fp8_mma_scratch_bytes(a)}, DType::u8, Device::cuda);
-    MERE_CUDA(launch_moe_experts_fp8_mma(a, scratch.raw(), stream()));
-    return;
+  if (T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled()) {
+    const bool fp8 = a.gate.dtype == DType::f8_e4m3;  // else MLX affine (the supports checks refuse dense)
+    if (fp8 ? moe_experts_fp8_mma_supports(a) : moe_experts_mma_supports(a)) {
+      const int64_t bytes = fp8 ? moe_experts_fp8_mma_scratch_bytes(a) : moe_experts_mma_scratch_bytes(a);
+      Tensor scratch = Tensor::empty({bytes}, DType::u8, Device::cuda);
+      MERE_CUDA(fp8 ? launch_moe_experts_fp8_mma(a, scratch.raw(), stream())
+                    : launch_moe_experts_mma(a, scratch.raw(), stream()));
+      return;
+    }
   }
   if (T <= kMaxMatvecTokens || f32_experts) {
     MERE_CHECK(T * k <= 65535, "moe_experts (CUDA): {} tokens x {} experts in one f32 call (at most 65535)", T, k);
