@@ -334,11 +334,25 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) weight[j] = active ? to_float(norm_w[j]) : 0.0f;
     const float4* row = reinterpret_cast<const float4*>(p.x + int64_t(t) * p.full);
-    float sum = 0;
-    for (int s = threadIdx.x; s < runs; s += blockDim.x) {
-      const float4 a = row[2 * s], b = row[2 * s + 1];
-      sum += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    // The thread's runs of the row, all loads issued before the first add (one
+    // round trip to L2 for rows up to kRunsAtOnce blocks of runs), then summed
+    // in the order of the runs.
+    constexpr int kRunsAtOnce = 8;
+    float4 held[kRunsAtOnce][2];
+#pragma unroll
+    for (int k = 0; k < kRunsAtOnce; ++k) {
+      const int s = threadIdx.x + k * blockDim.x;
+      held[k][0] = s < runs ? row[2 * s] : make_float4(0, 0, 0, 0);
+      held[k][1] = s < runs ? row[2 * s + 1] : make_float4(0, 0, 0, 0);
     }
+    float sum = 0;
+    auto add_run = [&sum](const float4& a, const float4& b) {
+      sum += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    };
+#pragma unroll
+    for (int k = 0; k < kRunsAtOnce; ++k)
+      if (threadIdx.x + k * blockDim.x < runs) add_run(held[k][0], held[k][1]);
+    for (int s = threadIdx.x + kRunsAtOnce * blockDim.x; s < runs; s += blockDim.x) add_run(row[2 * s], row[2 * s + 1]);
     __shared__ float partial[32];
     sum = warp_sum(sum);
     if (lane == 0) partial[threadIdx.x / 32] = sum;
