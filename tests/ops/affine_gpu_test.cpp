@@ -208,10 +208,12 @@ TEST_F(Affine, TensorCoreMatvecFormsItsInputAndAddsIntoTheResidual) {
   struct Case { int64_t T, out, in; int bits, group; DType norm_dt; };
   // The last two rows are too long for x in shared memory at 8 tokens: each launch takes part of them.
   // 3-4 tokens of 4096 columns: one block an SM (x's copy is large), as Llama-3-8B's qkv and gate_up at B = 4.
+  // 16,896 columns: the RMSNorm prepare's threads hold 8 runs each and loop over the rest.
   for (const Case& c : {Case{2, 96, 1024, 4, 64, DType::bf16}, Case{5, 130, 512, 8, 32, DType::f32},
                         Case{8, 64, 2048, 4, 128, DType::f16}, Case{1, 4096, 4096, 8, 64, DType::bf16},
                         Case{4, 300, 4096, 4, 64, DType::bf16}, Case{3, 97, 4096, 8, 128, DType::f16},
-                        Case{8, 80, 14336, 4, 64, DType::bf16}, Case{7, 33, 14336, 8, 32, DType::f32}}) {
+                        Case{8, 80, 14336, 4, 64, DType::bf16}, Case{7, 33, 14336, 8, 32, DType::f32},
+                        Case{2, 48, 16896, 4, 64, DType::bf16}}) {
     Weight w(random_affine(c.out, c.in, c.bits, c.group, DType::bf16, uint64_t(c.T * 7 + c.bits)), c.in);
     const Tensor dense = w.dequantize(DType::f32);
     const Weight wg = w.to_device(Device::cuda);
