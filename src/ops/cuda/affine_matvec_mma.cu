@@ -758,8 +758,8 @@ struct Variant {
     const int per_sm = blocks_per_sm<kMode>(l.total);
     if (per_sm < 1) return cudaErrorInvalidValue;
     const int64_t slots = int64_t(per_sm) * sm_count();
-    const int64_t blocks_y = kMode == kMoeGateUp ? a.T * a.k : a.T;  // pairs, or tokens
-    const int out = int(kMode == kMoeGateUp ? 2 * a.d_ff : a.d_model);
+    const int64_t blocks_y = tiles::moe_block_rows<kMode>(a.T, a.k);
+    const int out = tiles::moe_rows<kMode>(a.d_ff, a.d_model);
     const int n_tiles = (out + kTileRows - 1) / kTileRows, row_stages = int(in / Sh::kStageValues);
     Problem p{};
     p.packed = static_cast<const uint8_t*>(m.w);
@@ -789,9 +789,8 @@ struct Variant {
     p.up_packed = static_cast<const uint8_t*>(up.w);
     p.up_scales = up.scales;
     p.up_biases = up.biases;
-    const int64_t per_y = std::max<int64_t>(1, slots / blocks_y);
-    const dim3 grid(unsigned(std::min<int64_t>(p.n_units, per_y)), unsigned(blocks_y));
-    return launch_kernel(kernel_for<kMode>, grid, dim3(kWarps * 32), size_t(l.total), stream, p);
+    return launch_kernel(kernel_for<kMode>, tiles::moe_grid(p.n_units, slots, blocks_y), dim3(kWarps * 32),
+                         size_t(l.total), stream, p);
   }
   // One launch of the prepare kernel: x [T, d] or the gate/up products [2][pairs][d_ff]
   // (silu-gated, scaled by the routing weights) into one image per token of `in` columns.
@@ -973,25 +972,22 @@ bool moe_experts_mma_supports(const MoeExpertsArgs& a) {
 int64_t moe_experts_mma_scratch_bytes(const MoeExpertsArgs& a) { return moe_scratch(a).total; }
 
 cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream) {
-  if (!moe_experts_mma_supports(a) || reinterpret_cast<uintptr_t>(a.x) % 16 ||
-      reinterpret_cast<uintptr_t>(scratch) % 256)
-    return cudaErrorInvalidValue;
-  const tiles::MoeScratch s = moe_scratch(a);
-  uint8_t* base = static_cast<uint8_t*>(scratch);
-  float* products = reinterpret_cast<float*>(base + s.products);
+  if (!moe_experts_mma_supports(a)) return cudaErrorInvalidValue;
+  const tiles::MoeBuffers b = tiles::moe_buffers(moe_scratch(a), scratch, a.x);
+  if (!b.x_images) return cudaErrorInvalidValue;
   cudaError_t status = cudaSuccess;
   cudaError_t dispatch = visit_expert_variant(a.gate, [&](auto v) {
     using V = decltype(v);
-    status = V::prepare_moe(a.x, a.T, a.d_model, nullptr, 0, base, stream);
+    status = V::prepare_moe(a.x, a.T, a.d_model, nullptr, 0, b.x_images, stream);
     if (status == cudaSuccess)
-      status = V::template launch_moe<kMoeGateUp>(a, a.gate, a.up, a.d_model, base, products, stream);
+      status = V::template launch_moe<kMoeGateUp>(a, a.gate, a.up, a.d_model, b.x_images, b.products, stream);
   });
   if (status != cudaSuccess || dispatch != cudaSuccess) return status != cudaSuccess ? status : dispatch;
   dispatch = visit_expert_variant(a.down, [&](auto v) {
     using V = decltype(v);
-    status = V::prepare_moe(products, a.T, a.k * a.d_ff, a.weights, a.d_ff, base + s.act_images, stream);
+    status = V::prepare_moe(b.products, a.T, a.k * a.d_ff, a.weights, a.d_ff, b.act_images, stream);
     if (status == cudaSuccess)
-      status = V::template launch_moe<kMoeDown>(a, a.down, a.down, a.k * a.d_ff, base + s.act_images, a.out, stream);
+      status = V::template launch_moe<kMoeDown>(a, a.down, a.down, a.k * a.d_ff, b.act_images, a.out, stream);
   });
   return status != cudaSuccess ? status : dispatch;
 }

@@ -420,8 +420,8 @@ cudaError_t launch_moe(const MoeExpertsArgs& a, const ExpertMatrix& m, const Exp
   const int per_sm = blocks_per_sm<1, kMode>(l.total);
   if (per_sm < 1) return cudaErrorInvalidValue;
   const int64_t slots = int64_t(per_sm) * sm_count();
-  const int64_t blocks_y = kMode == kMoeGateUp ? a.T * a.k : a.T;  // pairs, or tokens
-  const int out = int(kMode == kMoeGateUp ? 2 * a.d_ff : a.d_model);
+  const int64_t blocks_y = tiles::moe_block_rows<kMode>(a.T, a.k);
+  const int out = tiles::moe_rows<kMode>(a.d_ff, a.d_model);
   const int n_tiles = (out + kTileRows - 1) / kTileRows, n_blocks = int(in / kBlock);
   Problem p{};
   p.values = static_cast<const uint8_t*>(m.w);
@@ -446,9 +446,8 @@ cudaError_t launch_moe(const MoeExpertsArgs& a, const ExpertMatrix& m, const Exp
   p.expert_stride = m.expert_stride;
   p.up_values = static_cast<const uint8_t*>(up.w);
   p.up_scales = static_cast<const float*>(up.scales);
-  const int64_t per_y = std::max<int64_t>(1, slots / blocks_y);
-  const dim3 grid(unsigned(std::min<int64_t>(p.n_units, per_y)), unsigned(blocks_y));
-  return launch_kernel(fp8_matvec_mma_kernel<1, kMode>, grid, dim3(kWarps * 32), size_t(l.total), stream, p);
+  return launch_kernel(fp8_matvec_mma_kernel<1, kMode>, tiles::moe_grid(p.n_units, slots, blocks_y),
+                       dim3(kWarps * 32), size_t(l.total), stream, p);
 }
 
 tiles::MoeScratch moe_scratch(const MoeExpertsArgs& a) {
@@ -467,18 +466,16 @@ bool moe_experts_fp8_mma_supports(const MoeExpertsArgs& a) {
 int64_t moe_experts_fp8_mma_scratch_bytes(const MoeExpertsArgs& a) { return moe_scratch(a).total; }
 
 cudaError_t launch_moe_experts_fp8_mma(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream) {
-  if (!moe_experts_fp8_mma_supports(a) || reinterpret_cast<uintptr_t>(a.x) % 16 ||
-      reinterpret_cast<uintptr_t>(scratch) % 256)
-    return cudaErrorInvalidValue;
-  const tiles::MoeScratch s = moe_scratch(a);
-  uint8_t* base = static_cast<uint8_t*>(scratch);
-  float* products = reinterpret_cast<float*>(base + s.products);
-  cudaError_t status = prepare_moe(a.x, a.T, a.d_model, nullptr, 1, base, stream);
-  if (status == cudaSuccess) status = launch_moe<kMoeGateUp>(a, a.gate, a.up, a.d_model, base, products, stream);
+  if (!moe_experts_fp8_mma_supports(a)) return cudaErrorInvalidValue;
+  const tiles::MoeBuffers b = tiles::moe_buffers(moe_scratch(a), scratch, a.x);
+  if (!b.x_images) return cudaErrorInvalidValue;
+  cudaError_t status = prepare_moe(a.x, a.T, a.d_model, nullptr, 1, b.x_images, stream);
   if (status == cudaSuccess)
-    status = prepare_moe(products, a.T, a.k * a.d_ff, a.weights, a.d_ff, base + s.act_images, stream);
+    status = launch_moe<kMoeGateUp>(a, a.gate, a.up, a.d_model, b.x_images, b.products, stream);
   if (status == cudaSuccess)
-    status = launch_moe<kMoeDown>(a, a.down, a.down, a.k * a.d_ff, base + s.act_images, a.out, stream);
+    status = prepare_moe(b.products, a.T, a.k * a.d_ff, a.weights, a.d_ff, b.act_images, stream);
+  if (status == cudaSuccess)
+    status = launch_moe<kMoeDown>(a, a.down, a.down, a.k * a.d_ff, b.act_images, a.out, stream);
   return status;
 }
 

@@ -83,6 +83,22 @@ __device__ __forceinline__ MoeBlock moe_block(const int32_t* ids, int k, int64_t
   return b;
 }
 
+// A MoE launch's block rows (blockIdx.y: gate/up's pairs, or down's tokens) and
+// the rows each computes (both stacks' d_ff rows, or d_model), and its grid: as
+// many units a block row as share the slots.
+template <int kMode>
+int64_t moe_block_rows(int64_t T, int64_t k) {
+  return kMode == kMoeGateUp ? T * k : T;
+}
+template <int kMode>
+int moe_rows(int64_t d_ff, int64_t d_model) {
+  return int(kMode == kMoeGateUp ? 2 * d_ff : d_model);
+}
+inline dim3 moe_grid(int n_units, int64_t slots, int64_t block_rows) {
+  const int64_t per_row = slots / block_rows > 1 ? slots / block_rows : 1;
+  return dim3(unsigned(n_units < per_row ? n_units : per_row), unsigned(block_rows));
+}
+
 // Where the experts' decode keeps its scratch, 256-byte aligned parts: x's
 // images of the T tokens (at 0, `x_image` bytes each), the gate/up products
 // [2][T k][d_ff] f32, the activations' images (`act_image` bytes each).
@@ -96,6 +112,18 @@ inline MoeScratch moe_scratch(int64_t T, int64_t k, int64_t d_ff, int64_t x_imag
   s.act_images = s.products + round(2 * T * k * d_ff * int64_t(sizeof(float)));
   s.total = s.act_images + round(T * act_image);
   return s;
+}
+// Those parts at `scratch`; none (x_images null) unless scratch is 256-byte
+// aligned and x 16-byte aligned, as the prepare kernels' copies need.
+struct MoeBuffers {
+  uint8_t* x_images = nullptr;
+  float* products = nullptr;
+  uint8_t* act_images = nullptr;
+};
+inline MoeBuffers moe_buffers(const MoeScratch& s, void* scratch, const float* x) {
+  if (reinterpret_cast<uintptr_t>(x) % 16 || reinterpret_cast<uintptr_t>(scratch) % 256) return {};
+  uint8_t* base = static_cast<uint8_t*>(scratch);
+  return {base, reinterpret_cast<float*>(base + s.products), base + s.act_images};
 }
 
 // Where the rows of token column t of the tile at row0 go: y [T, out]; gate/up,
