@@ -53,6 +53,7 @@ int DecodeStep::begin(const Tensor& prefill_logits) {
 
 void DecodeStep::run_step() {
   ops::set_decode_keys(length() + 1);
+  ops::set_cached_rows_final(true);  // see advance_position, the step's last kernel
   Tensor logits = model_.run(tokens_, pos_, states_, /*all_logits=*/false);  // [B, vocab]
   sampler_.sample(logits, tokens_.data<int32_t>());
   ops::advance_position(pos_, 1);
@@ -63,7 +64,10 @@ int DecodeStep::queue() {
   // run_step says its key count to the launches; what runs next (a prefill) is
   // not this step, even when this one throws.
   struct ForgetKeys {
-    ~ForgetKeys() { ops::set_decode_keys(0); }
+    ~ForgetKeys() {
+      ops::set_decode_keys(0);
+      ops::set_cached_rows_final(false);
+    }
   } forget_keys;
   if (!use_graph_) {
     for (SeqState* s : states_) s->reserve(s->length() + 1);

@@ -185,6 +185,7 @@ void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const 
 
 void set_launch_settings(const LaunchSettings& settings) { cuda::set_launch_settings(settings); }
 void set_decode_keys(int64_t keys) { cuda::set_decode_keys(keys); }
+void set_cached_rows_final(bool final) { cuda::set_cached_rows_final(final); }
 KeyCountRange decode_keys_range() { return cuda::decode_keys_range(); }
 
 void fill_random_bytes(Tensor& t, uint64_t seed, uint8_t mask) {

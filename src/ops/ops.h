@@ -97,6 +97,13 @@ struct KeyCountRange {
 };
 void set_decode_keys(int64_t keys);
 KeyCountRange decode_keys_range();
+// Said by a decode step for the launches that follow (off unless said): its
+// position tensor and the cache rows before that position were final before
+// the step's first kernel started (a graph replay begins after the one before
+// has ended; an eager step follows advance_position, which lets no kernel start
+// before it ends). Attention then loads those rows before it waits for the
+// kernel before it (lever programmatic_launch). No effect on the CPU.
+void set_cached_rows_final(bool final);
 
 // Column blocks of x [T, sum(widths)] as tensors [T, width]: views when T == 1
 // (contiguous already), copies otherwise (on the GPU one launch, at most 4 parts).

@@ -15,6 +15,7 @@
 // a key's lanes still read one contiguous row; in a batch (rows_are_sequences)
 // grid.y indexes the sequence, each reading its own table, all at *pos.
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -185,9 +186,13 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
                          float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
                          int n_heads, int n_kv_heads, int head_dim, const int32_t* __restrict__ pos_dev,
                          int64_t pos0, float scale, int n_splits, const __grid_constant__ KvTables tables,
-                         const __grid_constant__ FreshArgs<kFresh> fresh) {
+                         const __grid_constant__ FreshArgs<kFresh> fresh, bool rows_final) {
   allow_next_kernel();
-  wait_for_previous_kernel();
+  // rows_final (a decode step, ops::set_cached_rows_final): the position and
+  // the cache rows before it were final before the forward's first kernel
+  // started, so the first step's loads of those rows go out before the wait,
+  // during the kernels before this one. Otherwise everything waits.
+  if (!rows_final) wait_for_previous_kernel();
   using S = Lanes<KV, HD, NW>;
   using St = Storage<KV>;
   using Piece = typename St::Piece;
@@ -202,7 +207,8 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
   const int subgroup = threadIdx.x / L, sub_lane = threadIdx.x % L;
   const int32_t* table = tables.table[tables.rows_are_sequences ? t : 0];
 
-  const int n_keys = int((pos_dev ? *pos_dev : pos0) + (tables.rows_are_sequences ? 0 : t) + 1);
+  const int first_new = int(pos_dev ? *pos_dev : pos0);  // the forward's first position: rows before it are old
+  const int n_keys = first_new + (tables.rows_are_sequences ? 0 : t) + 1;
   // A wide grid (lever wide_attention_blocks) may hold fewer splits than the
   // partials, the rest past the keys. Should a step have keys past the grid (a
   // graph replayed outside the key counts it was captured for), its last block
@@ -212,20 +218,24 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
   auto head_ok = [&](int g) { return head0 + g < group; };
   auto slot_of = [&](int g, int s) { return (int64_t(t) * n_heads + kv_h * group + head0 + g) * n_splits + s; };
   auto slot = [&](int g) { return slot_of(g, split); };
+  const int new_key = n_keys - 1;
+  // Keys from old_keys_end on were (or are being) written by this forward's kernels.
+  const int old_keys_end = rows_final ? first_new : INT_MAX;
 
-  // Block `split` marks the partials' splits past the grid, split + j * gridDim.z, empty.
-  if (threadIdx.x < HB && head_ok(threadIdx.x))
-    for (int s = split + int(gridDim.z); s < n_splits; s += int(gridDim.z)) {
-      part_m[slot_of(threadIdx.x, s)] = -INFINITY;
-      part_l[slot_of(threadIdx.x, s)] = 0;
-    }
-  if (range.begin >= range.end) {
+  // Block `split` marks the partials' splits past the grid, split + j * gridDim.z, empty,
+  // and a split with no keys its own (after the wait).
+  auto mark_empty_splits = [&] {
     if (threadIdx.x < HB && head_ok(threadIdx.x)) {
-      part_m[slot(threadIdx.x)] = -INFINITY;
-      part_l[slot(threadIdx.x)] = 0;
+      for (int s = split + int(gridDim.z); s < n_splits; s += int(gridDim.z)) {
+        part_m[slot_of(threadIdx.x, s)] = -INFINITY;
+        part_l[slot_of(threadIdx.x, s)] = 0;
+      }
+      if (range.begin >= range.end) {
+        part_m[slot(threadIdx.x)] = -INFINITY;
+        part_l[slot(threadIdx.x)] = 0;
+      }
     }
-    return;
-  }
+  };
 
   // Lever rope_in_attention: the warps normalise and rotate the block's q rows
   // into shared memory, and in the split holding the new key (position
@@ -233,7 +243,6 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
   // them (head chunk 0 also writing them to the cache): the loop below takes
   // that key from there, the same bits it would have loaded. The first step's
   // K/V loads are issued before this; the angles are computed once a block.
-  const int new_key = n_keys - 1;
   __shared__ float fresh_q[kFresh ? HB : 1][kFresh ? HD : 1];
   __shared__ __align__(16) typename St::Unit fresh_kv[2][kFresh ? HD : 8];  // k, v
   auto prepare_fresh = [&] {
@@ -310,7 +319,6 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
         }
     }
   };
-  if constexpr (!kFresh) load_q();
 #pragma unroll
   for (int g = 0; g < HB; ++g) {
 #pragma unroll
@@ -351,31 +359,46 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
     kr = *reinterpret_cast<const Piece*>(&fresh_kv[0][piece_offset<KV, HD>(c, sub_lane)]);
     vr = *reinterpret_cast<const Piece*>(&fresh_kv[1][piece_offset<KV, HD>(c, sub_lane)]);
   };
+  // Piece c of the key in storage row `row` from the cache.
+  auto load_piece = [&](int64_t row, int c, Piece& kr, Piece& vr, Groups& gr) {
+    const int64_t off = St::units(row * row_stride + piece_offset<KV, HD>(c, sub_lane));
+    kr = __ldg(reinterpret_cast<const Piece*>(k_lane + off));
+    vr = __ldg(reinterpret_cast<const Piece*>(v_lane + off));
+    if constexpr (St::quantized) {
+      const int64_t g = (row * n_kv_heads + kv_h) * groups_per_head + piece_group[c];
+      gr = Groups{__ldg(groups.k_scales + g), __ldg(groups.k_biases + g), __ldg(groups.v_scales + g),
+                  __ldg(groups.v_biases + g)};
+    }
+  };
   // fresh_ready: fresh_kv holds the new key (lever rope_in_attention); before
-  // that, the new key's pieces are left 0 and loaded again once it is.
+  // that, the new key's pieces are left 0 and loaded again once it is. Keys
+  // from `newer` on are left 0 too (loaded by load_newer after the wait).
   auto load = [&](int base, const int (&rows)[KPI], Piece (&kr)[KPI][C], Piece (&vr)[KPI][C], Groups (&gr)[KPI][C],
-                  bool fresh_ready = true) {
+                  bool fresh_ready = true, int newer = INT_MAX) {
 #pragma unroll
     for (int j = 0; j < KPI; ++j) {
       const int s = base + j * S::kSubgroups + subgroup;
-      const int64_t row = rows[j];  // the key's storage row
 #pragma unroll
       for (int c = 0; c < C; ++c) {
         kr[j][c] = vr[j][c] = Piece{};
         gr[j][c] = Groups{0, 0, 0, 0};  // dense storage: never read, optimised away
         if (kFresh && s == new_key && s < range.end) {  // the new key, from the block's own copy
           if (fresh_ready && piece_ok[c]) take_fresh(c, kr[j][c], vr[j][c]);
-        } else if (s < range.end && piece_ok[c]) {
-          const int64_t off = St::units(row * row_stride + piece_offset<KV, HD>(c, sub_lane));
-          kr[j][c] = __ldg(reinterpret_cast<const Piece*>(k_lane + off));
-          vr[j][c] = __ldg(reinterpret_cast<const Piece*>(v_lane + off));
-          if constexpr (St::quantized) {
-            const int64_t g = (row * n_kv_heads + kv_h) * groups_per_head + piece_group[c];
-            gr[j][c] = Groups{__ldg(groups.k_scales + g), __ldg(groups.k_biases + g), __ldg(groups.v_scales + g),
-                              __ldg(groups.v_biases + g)};
-          }
+        } else if (s < range.end && s < newer && piece_ok[c]) {
+          load_piece(rows[j], c, kr[j][c], vr[j][c], gr[j][c]);
         }
       }
+    }
+  };
+  auto load_newer = [&](int base, const int (&rows)[KPI], Piece (&kr)[KPI][C], Piece (&vr)[KPI][C],
+                        Groups (&gr)[KPI][C], int newer) {
+#pragma unroll
+    for (int j = 0; j < KPI; ++j) {
+      const int s = base + j * S::kSubgroups + subgroup;
+      if (s < newer || s >= range.end || (kFresh && s == new_key)) continue;
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (piece_ok[c]) load_piece(rows[j], c, kr[j][c], vr[j][c], gr[j][c]);
     }
   };
   auto unpack_piece = [&](const Piece& r, uint16_t group_scale, uint16_t group_bias, float* f) {
@@ -387,7 +410,11 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
   Groups g_next[KPI][C];
   int rows[KPI];
   rows_at(range.begin, rows);
-  load(range.begin, rows, k_next, v_next, g_next, /*fresh_ready=*/false);
+  load(range.begin, rows, k_next, v_next, g_next, /*fresh_ready=*/false, old_keys_end);
+  wait_for_previous_kernel();  // a no-op when it already waited
+  mark_empty_splits();
+  if (range.begin >= range.end) return;
+  if (rows_final) load_newer(range.begin, rows, k_next, v_next, g_next, old_keys_end);
   if constexpr (kFresh) {
     prepare_fresh();
 #pragma unroll
@@ -397,8 +424,8 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
       for (int c = 0; c < C; ++c)
         if (s == new_key && s < range.end && piece_ok[c]) take_fresh(c, k_next[j][c], v_next[j][c]);
     }
-    load_q();
   }
+  load_q();  // q is the kernel before this one's output
   rows_at(range.begin + kStep, rows);
   // The loop bounds are the same for every thread of the block, so every lane
   // reaches every shuffle.
@@ -733,11 +760,12 @@ void launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k, const
                       int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
                       const KvTables& tables, cudaStream_t stream, const FreshArgs<kFresh>& fresh = {}) {
   const int group = n_heads / n_kv_heads;
+  const bool rows_final = pos_dev && cached_rows_final();
   auto go = [&]<int HB, int NW>(int grid_splits) {
     const int chunks = (group + HB - 1) / HB;
     launch_kernel(attention_gqa_kernel<KV, HD, HB, kFresh, NW>, dim3(n_kv_heads * chunks, T, grid_splits), NW * 32,
         0, stream, q, k, v, groups, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale,
-        n_splits, tables, fresh);
+        n_splits, tables, fresh, rows_final);
   };
   if constexpr (kHasWideForm<KV, HD>) {
     const WideForm wide = wide_form(group, T * n_kv_heads, n_splits);

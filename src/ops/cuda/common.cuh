@@ -50,9 +50,10 @@ cudaError_t visit_float(DType dt, Fn&& fn) {
 // while the lever is on may start before the previous kernel on the stream has
 // finished: it must call wait_for_previous_kernel() before it reads anything the
 // previous kernels wrote or writes anything they read. Work before the wait may
-// only touch memory no kernel writes (weights), or what a kernel two back wrote
+// only touch memory no kernel writes (weights), what a kernel two back wrote
 // where the one between allows this one only after its own wait (moe.cu's
-// experts). allow_next_kernel() lets the
+// experts), or in a decode step the position and the cache rows before it
+// (attention.cu; ops::set_cached_rows_final). allow_next_kernel() lets the
 // next kernel start launching; both are no-ops for a plain launch.
 __device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void allow_next_kernel() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }

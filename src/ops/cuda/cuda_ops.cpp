@@ -521,6 +521,7 @@ void set_launch_settings(const LaunchSettings& settings) {
 }
 
 void set_decode_keys(int64_t keys) { mere::cuda::set_decode_keys(keys); }
+void set_cached_rows_final(bool final) { mere::cuda::set_cached_rows_final(final); }
 
 KeyCountRange decode_keys_range() {
   KeyCountRange range;
@@ -581,6 +582,7 @@ bool linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(
 bool swiglu_linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void set_launch_settings(const LaunchSettings&) {}  // nothing launches
 void set_decode_keys(int64_t) {}
+void set_cached_rows_final(bool) {}
 KeyCountRange decode_keys_range() { return {}; }
 void advance_position(Tensor&, int32_t) { no_cuda(); }
 void fill_random_bytes(Tensor&, uint64_t, uint8_t) { no_cuda(); }

@@ -25,6 +25,7 @@ bool swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Tensor& w, const 
 void advance_position(Tensor& pos, int32_t by);
 void set_launch_settings(const LaunchSettings& settings);
 void set_decode_keys(int64_t keys);
+void set_cached_rows_final(bool final);
 KeyCountRange decode_keys_range();
 void fill_random_bytes(Tensor& t, uint64_t seed, uint8_t mask);
 

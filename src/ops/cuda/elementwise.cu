@@ -21,8 +21,10 @@ __global__ void add_kernel(float* h, const float* x, int64_t n) {
     h[i] += x[i];
 }
 
+// It lets the next kernel start only once it has ended (no allow_next_kernel):
+// a decode step after it may then read the position and the cache rows before
+// it ahead of its waits (ops::set_cached_rows_final).
 __global__ void advance_position_kernel(int32_t* pos, int32_t by) {
-  allow_next_kernel();
   wait_for_previous_kernel();
   *pos += by;
 }

@@ -2,7 +2,8 @@
 // matvec_split_k, fp8_activation_gemm, int8_activation_matvec,
 // tensor_core_kv_attention, tensor_core_affine_matvec, int16_activation_matvec,
 // tensor_core_fp8_matvec, tensor_core_moe_matvec, tensor_core_affine_gemm, rope_in_attention and
-// wide_attention_blocks), the decode step's key count, and device queries.
+// wide_attention_blocks), the decode step's key count and its promise that the
+// cache rows before its position are final, and device queries.
 #include <algorithm>
 
 #include "ops/cuda/common.cuh"
@@ -23,6 +24,7 @@ bool tensor_core_affine_gemm = false;
 bool affine_gemm_every_size = false;
 bool rope_in_attention = false;
 bool wide_attention_blocks = false;
+bool rows_final = false;
 int64_t step_keys = 0;
 int64_t step_keys_lo = 1, step_keys_hi = INT64_MAX;
 }
@@ -55,6 +57,8 @@ void set_decode_keys(int64_t keys) {
   step_keys_lo = 1, step_keys_hi = INT64_MAX;
 }
 int64_t decode_keys() { return step_keys; }
+void set_cached_rows_final(bool final) { rows_final = final; }
+bool cached_rows_final() { return rows_final; }
 void narrow_decode_keys_range(int64_t lo, int64_t hi) {
   step_keys_lo = std::max(step_keys_lo, lo);
   step_keys_hi = std::min(step_keys_hi, hi);

@@ -51,6 +51,11 @@ bool wide_attention_blocks_enabled();
 // context narrows the range to the counts that would choose the same.
 void set_decode_keys(int64_t keys);
 int64_t decode_keys();
+// Said by a decode step for its launches (ops::set_cached_rows_final): the
+// position tensor and the cache rows before it were final before the step's
+// first kernel started, so attention may load them before its wait.
+void set_cached_rows_final(bool final);
+bool cached_rows_final();
 void narrow_decode_keys_range(int64_t lo, int64_t hi);
 void decode_keys_range(int64_t& lo, int64_t& hi);
 // MLX affine decode matvecs (T <= 8) on the tensor cores (lever
