@@ -308,9 +308,20 @@ __device__ __forceinline__ void load_input(const Prepare& p, int t, int e, bool 
 template <int kBits, int kGroup, int kDigits, int kKind, typename N>
 __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
   if (!p.allow_after_wait) allow_next_kernel();
+  const int runs = p.full / 8, lane = threadIdx.x % 32;
+  // RMSNorm: the thread's norm weights never change in a forward, so they are
+  // read before the wait (as rms_norm_kernel's are). Read after it, they cost
+  // a trip to memory that the next matvec's early weight loads keep busy
+  // (Llama-3-8B int4 decode 5% slower, docs/benchmarks.md).
+  float weight[8];
+  if constexpr (kKind == int(AffineMmaInput::Kind::rms_normed)) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    const N* norm_w = static_cast<const N*>(p.norm_w) + (r < runs ? 8 * r : 0);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) weight[j] = r < runs ? to_float(norm_w[j]) : 0.0f;
+  }
   wait_for_previous_kernel();
   if (p.allow_after_wait) allow_next_kernel();
-  const int runs = p.full / 8, lane = threadIdx.x % 32;
   if constexpr (kKind != int(AffineMmaInput::Kind::rms_normed)) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;  // T * runs is a multiple of G / 8
     if (i - lane >= p.T * runs) return;                   // the whole warp is past the end
@@ -323,16 +334,13 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     stage_values<kBits, kGroup, kDigits>(v, p.T, t, e_in_part, active, p.x_stride, staged, p.x_bytes);
   } else {
     const int t = blockIdx.y;
-    // The thread's own run of h and its norm weights are read first, with the
-    // loads of the sum of squares, so that none waits after the reduction.
+    // The thread's own run of h is read first, with the loads of the sum of
+    // squares, so that none waits after the reduction.
     const int r = blockIdx.x * blockDim.x + threadIdx.x;  // runs is a multiple of G / 8
     const bool active = r < runs;
     const int e = active ? 8 * r : 0;
-    float v[8], weight[8];
+    float v[8];
     load_input<int(AffineMmaInput::Kind::plain)>(p, t, e, active, v);
-    const N* norm_w = static_cast<const N*>(p.norm_w) + e;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) weight[j] = active ? to_float(norm_w[j]) : 0.0f;
     const float4* row = reinterpret_cast<const float4*>(p.x + int64_t(t) * p.full);
     // The thread's runs of the row, all loads issued before the first add (one
     // round trip to L2 for rows up to kRunsAtOnce blocks of runs), then summed

@@ -245,18 +245,35 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
   // K/V loads are issued before this; the angles are computed once a block.
   __shared__ float fresh_q[kFresh ? HB : 1][kFresh ? HD : 1];
   __shared__ __align__(16) typename St::Unit fresh_kv[2][kFresh ? HD : 8];  // k, v
+  __shared__ float angle_sin[kFresh ? HD / 2 : 1], angle_cos[kFresh ? HD / 2 : 1];
+  // Rows warp + NW r: the q heads, then (holding the new key) k and v.
+  constexpr int kPerLane = HD / 32, kRowsPerWarp = (HB + 2 + NW - 1) / NW;
+  float fresh_norm[kFresh ? kRowsPerWarp : 1][kFresh ? kPerLane : 1];  // the rows' q/k norm weights
+  // What the new rows' norm and rotation take besides the rows: the norm
+  // weights (constant) and the angles (of the position only), so a decode step
+  // prepares them before its wait.
+  auto prepare_angles = [&] {
+    if constexpr (kFresh) {
+      for (int i = threadIdx.x; i < fresh.rope.half; i += blockDim.x)
+        rope_angle(fresh.rope, i, new_key, angle_sin[i], angle_cos[i]);
+#pragma unroll
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        const int r = warp + NW * rr;
+        const void* norm = r < HB ? fresh.rows.q_norm : r == HB ? fresh.rows.k_norm : nullptr;
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i)
+          fresh_norm[rr][i] = norm && lane + 32 * i < head_dim ? norm_weight(norm, fresh.rows.norm_dtype, lane + 32 * i)
+                                                              : 0.0f;
+      }
+    }
+  };
   auto prepare_fresh = [&] {
     if constexpr (kFresh) {
       static_assert(!St::quantized, "rope_in_attention writes dense caches only");
-      constexpr int kPerLane = HD / 32, kRowsPerWarp = (HB + 2 + NW - 1) / NW;
       __shared__ float staged[NW][HD];
-      __shared__ float angle_sin[HD / 2], angle_cos[HD / 2];
       const FreshRows& rows = fresh.rows;
       const RopeParams& rope = fresh.rope;
-      for (int i = threadIdx.x; i < rope.half; i += blockDim.x)
-        rope_angle(rope, i, new_key, angle_sin[i], angle_cos[i]);
-      // Rows warp + NW r: the q heads, then (holding the new key) k and v;
-      // every row's loads in flight before any is used.
+      // Every row's loads in flight before any is used.
       const int n_rows = HB + (range.end == n_keys ? 2 : 0);
       auto row_ok = [&](int r) { return r < n_rows && (r >= HB || head_ok(r)); };
       float e[kRowsPerWarp][kPerLane];
@@ -278,7 +295,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
         if (!is_v) {
           const void* norm = is_q ? rows.q_norm : rows.k_norm;
           norm_and_rotate_row(
-              e[rr], norm != nullptr, [&](int j) { return norm_weight(norm, rows.norm_dtype, j); }, rows.eps, rope,
+              e[rr], norm != nullptr, fresh_norm[rr], rows.eps, rope,
               [&](int m, float& sn, float& cs) { sn = angle_sin[m], cs = angle_cos[m]; }, head_dim, staged[warp],
               lane);
         }
@@ -411,7 +428,9 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
   int rows[KPI];
   rows_at(range.begin, rows);
   load(range.begin, rows, k_next, v_next, g_next, /*fresh_ready=*/false, old_keys_end);
+  if (rows_final) prepare_angles();
   wait_for_previous_kernel();  // a no-op when it already waited
+  if (!rows_final) prepare_angles();
   mark_empty_splits();
   if (range.begin >= range.end) return;
   if (rows_final) load_newer(range.begin, rows, k_next, v_next, g_next, old_keys_end);

@@ -29,15 +29,20 @@ __global__ void __launch_bounds__(kWarps * 32)
                               C* v_cache, const AffineScales affine, int n_heads, int n_kv_heads, int head_dim,
                               const __grid_constant__ KvTables tables) {
   allow_next_kernel();
-  wait_for_previous_kernel();
   __shared__ float staged[kWarps][kMaxAttentionHeadDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarps + warp, t = blockIdx.y;
   const int n_rows = n_heads + 2 * n_kv_heads;
+  const bool is_q = row < n_heads, is_v = row >= n_heads + n_kv_heads;
+  // The row's norm weights, read before the wait (they never change).
+  const N* norm = row >= n_rows || is_v ? nullptr : is_q ? q_norm : k_norm;
+  float norm_w[kMaxPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) norm_w[i] = norm && lane + 32 * i < head_dim ? to_float(norm[lane + 32 * i]) : 0.0f;
+  wait_for_previous_kernel();
   if (row >= n_rows) return;
   const bool per_sequence = tables.rows_are_sequences;
   const int64_t pos = int64_t(*start_pos) + (per_sequence ? 0 : t);
-  const bool is_q = row < n_heads, is_v = row >= n_heads + n_kv_heads;
   const int64_t cache_pos = is_q ? 0 : paged_row(tables.table[per_sequence ? t : 0], pos);  // k, v: the storage row
   const int head = is_q ? row : is_v ? row - n_heads - n_kv_heads : row - n_heads;
   const float* src = is_q ? q + (int64_t(t) * n_heads + head) * head_dim
@@ -70,10 +75,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     return;
   }
-  const N* norm = is_q ? q_norm : k_norm;
   norm_and_rotate_row(
-      e, norm != nullptr, [&](int j) { return to_float(norm[j]); }, eps, rope,
-      [&](int m, float& s, float& c) { rope_angle(rope, m, pos, s, c); }, head_dim, staged[warp], lane);
+      e, norm != nullptr, norm_w, eps, rope, [&](int m, float& s, float& c) { rope_angle(rope, m, pos, s, c); },
+      head_dim, staged[warp], lane);
   if (is_q) {
     float* q_row = q + (int64_t(t) * n_heads + head) * head_dim;
 #pragma unroll

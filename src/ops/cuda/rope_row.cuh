@@ -17,12 +17,15 @@ __device__ __forceinline__ void rope_angle(const RopeParams& rope, int m, int64_
 }
 
 // e holds the row's elements lane + 32 i (0 past head_dim, kPerLane * 32 >=
-// head_dim); on return, the row normalised (when has_norm: norm_at(j) the
-// weight of element j, f32 RMSNorm as rms_norm) and rotated, angle(m, s, c)
-// giving rope_angle's values of pair m. staged is the warp's own shared row of
-// kPerLane * 32 floats, through which a lane reads its rotation partner.
-template <int kPerLane, typename NormAt, typename Angle>
-__device__ __forceinline__ void norm_and_rotate_row(float (&e)[kPerLane], bool has_norm, NormAt norm_at, float eps,
+// head_dim); on return, the row normalised (when has_norm: weight[i] the norm
+// weight of element lane + 32 i, f32 RMSNorm as rms_norm) and rotated,
+// angle(m, s, c) giving rope_angle's values of pair m. staged is the warp's own
+// shared row of kPerLane * 32 floats, through which a lane reads its rotation
+// partner. The callers load the weights before their kernels' waits (they
+// never change in a forward).
+template <int kPerLane, typename Angle>
+__device__ __forceinline__ void norm_and_rotate_row(float (&e)[kPerLane], bool has_norm,
+                                                    const float (&weight)[kPerLane], float eps,
                                                     const RopeParams& rope, Angle angle, int head_dim, float* staged,
                                                     int lane) {
   if (has_norm) {
@@ -33,7 +36,7 @@ __device__ __forceinline__ void norm_and_rotate_row(float (&e)[kPerLane], bool h
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int j = lane + 32 * i;
-      if (j < head_dim) e[i] = norm_at(j) * (e[i] * inv);
+      if (j < head_dim) e[i] = weight[i] * (e[i] * inv);
     }
   }
 #pragma unroll
