@@ -176,6 +176,32 @@ inline Tensor device_table(const std::vector<int32_t>& blocks) {
   return gpu(t);
 }
 
+// B sequences of `rows` cache rows each on one pool of rows * B, block j (16
+// rows) of sequence b at block j * B + b: their block tables (none for one
+// sequence, whose rows are the pool's), and sequence b's first `keys` rows
+// gathered from such a pool (f32, on the CPU).
+inline ops::KvPages interleaved_pages(int64_t B, int64_t rows) {
+  ops::KvPages pages;
+  for (int64_t b = 0; b < B && B > 1; ++b) {
+    std::vector<int32_t> blocks;
+    for (int64_t j = 0; j < rows / 16; ++j) blocks.push_back(int32_t(j * B + b));
+    pages.tables.push_back(device_table(blocks));
+  }
+  return pages;
+}
+inline Tensor sequence_rows(const Tensor& pool, int64_t B, int64_t b, int64_t keys) {
+  const Tensor f32 = pool.to_device(Device::cpu).to(DType::f32);
+  const int64_t row_floats = f32.numel() / f32.shape()[0];
+  Shape shape = f32.shape();
+  shape[0] = keys;
+  Tensor out = Tensor::empty(shape, DType::f32);
+  for (int64_t s = 0; s < keys; ++s) {
+    const int64_t row = B == 1 ? s : (s / 16 * B + b) * 16 + s % 16;
+    std::copy_n(f32.data<float>() + row * row_floats, row_floats, out.data<float>() + s * row_floats);
+  }
+  return out;
+}
+
 // The kernels `run` launches on the current stream, from a graph capture of one
 // call (run it once before, so that the allocator has every size it needs).
 struct KernelLaunch {

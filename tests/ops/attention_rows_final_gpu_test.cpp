@@ -29,7 +29,6 @@ namespace mere {
 namespace {
 
 using test::device_position;
-using test::device_table;
 using test::gpu;
 using test::random;
 using test::relative_error;
@@ -61,12 +60,7 @@ TEST_F(AttentionRowsFinal, LoadsBeforeTheWaitGiveTheSameBits) {
                                                                      : layout == 1 ? "prefill of 5"
                                                                                    : "paged batch of 3",
                                                 pos, wide ? " wide blocks" : "");
-          ops::KvPages pages;
-          for (int64_t b = 0; b < B && B > 1; ++b) {  // block j of sequence b at j * B + b
-            std::vector<int32_t> blocks;
-            for (int64_t j = 0; j < rows / 16; ++j) blocks.push_back(int32_t(j * B + b));
-            pages.tables.push_back(device_table(blocks));
-          }
+          const ops::KvPages pages = test::interleaved_pages(B, rows);
           const Tensor k_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 1).to(c.cache);
           const Tensor v_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 2).to(c.cache);
           const Tensor q = random({rows_q, c.heads, c.head_dim}, DType::f32, uint64_t(pos + 3), 2.0f);
@@ -83,17 +77,12 @@ TEST_F(AttentionRowsFinal, LoadsBeforeTheWaitGiveTheSameBits) {
           EXPECT_TRUE(same_bytes(early, waits)) << label;
 
           // The CPU over each sequence's keys (its rows gathered from its blocks).
-          const Tensor k_f32 = k_pool.to(DType::f32), v_f32 = v_pool.to(DType::f32);
-          const int64_t row_floats = c.kv_heads * c.head_dim, keys = pos + T;
+          const int64_t keys = pos + T;
           Tensor want = Tensor::empty({rows_q, c.heads, c.head_dim}, DType::f32);
           for (int64_t b = 0; b < B; ++b) {
-            Tensor k_seq = Tensor::empty({keys, c.kv_heads, c.head_dim}, DType::f32), v_seq = k_seq.clone();
-            for (int64_t s = 0; s < keys; ++s) {
-              const int64_t row = B == 1 ? s : (s / 16 * B + b) * 16 + s % 16;
-              std::copy_n(k_f32.data<float>() + row * row_floats, row_floats, k_seq.data<float>() + s * row_floats);
-              std::copy_n(v_f32.data<float>() + row * row_floats, row_floats, v_seq.data<float>() + s * row_floats);
-            }
-            const Tensor got = ops::attention(q.slice_rows(b * T, (b + 1) * T).clone(), k_seq, v_seq, pos, scale);
+            const Tensor got = ops::attention(q.slice_rows(b * T, (b + 1) * T).clone(),
+                                              test::sequence_rows(k_pool, B, b, keys),
+                                              test::sequence_rows(v_pool, B, b, keys), pos, scale);
             std::copy_n(got.data<float>(), got.numel(), want.data<float>() + b * T * c.heads * c.head_dim);
           }
           EXPECT_LE(relative_error(early, want, label), 1e-5f) << label;
@@ -111,12 +100,7 @@ TEST_F(AttentionRowsFinal, RopeInAttentionGivesTheSameBits) {
     for (bool wide : {false, true})
       for (int64_t pos : {0, 1, 64, 65, 700}) {
         const std::string label = fmt::format("batch of {} pos {}{}", B, pos, wide ? " wide blocks" : "");
-        ops::KvPages pages;
-        for (int64_t b = 0; b < B && B > 1; ++b) {
-          std::vector<int32_t> blocks;
-          for (int64_t j = 0; j < rows / 16; ++j) blocks.push_back(int32_t(j * B + b));
-          pages.tables.push_back(device_table(blocks));
-        }
+        const ops::KvPages pages = test::interleaved_pages(B, rows);
         const Tensor k_cache = gpu(random({rows * B, kv_heads, hd}, DType::f32, 10).to(DType::bf16));
         const Tensor v_cache = gpu(random({rows * B, kv_heads, hd}, DType::f32, 11).to(DType::bf16));
         const Tensor q = gpu(random({B, heads, hd}, DType::f32, 1, 2.0f));

@@ -30,7 +30,6 @@ namespace mere {
 namespace {
 
 using test::device_position;
-using test::device_table;
 using test::gpu;
 using test::random;
 using test::relative_error;
@@ -70,13 +69,7 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
       for (int64_t keys : {1, 64, 65, 256, 257, 512, 513, 1024, 1025, 2112, 2113, 2500}) {
         const std::string label =
             fmt::format("{}/{}x{} {} B={} keys={}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache), B, keys);
-        // The batch's sequences on one pool, block j of sequence b at j * B + b.
-        ops::KvPages pages;
-        for (int64_t b = 0; b < B && B > 1; ++b) {
-          std::vector<int32_t> blocks;
-          for (int64_t j = 0; j < rows / 16; ++j) blocks.push_back(int32_t(j * B + b));
-          pages.tables.push_back(device_table(blocks));
-        }
+        const ops::KvPages pages = test::interleaved_pages(B, rows);  // the batch's sequences on one pool
         const Tensor k_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 1).to(c.cache);
         const Tensor v_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 2).to(c.cache);
         const Tensor q = random({B, c.heads, c.head_dim}, DType::f32, uint64_t(keys), 2.0f);
@@ -84,17 +77,10 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
 
         // CPU: each sequence's keys gathered from its blocks.
         Tensor want = Tensor::empty({B, c.heads, c.head_dim}, DType::f32);
-        const Tensor k_f32 = k_pool.to(DType::f32), v_f32 = v_pool.to(DType::f32);
-        const int64_t row_floats = c.kv_heads * c.head_dim;
         for (int64_t b = 0; b < B; ++b) {
-          Tensor k_seq = Tensor::empty({keys, c.kv_heads, c.head_dim}, DType::f32), v_seq = k_seq.clone();
-          for (int64_t s = 0; s < keys; ++s) {
-            const int64_t row = B == 1 ? s : (s / 16 * B + b) * 16 + s % 16;
-            std::copy_n(k_f32.data<float>() + row * row_floats, row_floats, k_seq.data<float>() + s * row_floats);
-            std::copy_n(v_f32.data<float>() + row * row_floats, row_floats, v_seq.data<float>() + s * row_floats);
-          }
           const Tensor one = q.slice_rows(b, b + 1).clone();
-          const Tensor got = ops::attention(one, k_seq, v_seq, keys - 1, scale);
+          const Tensor got = ops::attention(one, test::sequence_rows(k_pool, B, b, keys),
+                                            test::sequence_rows(v_pool, B, b, keys), keys - 1, scale);
           std::copy_n(got.data<float>(), got.numel(), want.data<float>() + b * c.heads * c.head_dim);
         }
 
