@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
   // What the new rows' norm and rotation take besides the rows: the norm
   // weights (constant) and the angles (of the position only), so a decode step
   // prepares them before its wait.
-  auto prepare_angles = [&] {
+  auto prepare_norm_and_angles = [&] {
     if constexpr (kFresh) {
       for (int i = threadIdx.x; i < fresh.rope.half; i += blockDim.x)
         rope_angle(fresh.rope, i, new_key, angle_sin[i], angle_cos[i]);
@@ -428,9 +428,9 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
   int rows[KPI];
   rows_at(range.begin, rows);
   load(range.begin, rows, k_next, v_next, g_next, /*fresh_ready=*/false, old_keys_end);
-  if (rows_final) prepare_angles();
+  if (rows_final) prepare_norm_and_angles();
   wait_for_previous_kernel();  // a no-op when it already waited
-  if (!rows_final) prepare_angles();
+  if (!rows_final) prepare_norm_and_angles();
   mark_empty_splits();
   if (range.begin >= range.end) return;
   if (rows_final) load_newer(range.begin, rows, k_next, v_next, g_next, old_keys_end);
