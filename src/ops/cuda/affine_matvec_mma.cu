@@ -309,13 +309,15 @@ template <int kBits, int kGroup, int kDigits, int kKind, typename N>
 __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
   if (!p.allow_after_wait) allow_next_kernel();
   const int runs = p.full / 8, lane = threadIdx.x % 32;
+  // The thread's run: of all tokens' runs, or (kRmsNormed) of token blockIdx.y's.
+  // T * runs and runs are multiples of G / 8.
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
   // RMSNorm: the thread's norm weights never change in a forward, so they are
   // read before the wait (as rms_norm_kernel's are). Read after it, they cost
   // a trip to memory that the next matvec's early weight loads keep busy
   // (Llama-3-8B int4 decode 5% slower, docs/benchmarks.md).
   float weight[8];
   if constexpr (kKind == int(AffineMmaInput::Kind::rms_normed)) {
-    const int r = blockIdx.x * blockDim.x + threadIdx.x;
     const N* norm_w = static_cast<const N*>(p.norm_w) + (r < runs ? 8 * r : 0);
 #pragma unroll
     for (int j = 0; j < 8; ++j) weight[j] = r < runs ? to_float(norm_w[j]) : 0.0f;
@@ -323,10 +325,9 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
   wait_for_previous_kernel();
   if (p.allow_after_wait) allow_next_kernel();
   if constexpr (kKind != int(AffineMmaInput::Kind::rms_normed)) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;  // T * runs is a multiple of G / 8
-    if (i - lane >= p.T * runs) return;                   // the whole warp is past the end
-    const bool active = i < p.T * runs;
-    const int t = active ? i / runs : 0, e = active ? 8 * (i - t * runs) : 0;
+    if (r - lane >= p.T * runs) return;  // the whole warp is past the end
+    const bool active = r < p.T * runs;
+    const int t = active ? r / runs : 0, e = active ? 8 * (r - t * runs) : 0;
     float v[8];
     load_input<kKind>(p, t, e, active, v);
     int e_in_part = 0;
@@ -336,7 +337,6 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     const int t = blockIdx.y;
     // The thread's own run of h is read first, with the loads of the sum of
     // squares, so that none waits after the reduction.
-    const int r = blockIdx.x * blockDim.x + threadIdx.x;  // runs is a multiple of G / 8
     const bool active = r < runs;
     const int e = active ? 8 * r : 0;
     float v[8];

@@ -38,7 +38,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const N* norm = row >= n_rows || is_v ? nullptr : is_q ? q_norm : k_norm;
   float norm_w[kMaxPerLane];
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) norm_w[i] = norm && lane + 32 * i < head_dim ? to_float(norm[lane + 32 * i]) : 0.0f;
+  for (int i = 0; i < kMaxPerLane; ++i)
+    norm_w[i] = norm && lane + 32 * i < head_dim ? to_float(norm[lane + 32 * i]) : 0.0f;
   wait_for_previous_kernel();
   if (row >= n_rows) return;
   const bool per_sequence = tables.rows_are_sequences;
