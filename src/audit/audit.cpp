@@ -86,6 +86,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "tensor_core_fp8_matvec" ? &l.tensor_core_fp8_matvec
                 : name == "rope_in_attention" ? &l.rope_in_attention
                 : name == "wide_attention_blocks" ? &l.wide_attention_blocks
+                : name == "routing_in_experts" ? &l.routing_in_experts
                                                 : nullptr;
   MERE_CHECK(field != nullptr, "--lever {}=...: unknown engine lever", name);
   *field = on;
@@ -184,13 +185,13 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
+    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
                                         lo.fuse_rope_store, lo.rope_in_attention, lo.wide_attention_blocks,
                                         int(lo.fuse_norm_matvec), lo.programmatic_launch,
                                         lo.matvec_split_k, lo.fp8_activation_gemm, lo.int8_activation_matvec,
                                         lo.tensor_core_kv_attention, lo.tensor_core_affine_matvec,
                                         lo.int16_activation_matvec, lo.tensor_core_fp8_matvec,
-                                        int(lo.tensor_core_affine_gemm));
+                                        int(lo.tensor_core_affine_gemm), lo.routing_in_experts);
     auto it = models_.find(key);
     if (it == models_.end()) {
       std::fprintf(stderr, "loading %s\n", dir.c_str());

@@ -48,6 +48,8 @@ struct LoadOptions {
   bool tensor_core_fp8_matvec = false;
   // MoE experts' affine decode on the tensor cores (lever tensor_core_moe_matvec).
   bool tensor_core_moe_matvec = false;
+  // Those experts' gate/up blocks route each token themselves (lever routing_in_experts).
+  bool routing_in_experts = false;
   // MLX affine prefill GEMMs that dequantize their tiles (lever tensor_core_affine_gemm);
   // automatic: where they measured faster (prompts up to 384 tokens, matrices of 2^24 weights).
   LeverMode tensor_core_affine_gemm = LeverMode::off;

@@ -11,24 +11,8 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
   MERE_CHECK(!b.defined() || a.device() == b.device(), "{}: operands on different devices", op);
 }
 
-}  // namespace
-
-uint64_t ExpertWeights::size_bytes() const {
-  uint64_t bytes = down.size_bytes();
-  for (const Weight* w : {&gate, &up, &gate_up})
-    if (w->defined()) bytes += w->size_bytes();
-  return bytes;
-}
-
-Weight ExpertWeights::gate_of(int64_t e) const {
-  return fused() ? gate_up.slice_rows(e * 2 * d_ff, e * 2 * d_ff + d_ff) : gate.slice_rows(e * d_ff, (e + 1) * d_ff);
-}
-Weight ExpertWeights::up_of(int64_t e) const {
-  return fused() ? gate_up.slice_rows(e * 2 * d_ff + d_ff, (e + 1) * 2 * d_ff) : up.slice_rows(e * d_ff, (e + 1) * d_ff);
-}
-Weight ExpertWeights::down_of(int64_t e) const { return down.slice_rows(e * d_model, (e + 1) * d_model); }
-
-MoeChoice moe_route(const Tensor& logits, const MoeRouting& routing, const Tensor& correction) {
+// The routing's arguments checked; the choice's tensors for T tokens.
+MoeChoice checked_choice(const Tensor& logits, const MoeRouting& routing, const Tensor& correction) {
   MERE_CHECK(logits.dtype() == DType::f32 && logits.rank() == 2, "moe_route: logits must be f32 [T, experts], got {} {}",
              dtype_name(logits.dtype()), shape_str(logits.shape()));
   const int64_t T = logits.dim(0), E = logits.dim(1);
@@ -41,16 +25,12 @@ MoeChoice moe_route(const Tensor& logits, const MoeRouting& routing, const Tenso
   MERE_CHECK(!correction.defined() || (correction.dtype() == DType::f32 && correction.shape() == Shape{E}),
              "moe_route: correction must be f32 [{}]", E);
   check_same_device("moe_route", logits, correction);
-  MoeChoice choice{Tensor::empty({T, routing.top_k}, DType::i32, logits.device()),
+  return MoeChoice{Tensor::empty({T, routing.top_k}, DType::i32, logits.device()),
                    Tensor::empty({T, routing.top_k}, DType::f32, logits.device())};
-  switch (logits.device()) {
-    case Device::cpu: cpu::moe_route(logits, routing, correction, choice); break;
-    case Device::cuda: cuda::moe_route(logits, routing, correction, choice); break;
-  }
-  return choice;
 }
 
-Tensor moe_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice) {
+// The experts' arguments checked against x and the choice's shapes; the output.
+Tensor checked_output(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice) {
   const int64_t E = experts.n_experts, f = experts.d_ff, d = experts.d_model;
   MERE_CHECK(x.dtype() == DType::f32 && x.rank() == 2 && x.dim(1) == d, "moe_experts: x {} {} for d_model {}",
              dtype_name(x.dtype()), shape_str(x.shape()), d);
@@ -72,10 +52,57 @@ Tensor moe_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoic
   check_same_device("moe_experts", x, choice.ids);
   check_same_device("moe_experts", x, choice.weights);
   MERE_CHECK(experts.down.device() == x.device(), "moe_experts: experts and x on different devices");
-  Tensor out = Tensor::empty({T, d}, DType::f32, x.device());
+  return Tensor::empty({T, d}, DType::f32, x.device());
+}
+
+}  // namespace
+
+
+uint64_t ExpertWeights::size_bytes() const {
+  uint64_t bytes = down.size_bytes();
+  for (const Weight* w : {&gate, &up, &gate_up})
+    if (w->defined()) bytes += w->size_bytes();
+  return bytes;
+}
+
+Weight ExpertWeights::gate_of(int64_t e) const {
+  return fused() ? gate_up.slice_rows(e * 2 * d_ff, e * 2 * d_ff + d_ff) : gate.slice_rows(e * d_ff, (e + 1) * d_ff);
+}
+Weight ExpertWeights::up_of(int64_t e) const {
+  return fused() ? gate_up.slice_rows(e * 2 * d_ff + d_ff, (e + 1) * 2 * d_ff) : up.slice_rows(e * d_ff, (e + 1) * d_ff);
+}
+Weight ExpertWeights::down_of(int64_t e) const { return down.slice_rows(e * d_model, (e + 1) * d_model); }
+
+MoeChoice moe_route(const Tensor& logits, const MoeRouting& routing, const Tensor& correction) {
+  MoeChoice choice = checked_choice(logits, routing, correction);
+  switch (logits.device()) {
+    case Device::cpu: cpu::moe_route(logits, routing, correction, choice); break;
+    case Device::cuda: cuda::moe_route(logits, routing, correction, choice); break;
+  }
+  return choice;
+}
+
+Tensor moe_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice) {
+  Tensor out = checked_output(x, experts, choice);
   switch (x.device()) {
     case Device::cpu: cpu::moe_experts(x, experts, choice, out); break;
     case Device::cuda: cuda::moe_experts(x, experts, choice, out); break;
+  }
+  return out;
+}
+
+Tensor moe_routed_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
+                          const MoeRouting& routing, const Tensor& correction) {
+  MoeChoice choice = checked_choice(logits, routing, correction);
+  MERE_CHECK(logits.dim(0) == x.dim(0), "moe_routed_experts: logits for {} tokens, x for {}", logits.dim(0), x.dim(0));
+  Tensor out = checked_output(x, experts, choice);
+  check_same_device("moe_routed_experts", x, logits);
+  switch (x.device()) {
+    case Device::cpu:
+      cpu::moe_route(logits, routing, correction, choice);
+      cpu::moe_experts(x, experts, choice, out);
+      break;
+    case Device::cuda: cuda::moe_routed_experts(x, experts, logits, routing, correction, choice, out); break;
   }
   return out;
 }

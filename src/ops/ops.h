@@ -78,6 +78,7 @@ struct LaunchSettings {
   bool int16_activation_matvec = false;
   bool tensor_core_fp8_matvec = false;  // lever tensor_core_fp8_matvec: FP8 decode matvecs on mma
   bool tensor_core_moe_matvec = false;  // lever tensor_core_moe_matvec: affine MoE experts' decode on mma
+  bool routing_in_experts = false;  // lever routing_in_experts: those experts' gate/up route each token themselves
   // Lever tensor_core_affine_gemm: affine prefill on the GEMM that dequantizes its
   // tiles, where it measured faster (auto), or at every size (on).
   bool tensor_core_affine_gemm = false;
@@ -316,6 +317,11 @@ struct ExpertWeights {
 // out[t] = sum_j weights[t, j] * down_e(silu(gate_e x[t]) * up_e x[t]), e = ids[t, j].
 // x f32 [T, d_model] -> [T, d_model] f32. Tokens routed to one expert read its weights once.
 Tensor moe_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice);
+// moe_experts(x, experts, moe_route(logits, routing, correction)) as one op: on
+// the GPU under lever routing_in_experts the tensor-core experts' first matvec
+// routes each token itself (the same choice), one launch fewer.
+Tensor moe_routed_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
+                          const MoeRouting& routing, const Tensor& correction = Tensor());
 // out[t] += y[t] * sigmoid(gate[t]) (a shared expert's gate; gate f32 [T, 1]),
 // or out += y when gate is undefined. out, y f32 [T, d].
 void add_gated(Tensor& out, const Tensor& y, const Tensor& gate);

@@ -128,5 +128,26 @@ TEST(Levers, TensorCoreMoeMatvecIsACudaLever) {
   }
 }
 
+// routing_in_experts: on by default, a CUDA lever switched by its variable, in
+// effect only with the tensor-core experts it routes in.
+TEST(Levers, RoutingInExpertsIsACudaLeverOfTheTensorCoreExperts) {
+  EXPECT_TRUE(Levers{}.routing_in_experts);
+  EXPECT_TRUE(Levers{}.load_options(Device::cuda).routing_in_experts);
+  EXPECT_FALSE(Levers::all_off().routing_in_experts);
+  EXPECT_FALSE(Levers{}.load_options(Device::cpu).routing_in_experts);
+  for (const char* value : {"0", "1"}) {
+    ScopedEnv env("MERERUN_ROUTING_IN_EXPERTS", value);
+    const bool on = value[0] == '1';
+    EXPECT_EQ(Levers::from_env().routing_in_experts, on);
+    EXPECT_EQ(Levers::from_env().load_options(Device::cuda).routing_in_experts, on);
+    const std::string described = std::string("routing_in_experts=") + (on ? "on" : "off");
+    EXPECT_NE(Levers::from_env().describe(Device::cuda).find(described), std::string::npos);
+  }
+  Levers without_experts;
+  without_experts.routing_in_experts = true;
+  without_experts.tensor_core_moe_matvec = false;
+  EXPECT_FALSE(without_experts.load_options(Device::cuda).routing_in_experts);
+}
+
 }  // namespace
 }  // namespace mere

@@ -5,6 +5,10 @@
 // and skewed routing.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+#include <utility>
+
 #include "core/device.h"
 #include "gpu_test_util.h"
 #include "ops/ops.h"
@@ -35,6 +39,31 @@ TEST_F(MoeOpsGpu, RouteMatchesCpu) {
   const Tensor correction = random({128}, DType::f32, 2, 0.5f);
   expect_same_choice(ops::moe_route(gpu(logits), deepseek, gpu(correction)), ops::moe_route(logits, deepseek, correction),
                      "route sigmoid groups 8/4 + correction");
+}
+
+// A NaN logit (a model gone wrong upstream) makes every softmax score of its
+// token NaN: the ids must still name experts (a NaN is chosen last, ties to
+// the lower index), so the experts' kernels read real rows and the NaN reaches
+// the output instead of an illegal address. Other tokens route as on the CPU.
+TEST_F(MoeOpsGpu, NanLogitsStillNameExperts) {
+  const int64_t E = 16;
+  Tensor logits = random({2, E}, DType::f32, 170, 2.0f);
+  logits.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();  // token 0's expert 3
+  for (const ops::MoeRouting& routing :
+       {ops::MoeRouting{.top_k = 4, .renormalize = true},
+        ops::MoeRouting{.score = ops::MoeRouting::Score::sigmoid, .top_k = 4}}) {
+    const ops::MoeChoice got = ops::moe_route(gpu(logits), routing);
+    const Tensor ids = got.ids.to_device(Device::cpu);
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+      EXPECT_GE(ids.data<int32_t>()[i], 0);
+      EXPECT_LT(ids.data<int32_t>()[i], E);
+    }
+    // Sigmoid scores are per expert: only expert 3 is NaN, and it is not chosen.
+    if (routing.score == ops::MoeRouting::Score::sigmoid)
+      for (int64_t j = 0; j < 4; ++j) EXPECT_NE(ids.data<int32_t>()[j], 3);
+    const ops::MoeChoice want = ops::moe_route(logits.slice_rows(1, 2), routing);
+    for (int64_t j = 0; j < 4; ++j) EXPECT_EQ(ids.data<int32_t>()[4 + j], want.ids.data<int32_t>()[j]);
+  }
 }
 
 Weight random_affine(int64_t rows, int64_t cols, int bits, int group, uint64_t seed) {
@@ -198,6 +227,87 @@ TEST_F(MoeTensorCoreGpu, FallsBackWhereItCannotRunAndMixesFormats) {
     const Tensor got = ops::moe_experts(gpu(x), wg, on_gpu(c));
     ops::set_launch_settings({});
     EXPECT_LE(relative_error(got, ops::moe_experts(x, w, c), "int4 gate/up, int8 down"), 1e-5f);
+  }
+}
+
+// Lever routing_in_experts: the tensor-core affine experts' gate/up blocks route
+// each token themselves with the routing kernel's code, so the output is the
+// lever off's bit for bit, with the routing kernel gone. Softmax with and
+// without renormalising, sigmoid scores in groups with a correction and a
+// scale (DeepSeek-V3's form), E of 12 to 256, k of 1 to 8, 1 to 8 tokens. The
+// logits are multiples of 1/4, so that exact ties (to the lower index) occur
+// and the CPU's and GPU's expf cannot order a near-tie differently.
+TEST_F(MoeTensorCoreGpu, RoutingInExpertsGivesTheRoutingKernelsChoiceBitForBit) {
+  struct Case {
+    std::string format;
+    int group;
+    int64_t E, f, d;
+    ops::MoeRouting routing;
+    bool correction;
+  };
+  const ops::MoeRouting deepseek{.score = ops::MoeRouting::Score::sigmoid, .top_k = 4, .renormalize = true,
+                                 .scale = 2.5f, .n_groups = 8, .top_groups = 4};
+  for (const Case& s : {Case{"int4", 64, 128, 256, 512, {.top_k = 8, .renormalize = true}, false},
+                        Case{"int8", 32, 12, 128, 256, {.top_k = 2}, false},
+                        Case{"int4", 32, 256, 256, 256, deepseek, true},
+                        Case{"int8", 128, 128, 256, 512, {.top_k = 1}, false}})
+    for (bool fused : {false, true}) {
+      const ops::ExpertWeights w = random_experts(s.E, s.f, s.d, s.format, fused, s.group), wg = on_gpu(w);
+      const Tensor correction = s.correction ? random({s.E}, DType::f32, 140, 0.5f) : Tensor();
+      const Tensor correction_gpu = s.correction ? gpu(correction) : Tensor();
+      for (int64_t T : {1, 3, 8}) {
+        const Tensor x = random({T, s.d}, DType::f32, 141 + uint64_t(T));
+        Tensor logits = random({T, s.E}, DType::f32, 150 + uint64_t(T), 2.0f);
+        for (int64_t i = 0; i < logits.numel(); ++i) logits.data<float>()[i] = std::round(logits.at(i) * 4) / 4;
+        const std::string label = s.format + " E=" + std::to_string(s.E) + " k=" + std::to_string(s.routing.top_k) +
+                                  (s.correction ? " sigmoid groups" : "") + (fused ? " fused" : "") +
+                                  " T=" + std::to_string(T);
+        const Tensor xg = gpu(x), lg = gpu(logits);
+        auto run = [&] { return ops::moe_routed_experts(xg, wg, lg, s.routing, correction_gpu); };
+        auto routing_kernels = [](const std::vector<test::KernelLaunch>& launches) {
+          size_t n = 0;
+          for (const auto& k : launches) n += k.name.find("moe_route") != std::string::npos;
+          return n;
+        };
+        ops::set_launch_settings({.tensor_core_moe_matvec = true});
+        const auto kernels_off = test::kernel_launches_by(run);
+        const Tensor off = run().to_device(Device::cpu);
+        ops::set_launch_settings({.tensor_core_moe_matvec = true, .routing_in_experts = true});
+        const auto kernels_on = test::kernel_launches_by(run);
+        const Tensor on = run().to_device(Device::cpu);
+        ops::set_launch_settings({});
+        EXPECT_EQ(test::max_abs_diff(on, off).diff, 0.0f) << label;
+        EXPECT_EQ(kernels_off.size(), 5u) << label;  // routing, then the tensor-core experts' four
+        EXPECT_EQ(routing_kernels(kernels_off), 1u) << label;
+        EXPECT_EQ(routing_kernels(kernels_on), 0u) << label;
+        EXPECT_EQ(kernels_on.size() + 1, kernels_off.size()) << label;
+        const Tensor want = ops::moe_routed_experts(x, w, logits, s.routing, correction);
+        EXPECT_LE(relative_error(on, want, label), 1e-5f);
+      }
+    }
+}
+
+// Where the experts cannot route (FP8 experts, k = 3 on the CUDA-core kernels),
+// the lever leaves the routing kernel in place, with the same results.
+TEST_F(MoeTensorCoreGpu, RoutingInExpertsFallsBackToTheRoutingKernel) {
+  const int64_t E = 16, f = 256, d = 512, T = 2;
+  const Tensor x = random({T, d}, DType::f32, 160), logits = random({T, E}, DType::f32, 161, 2.0f);
+  for (const auto& [format, k] : {std::pair<std::string, int>{"fp8", 4}, {"int4", 3}}) {
+    const ops::ExpertWeights w = random_experts(E, f, d, format, false), wg = on_gpu(w);
+    const Tensor xg = gpu(x), lg = gpu(logits);
+    const ops::MoeRouting routing{.top_k = k, .renormalize = true};
+    auto run = [&] { return ops::moe_routed_experts(xg, wg, lg, routing); };
+    ops::set_launch_settings({.tensor_core_moe_matvec = true});
+    const Tensor off = run().to_device(Device::cpu);
+    ops::set_launch_settings({.tensor_core_moe_matvec = true, .routing_in_experts = true});
+    const auto kernels = test::kernel_launches_by(run);
+    const Tensor on = run().to_device(Device::cpu);
+    ops::set_launch_settings({});
+    size_t routing_kernels = 0;
+    for (const auto& kernel : kernels) routing_kernels += kernel.name.find("moe_route") != std::string::npos;
+    EXPECT_EQ(routing_kernels, 1u) << format;
+    EXPECT_EQ(test::max_abs_diff(on, off).diff, 0.0f) << format;
+    EXPECT_LE(relative_error(on, ops::moe_routed_experts(x, w, logits, routing), format), 1e-4f);
   }
 }
 

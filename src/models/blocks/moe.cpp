@@ -5,8 +5,7 @@
 namespace mere {
 
 Tensor MoeBlock::apply(const Tensor& x) const {
-  const ops::MoeChoice choice = ops::moe_route(ops::linear(x, router), routing, correction);
-  Tensor out = ops::moe_experts(x, experts, choice);
+  Tensor out = ops::moe_routed_experts(x, experts, ops::linear(x, router), routing, correction);
   if (shared.down.defined())
     ops::add_gated(out, shared.apply(x), shared_gate.defined() ? ops::linear(x, shared_gate) : Tensor());
   return out;

@@ -66,6 +66,7 @@
 #include "ops/cuda/launchers.h"
 #include "ops/cuda/matvec_tiles.cuh"
 #include "ops/cuda/moe_launchers.h"
+#include "ops/cuda/moe_routing.cuh"
 
 namespace mere::cuda {
 namespace {
@@ -143,6 +144,9 @@ struct Problem {
   const uint8_t* up_packed;
   const void *up_scales, *up_biases;
   int64_t image_bytes;    // one token's staged image
+  // Gate/up under lever routing_in_experts (route.logits set): each block routes
+  // its token before its wait, and column 0's blocks write their pair's choice.
+  MoeRouteArgs route;
 };
 
 // The converted x, and the start of a block's shared memory: digit rows
@@ -478,6 +482,27 @@ __device__ __forceinline__ float unpack_scale(const uint32_t* words, int i) {
   }
 }
 
+// Gate/up under lever routing_in_experts: the block routes its token (the
+// router's logits came from the kernel two back, final once the prepare kernel
+// between let this one start), in the space of x's image, which the block fills
+// only after its wait; the block then takes its slot's expert, and the blocks
+// of column 0 write their pair's choice for the kernels after this one.
+__device__ __forceinline__ tiles::MoeBlock routed_block(const Problem& p, uint8_t* smem) {
+  const int pair = blockIdx.y, slot = pair % p.k;
+  tiles::MoeBlock b;
+  b.token = pair / p.k;
+  const RoutingScratch s(smem, p.route.E);
+  rank_experts(p.route, b.token, s);
+  const int32_t expert = s.chosen[slot];
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    p.route.ids[pair] = expert;
+    p.route.weights[pair] = chosen_weight(p.route, s, slot);
+  }
+  __syncthreads();  // before x's image overwrites the choice
+  b.expert_row0 = int64_t(expert) * p.expert_stride;
+  return b;
+}
+
 // Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
 // 16 rows, warp w its tile w / split and the share w % split of its stages.
 template <int kBits, int kGroup, typename S, int kMmas, int kDigits, int kMode>
@@ -511,7 +536,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kSbCopy = kSb < 16 ? kSb : 16;  // bytes per copy of a row's scales (or biases)
 
   // Mixture of experts: the block's token and its expert's rows (up rows from d_ff on).
-  const tiles::MoeBlock moe = tiles::moe_block<kMode>(p.ids, p.k, p.expert_stride, part);
+  const tiles::MoeBlock moe = kMode == kMoeGateUp && p.route.logits
+                                  ? routed_block(p, smem)
+                                  : tiles::moe_block<kMode>(p.ids, p.k, p.expert_stride, part);
   const int token = moe.token, slot = moe.slot;
   const int64_t expert_row0 = moe.expert_row0, up_row0 = expert_row0 - p.d_ff;
   // Row `row`'s codes, and its scales (or biases) pointer, as the tile's copies take them.
@@ -790,6 +817,7 @@ struct Variant {
                                 : tiles::split_for(int(n_tiles * blocks_y), row_stages, slots, Sh::kStages - 1);
     p.n_units = (n_tiles + kWarps / p.split - 1) / (kWarps / p.split);
     p.ids = a.ids;
+    if constexpr (kMode == kMoeGateUp) p.route = a.route;
     p.k = int(a.k);
     p.d_ff = int(a.d_ff);
     p.pairs = int(a.T * a.k);
@@ -974,6 +1002,15 @@ bool moe_experts_mma_supports(const MoeExpertsArgs& a) {
   });
   if (!fits) return false;
   visit_expert_variant(a.down, [&](auto v) { fits = decltype(v)::moe_fits(a.down, a.k * a.d_ff); });
+  if (!fits || !a.route.logits) return fits;
+  // Routing in gate/up: the choice must fit before the ring in a block's shared memory.
+  const MoeRouteArgs& r = a.route;
+  if (r.k != a.k || r.k > 32 || r.E < a.k || r.E > kMaxRoutedExperts || r.T != a.T || !r.ids || !r.weights ||
+      r.ids != a.ids || r.weights != a.weights)
+    return false;
+  visit_expert_variant(a.gate, [&](auto v) {
+    fits = routing_scratch_bytes(r.E) <= decltype(v)::layout_for(a.d_model, 1).total;
+  });
   return fits;
 }
 

@@ -48,6 +48,8 @@ void fill_random(Tensor& t, uint64_t seed, float scale, float offset);
 // Mixture of experts (ops.h), arguments checked and outputs allocated.
 void moe_route(const Tensor& logits, const MoeRouting& routing, const Tensor& correction, MoeChoice& choice);
 void moe_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice, Tensor& out);
+void moe_routed_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits, const MoeRouting& routing,
+                        const Tensor& correction, MoeChoice& choice, Tensor& out);
 void add_gated(Tensor& out, const Tensor& y, const Tensor& gate);
 // Quantized (affine) K/V caches. Below this many new tokens attention reads the
 // codes directly; from it on (prefill) it reads a bf16 copy of the visible rows.

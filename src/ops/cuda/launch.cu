@@ -1,8 +1,8 @@
 // Launch settings the kernel launchers share (levers programmatic_launch,
 // matvec_split_k, fp8_activation_gemm, int8_activation_matvec,
 // tensor_core_kv_attention, tensor_core_affine_matvec, int16_activation_matvec,
-// tensor_core_fp8_matvec, tensor_core_moe_matvec, tensor_core_affine_gemm, rope_in_attention and
-// wide_attention_blocks), the decode step's key count and its promise that the
+// tensor_core_fp8_matvec, tensor_core_moe_matvec, routing_in_experts, tensor_core_affine_gemm,
+// rope_in_attention and wide_attention_blocks), the decode step's key count and its promise that the
 // cache rows before its position are final, and device queries.
 #include <algorithm>
 
@@ -20,6 +20,7 @@ bool tensor_core_affine_matvec = false;
 bool int16_activation_matvec = false;
 bool tensor_core_fp8_matvec = false;
 bool tensor_core_moe_matvec = false;
+bool routing_in_experts = false;
 bool tensor_core_affine_gemm = false;
 bool affine_gemm_every_size = false;
 bool rope_in_attention = false;
@@ -47,6 +48,8 @@ bool tensor_core_fp8_matvec_enabled() { return tensor_core_fp8_matvec; }
 void set_tensor_core_fp8_matvec(bool on) { tensor_core_fp8_matvec = on; }
 bool tensor_core_moe_matvec_enabled() { return tensor_core_moe_matvec; }
 void set_tensor_core_moe_matvec(bool on) { tensor_core_moe_matvec = on; }
+bool routing_in_experts_enabled() { return routing_in_experts; }
+void set_routing_in_experts(bool on) { routing_in_experts = on; }
 bool rope_in_attention_enabled() { return rope_in_attention; }
 void set_rope_in_attention(bool on) { rope_in_attention = on; }
 bool wide_attention_blocks_enabled() { return wide_attention_blocks; }

@@ -78,6 +78,10 @@ bool tensor_core_fp8_matvec_enabled();
 // launch_moe_experts_mma); off: the CUDA-core kernels. Off unless set.
 void set_tensor_core_moe_matvec(bool on);
 bool tensor_core_moe_matvec_enabled();
+// Those experts' gate/up blocks route each token themselves (lever
+// routing_in_experts, ops::moe_routed_experts); off: the routing kernel. Off unless set.
+void set_routing_in_experts(bool on);
+bool routing_in_experts_enabled();
 bool tensor_core_affine_matvec_enabled();
 // MLX affine prefill on the GEMM that dequantizes its tiles (lever
 // tensor_core_affine_gemm, affine_gemm.cu): where affine_ops.cpp measured it

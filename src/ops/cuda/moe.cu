@@ -5,108 +5,27 @@
 // capture a whole MoE layer.
 #include <mma.h>
 
-#include <climits>
-
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fp8_decode.cuh"
 #include "ops/cuda/launchers.h"
 #include "ops/cuda/moe_launchers.h"
+#include "ops/cuda/moe_routing.cuh"
 
 namespace mere::cuda {
 namespace {
 
 // ---- routing ----
 
-// (v, i) becomes (ov, oi) when that is better: larger, or equal with a lower index.
-__device__ __forceinline__ void keep_better(float& v, int& i, float ov, int oi) {
-  if (ov > v || (ov == v && oi < i)) {
-    v = ov;
-    i = oi;
-  }
-}
-
-// The warp's best (value, index); every lane ends with the same pair.
-__device__ __forceinline__ void warp_best(float& v, int& i) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, offset);
-    keep_better(v, i, ov, oi);
-  }
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
-__global__ void __launch_bounds__(32) moe_route_kernel(const MoeRouteArgs a) {
-  __shared__ float score[kMaxRoutedExperts], pick[kMaxRoutedExperts], group_score[kMaxRoutedExperts];
-  __shared__ bool kept[kMaxRoutedExperts];
+__global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const MoeRouteArgs a) {
+  __shared__ __align__(16) uint8_t scratch[routing_scratch_bytes(kMaxRoutedExperts)];
   allow_next_kernel();
   wait_for_previous_kernel();
-  const int lane = threadIdx.x, E = a.E;
   const int64_t t = blockIdx.x;
-  const float* logits = a.logits + t * E;
-  if (a.sigmoid) {
-    for (int e = lane; e < E; e += 32) score[e] = 1.0f / (1.0f + expf(-logits[e]));
-  } else {
-    float m = -INFINITY;
-    for (int e = lane; e < E; e += 32) m = fmaxf(m, logits[e]);
-    m = warp_max(m);
-    float sum = 0;
-    for (int e = lane; e < E; e += 32) sum += score[e] = expf(logits[e] - m);
-    sum = warp_sum(sum);
-    for (int e = lane; e < E; e += 32) score[e] /= sum;
-  }
-  for (int e = lane; e < E; e += 32) pick[e] = score[e] + (a.correction ? a.correction[e] : 0.0f);
-  __syncwarp();
-  if (a.n_groups > 1) {  // a group scores the sum of its two best; experts outside the best groups drop out
-    const int G = E / a.n_groups;
-    for (int g = lane; g < a.n_groups; g += 32) {
-      float b1 = -INFINITY, b2 = -INFINITY;
-      for (int e = g * G; e < (g + 1) * G; ++e) {
-        if (pick[e] > b1) {
-          b2 = b1;
-          b1 = pick[e];
-        } else if (pick[e] > b2) {
-          b2 = pick[e];
-        }
-      }
-      group_score[g] = G > 1 ? b1 + b2 : b1;
-      kept[g] = false;
-    }
-    __syncwarp();
-    for (int r = 0; r < a.top_groups; ++r) {
-      float v = -INFINITY;
-      int i = INT_MAX;
-      for (int g = lane; g < a.n_groups; g += 32)
-        if (!kept[g]) keep_better(v, i, group_score[g], g);
-      warp_best(v, i);
-      if (lane == 0) kept[i] = true;
-      __syncwarp();
-    }
-    for (int e = lane; e < E; e += 32)
-      if (!kept[e / G]) pick[e] = -INFINITY;
-    __syncwarp();
-  }
-  float sum = 0;
-  int chosen[32];  // k <= 32, checked by the launcher
-  for (int j = 0; j < a.k; ++j) {
-    float v = -INFINITY;
-    int i = INT_MAX;
-    for (int e = lane; e < E; e += 32) keep_better(v, i, pick[e], e);
-    warp_best(v, i);
-    chosen[j] = i;
-    sum += score[i];
-    __syncwarp();
-    if (lane == 0) pick[i] = -INFINITY;
-    __syncwarp();
-  }
-  if (lane != 0) return;
-  for (int j = 0; j < a.k; ++j) {
-    const float w = score[chosen[j]];
-    a.ids[t * a.k + j] = chosen[j];
-    a.weights[t * a.k + j] = (a.renormalize ? w / sum : w) * a.scale;
+  const RoutingScratch s(scratch, a.E);
+  rank_experts(a, t, s);
+  if (threadIdx.x < a.k) {
+    a.ids[t * a.k + threadIdx.x] = s.chosen[threadIdx.x];
+    a.weights[t * a.k + threadIdx.x] = chosen_weight(a, s, threadIdx.x);
   }
 }
 
@@ -694,7 +613,7 @@ bool moe_matrix_supported(const ExpertMatrix& m) {
 cudaError_t launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
   if (a.E > kMaxRoutedExperts || a.k > 32 || a.k < 1) return cudaErrorInvalidValue;
   if (a.T == 0) return cudaSuccess;
-  return launch_kernel(moe_route_kernel, dim3(unsigned(a.T)), dim3(32), 0, stream, a);
+  return launch_kernel(moe_route_kernel, dim3(unsigned(a.T)), dim3(kRouteThreads), 0, stream, a);
 }
 
 cudaError_t launch_moe_experts_decode(const MoeExpertsArgs& a, float* act, cudaStream_t stream) {

@@ -36,7 +36,7 @@ struct MoeRouteArgs {
   bool sigmoid = false, renormalize = false;
   float scale = 1.0f;
 };
-// One warp per token; E at most kMaxRoutedExperts.
+// One block per token (moe_routing.cuh); E at most kMaxRoutedExperts.
 constexpr int kMaxRoutedExperts = 1024;
 cudaError_t launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 
@@ -47,6 +47,11 @@ struct MoeExpertsArgs {
   const float* weights = nullptr;
   float* out = nullptr;          // [T, d_model]
   int64_t T = 0, k = 0, n_experts = 0, d_model = 0, d_ff = 0;
+  // Lever routing_in_experts (the tensor-core affine experts only): with
+  // route.logits set, the gate/up kernel routes each token itself, before its
+  // wait, and writes the choice to route.ids and route.weights (which ids and
+  // weights then name) for the kernels after it; no routing kernel runs.
+  MoeRouteArgs route;
 };
 // Matvecs over the chosen experts' rows only, two kernels, f32 arithmetic: decode
 // (T <= kMaxMatvecTokens), and every T for f32 experts (test checkpoints, which
@@ -60,7 +65,9 @@ cudaError_t launch_moe_experts_decode(const MoeExpertsArgs& a, float* act, cudaS
 // the routing weight converted likewise, and down as one matvec per token over
 // the concatenation of its k experts' rows, a warp per slot, their sums added
 // in slot order. Needs T <= 8, k dividing 8, d_ff a multiple of 16 and rows of
-// whole stages; scratch of moe_experts_mma_scratch_bytes (256-byte aligned).
+// whole stages, and to route in gate/up (route.logits), k <= 32 and E no more
+// experts than x's image has room to route in; scratch of
+// moe_experts_mma_scratch_bytes (256-byte aligned).
 bool moe_experts_mma_supports(const MoeExpertsArgs& a);
 int64_t moe_experts_mma_scratch_bytes(const MoeExpertsArgs& a);
 cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream);

@@ -63,20 +63,18 @@ ExpertMatrix expert_matrix(const Weight& w, int64_t rows, int64_t first_row, int
   return m;
 }
 
-}  // namespace
-
-void moe_route(const Tensor& logits, const MoeRouting& r, const Tensor& correction, MoeChoice& choice) {
+MoeRouteArgs route_args(const Tensor& logits, const MoeRouting& r, const Tensor& correction, MoeChoice& choice) {
   MoeRouteArgs a{.logits = logits.data<float>(), .correction = correction.defined() ? correction.data<float>() : nullptr,
                  .ids = choice.ids.data<int32_t>(), .weights = choice.weights.data<float>(), .T = logits.dim(0),
                  .E = int(logits.dim(1)), .k = r.top_k, .n_groups = r.n_groups, .top_groups = r.top_groups,
                  .sigmoid = r.score == MoeRouting::Score::sigmoid, .renormalize = r.renormalize, .scale = r.scale};
   MERE_CHECK(a.E <= kMaxRoutedExperts && a.k <= 32, "moe_route (CUDA): {} experts, top {} (at most {} and 32)", a.E,
              a.k, kMaxRoutedExperts);
-  MERE_CUDA(launch_moe_route(a, stream()));
+  return a;
 }
 
-void moe_experts(const Tensor& x, const ExpertWeights& w, const MoeChoice& choice, Tensor& out) {
-  const int64_t E = w.n_experts, f = w.d_ff, d = w.d_model, T = x.dim(0), k = choice.ids.dim(1);
+MoeExpertsArgs experts_args(const Tensor& x, const ExpertWeights& w, const MoeChoice& choice, Tensor& out) {
+  const int64_t f = w.d_ff, d = w.d_model;
   MoeExpertsArgs a;
   if (w.fused()) {
     a.gate = expert_matrix(w.gate_up, f, 0, 2 * f, "gate");
@@ -91,15 +89,21 @@ void moe_experts(const Tensor& x, const ExpertWeights& w, const MoeChoice& choic
   a.ids = choice.ids.data<int32_t>();
   a.weights = choice.weights.data<float>();
   a.out = out.data<float>();
-  a.T = T;
-  a.k = k;
-  a.n_experts = E;
+  a.T = x.dim(0);
+  a.k = choice.ids.dim(1);
+  a.n_experts = w.n_experts;
   a.d_model = d;
   a.d_ff = f;
+  return a;
+}
+
+// The experts of a choice already routed: on the tensor cores (decode), as f32
+// matvecs, or as the prefill's grouped GEMMs.
+void run_experts(const MoeExpertsArgs& a) {
   // f32 experts (test checkpoints) keep f32 arithmetic at every T: the GEMM's bf16
   // operands would move a near-tie in a later layer's routing.
   const bool f32_experts = a.gate.bits == 0 && a.gate.dtype == DType::f32;
-  if (T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled()) {
+  if (a.T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled()) {
     const bool fp8 = a.gate.dtype == DType::f8_e4m3;  // else MLX affine (the supports checks refuse dense)
     if (fp8 ? moe_experts_fp8_mma_supports(a) : moe_experts_mma_supports(a)) {
       const int64_t bytes = fp8 ? moe_experts_fp8_mma_scratch_bytes(a) : moe_experts_mma_scratch_bytes(a);
@@ -109,14 +113,43 @@ void moe_experts(const Tensor& x, const ExpertWeights& w, const MoeChoice& choic
       return;
     }
   }
-  if (T <= kMaxMatvecTokens || f32_experts) {
-    MERE_CHECK(T * k <= 65535, "moe_experts (CUDA): {} tokens x {} experts in one f32 call (at most 65535)", T, k);
-    Tensor act = Tensor::empty({T * k, f}, DType::f32, Device::cuda);
+  if (a.T <= kMaxMatvecTokens || f32_experts) {
+    MERE_CHECK(a.T * a.k <= 65535, "moe_experts (CUDA): {} tokens x {} experts in one f32 call (at most 65535)", a.T,
+               a.k);
+    Tensor act = Tensor::empty({a.T * a.k, a.d_ff}, DType::f32, Device::cuda);
     MERE_CUDA(launch_moe_experts_decode(a, act.data<float>(), stream()));
     return;
   }
-  Tensor scratch = Tensor::empty({int64_t(moe_prefill_scratch_bytes(T, k, E, d, f))}, DType::u8, Device::cuda);
+  Tensor scratch =
+      Tensor::empty({int64_t(moe_prefill_scratch_bytes(a.T, a.k, a.n_experts, a.d_model, a.d_ff))}, DType::u8,
+                    Device::cuda);
   MERE_CUDA(launch_moe_experts_prefill(a, scratch.raw(), stream()));
+}
+
+}  // namespace
+
+void moe_route(const Tensor& logits, const MoeRouting& r, const Tensor& correction, MoeChoice& choice) {
+  MERE_CUDA(launch_moe_route(route_args(logits, r, correction, choice), stream()));
+}
+
+void moe_experts(const Tensor& x, const ExpertWeights& w, const MoeChoice& choice, Tensor& out) {
+  run_experts(experts_args(x, w, choice, out));
+}
+
+void moe_routed_experts(const Tensor& x, const ExpertWeights& w, const Tensor& logits, const MoeRouting& r,
+                        const Tensor& correction, MoeChoice& choice, Tensor& out) {
+  MoeExpertsArgs a = experts_args(x, w, choice, out);
+  const MoeRouteArgs route = route_args(logits, r, correction, choice);
+  // Lever routing_in_experts: the tensor-core affine experts' gate/up routes
+  // (run_experts takes that path whenever moe_experts_mma_supports holds).
+  if (routing_in_experts_enabled() && a.T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled() &&
+      a.gate.dtype != DType::f8_e4m3) {
+    a.route = route;
+    if (moe_experts_mma_supports(a)) return run_experts(a);
+    a.route = MoeRouteArgs{};
+  }
+  MERE_CUDA(launch_moe_route(route, stream()));
+  run_experts(a);
 }
 
 void add_gated(Tensor& out, const Tensor& y, const Tensor& gate) {
@@ -134,6 +167,10 @@ void moe_route(const Tensor&, const MoeRouting&, const Tensor&, MoeChoice&) {
   fail("this binary was built without the CUDA backend");
 }
 void moe_experts(const Tensor&, const ExpertWeights&, const MoeChoice&, Tensor&) {
+  fail("this binary was built without the CUDA backend");
+}
+void moe_routed_experts(const Tensor&, const ExpertWeights&, const Tensor&, const MoeRouting&, const Tensor&,
+                        MoeChoice&, Tensor&) {
   fail("this binary was built without the CUDA backend");
 }
 void add_gated(Tensor&, const Tensor&, const Tensor&) { fail("this binary was built without the CUDA backend"); }

@@ -1,0 +1,153 @@
+// How a router's logits choose one token's experts, by one block: the routing
+// kernel's body (moe.cu), and under lever routing_in_experts the first thing
+// each block of the tensor-core experts' gate/up does (affine_matvec_mma.cu), so
+// that both give the same ids and weights bit for bit.
+#pragma once
+
+#include <climits>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/moe_launchers.h"
+
+namespace mere::cuda {
+
+// (v, i) becomes (ov, oi) when that is better: larger, or equal with a lower index.
+__device__ __forceinline__ void keep_better(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+
+// The warp's best (value, index); every lane ends with the same pair.
+__device__ __forceinline__ void warp_best(float& v, int& i) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, offset);
+    keep_better(v, i, ov, oi);
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Shared memory rank_experts needs for E experts: scores, picks and group
+// scores (f32), the groups' kept flags, then the k chosen experts' ids and
+// scores, and the experts' partial ranks (two parts at most).
+struct RoutingScratch {
+  float *score, *pick, *group_score;
+  bool* kept;
+  int* chosen;           // [32]: the k chosen experts, best first
+  float* chosen_score;   // [32]: their scores
+  int* partial_rank;     // [2][E]
+  __device__ RoutingScratch(void* base, int E) {
+    score = static_cast<float*>(base);
+    pick = score + E;
+    group_score = pick + E;
+    kept = reinterpret_cast<bool*>(group_score + E);
+    chosen = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(kept) + (E + 15) / 16 * 16);
+    chosen_score = reinterpret_cast<float*>(chosen + 32);
+    partial_rank = reinterpret_cast<int*>(chosen_score + 32);
+  }
+};
+__host__ __device__ constexpr int routing_scratch_bytes(int E) { return 3 * E * 4 + (E + 15) / 16 * 16 + 256 + 8 * E; }
+constexpr int kRouteThreads = 256;  // the routing kernel's block
+
+// Token t's k experts, best first (larger picks, ties to the lower index), into
+// the scratch's `chosen` and `chosen_score`. Every thread of the block calls it
+// (a multiple of 32 of them); `scratch` is routing_scratch_bytes(a.E) of shared
+// memory, 16-byte aligned; it ends with a barrier. Warp 0 computes the scores in
+// the same order whatever the block's size, so every caller gets the same bits;
+// then each expert's rank among the picks is counted, by two threads each where
+// the block has twice as many threads as experts (8 rounds of a warp's argmax
+// took 2.4 us at k = 8).
+__device__ __forceinline__ void rank_experts(const MoeRouteArgs& a, int64_t t, const RoutingScratch& s) {
+  const int lane = threadIdx.x % 32, E = a.E;
+  if (threadIdx.x < 32) {
+    const float* logits = a.logits + t * E;
+    if (a.sigmoid) {
+      for (int e = lane; e < E; e += 32) s.score[e] = 1.0f / (1.0f + expf(-logits[e]));
+    } else {
+      float m = -INFINITY;
+      for (int e = lane; e < E; e += 32) m = fmaxf(m, logits[e]);
+      m = warp_max(m);
+      float sum = 0;
+      for (int e = lane; e < E; e += 32) sum += s.score[e] = expf(logits[e] - m);
+      sum = warp_sum(sum);
+      for (int e = lane; e < E; e += 32) s.score[e] /= sum;
+    }
+    // A NaN score is chosen last, so that the ids always name experts.
+    for (int e = lane; e < E; e += 32) {
+      const float p = s.score[e] + (a.correction ? a.correction[e] : 0.0f);
+      s.pick[e] = isnan(p) ? -INFINITY : p;
+    }
+    __syncwarp();
+    if (a.n_groups > 1) {  // a group scores the sum of its two best; experts outside the best groups drop out
+      const int G = E / a.n_groups;
+      for (int g = lane; g < a.n_groups; g += 32) {
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (int e = g * G; e < (g + 1) * G; ++e) {
+          if (s.pick[e] > b1) {
+            b2 = b1;
+            b1 = s.pick[e];
+          } else if (s.pick[e] > b2) {
+            b2 = s.pick[e];
+          }
+        }
+        s.group_score[g] = G > 1 ? b1 + b2 : b1;
+        s.kept[g] = false;
+      }
+      __syncwarp();
+      for (int r = 0; r < a.top_groups; ++r) {
+        float v = -INFINITY;
+        int i = INT_MAX;
+        for (int g = lane; g < a.n_groups; g += 32)
+          if (!s.kept[g]) keep_better(v, i, s.group_score[g], g);
+        warp_best(v, i);
+        if (lane == 0) s.kept[i] = true;
+        __syncwarp();
+      }
+      for (int e = lane; e < E; e += 32)
+        if (!s.kept[e / G]) s.pick[e] = -INFINITY;
+    }
+  }
+  __syncthreads();
+  // Expert e's rank: the experts that come before it; the k first are chosen.
+  const int parts = int(blockDim.x) >= 2 * E && E % 8 == 0 ? 2 : 1, span = E / parts;
+  for (int i = threadIdx.x; i < parts * E; i += blockDim.x) {
+    const int e = i % E, part = i / E, begin = part * span, end = begin + span;
+    const float v = s.pick[e];
+    int rank = 0, o = begin;
+    if (span % 4 == 0)
+      for (; o < end; o += 4) {
+        const float4 q = *reinterpret_cast<const float4*>(s.pick + o);
+        rank += (q.x > v || (q.x == v && o < e)) + (q.y > v || (q.y == v && o + 1 < e)) +
+                (q.z > v || (q.z == v && o + 2 < e)) + (q.w > v || (q.w == v && o + 3 < e));
+      }
+    for (; o < end; ++o) rank += s.pick[o] > v || (s.pick[o] == v && o < e);
+    if (parts == 1) {
+      if (rank < a.k) s.chosen[rank] = e, s.chosen_score[rank] = s.score[e];
+    } else {
+      s.partial_rank[i] = rank;
+    }
+  }
+  __syncthreads();
+  if (parts == 1) return;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const int rank = s.partial_rank[e] + s.partial_rank[E + e];
+    if (rank < a.k) s.chosen[rank] = e, s.chosen_score[rank] = s.score[e];
+  }
+  __syncthreads();
+}
+
+// The routing weight of chosen slot j (after rank_experts): its score, divided
+// by the k chosen scores' sum (in slot order) when renormalizing, times the scale.
+__device__ __forceinline__ float chosen_weight(const MoeRouteArgs& a, const RoutingScratch& s, int j) {
+  float sum = 0;
+  for (int i = 0; i < a.k; ++i) sum += s.chosen_score[i];
+  return (a.renormalize ? s.chosen_score[j] / sum : s.chosen_score[j]) * a.scale;
+}
+
+}  // namespace mere::cuda
