@@ -29,6 +29,26 @@ Qwen3MoeConfig Qwen3MoeConfig::parse(const ConfigJson& c) {
   return k;
 }
 
+namespace {
+
+// Lever fused_norm_matvec, auto: fold the attention side's norms where every
+// attention matrix's one-token matvec runs on the tensor cores in its fused form
+// (the RMSNorm'd input for q/k/v, attention's splits merged for o; the experts
+// have their own kernels). Qwen3-30B-A3B's (2^23 weights and up) do: int4
+// decode +4.8% (docs/benchmarks.md).
+bool folding_pays(const std::vector<Qwen3MoeLayer>& layers, const LoadOptions& o) {
+  if (!o.tensor_core_affine_matvec || o.int8_activation_matvec || layers.empty()) return false;
+  auto fast = [](const Weight& w) { return !w.defined() || ops::one_token_matvec_on_tensor_cores(w, true); };
+  for (const Qwen3MoeLayer& l : layers) {
+    const QkvProjection& a = l.attn.qkv;
+    for (const Weight* w : {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o})
+      if (!fast(*w)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 bool Qwen3MoeConfig::sparse(int l) const {
   return std::find(mlp_only_layers.begin(), mlp_only_layers.end(), l) == mlp_only_layers.end() && n_experts > 0 &&
          (l + 1) % sparse_step == 0;
@@ -101,6 +121,9 @@ Qwen3Moe::Qwen3Moe(const ConfigJson& config, const Checkpoint& checkpoint, Devic
   MERE_CHECK(unused.empty(), "{}: {} tensor(s) the qwen3_moe family does not use, e.g. {}",
              checkpoint.path().string(), unused.size(), unused.empty() ? "" : unused.front());
 
+  info_.folds_norms = device == Device::cuda &&
+                      (options.fuse_norm_matvec == LeverMode::on ||
+                       (options.fuse_norm_matvec == LeverMode::automatic && folding_pays(layers_, options)));
   info_.model_type = k.model_type;
   info_.family = "qwen3_moe";
   info_.device = device;
@@ -154,6 +177,7 @@ Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* c
     apply_launch_settings(info_.options);
 
   Tensor h = ops::embed(tok_embed_, ids);                                   // [T, d_model], the residual
+  if (info_.folds_norms) return run_folded(h, pos, states, all_logits);
   Tensor x = ops::rms_norm(h, layers_[0].attn_norm, k.norm_eps);
   for (int l = 0; l < k.n_layers; ++l) {
     const Qwen3MoeLayer& w = layers_[size_t(l)];
@@ -169,6 +193,33 @@ Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* c
     x = ops::add_rms_norm(h, y, next_norm, k.norm_eps);
   }
   return ops::linear(logit_rows(x, states, all_logits), lm_head_);          // [T or 1, vocab]
+}
+
+// The fused forms (lever fused_norm_matvec): q/k/v take h through their
+// RMSNorm'd prepare, a split-K decode attention is merged on its way into
+// o_proj, which adds into h, and the experts' down adds into h; the MLP's input
+// is still normed by a kernel, as the router and the experts both read it.
+Tensor Qwen3Moe::run_folded(Tensor& h, const Tensor& pos, std::span<SeqState* const> states, bool all_logits) const {
+  const LlamaConfig& k = cfg_.dense;
+  const int64_t T = h.dim(0);
+  for (int l = 0; l < k.n_layers; ++l) {
+    const Qwen3MoeLayer& w = layers_[size_t(l)];
+    auto [q, kk, v] = w.attn.qkv.apply_normed(h, w.attn_norm, k.norm_eps);
+    q = q.reshape({T, k.n_heads, k.head_dim});
+    kk = kk.reshape({T, k.n_kv_heads, k.head_dim});
+    v = v.reshape({T, k.n_kv_heads, k.head_dim});
+    ops::AttentionSplits splits;
+    Tensor a = attend_cached(q, kk, v, w.attn.q_norm, w.attn.k_norm, k.norm_eps, k.rope, pos, states, l,
+                             info_.options.fuse_rope_store, &splits);
+    if (a.defined()) ops::linear_add(h, a, w.attn.o, w.attn.o_bias);
+    else ops::attention_linear_add(h, splits, w.attn.o, w.attn.o_bias);
+    if (w.moe) {
+      w.moe->add_to(h, ops::rms_norm(h, w.mlp_norm, k.norm_eps));
+    } else {
+      w.mlp.add_normed(h, w.mlp_norm, k.norm_eps);
+    }
+  }
+  return ops::rms_norm_linear(logit_rows(h, states, all_logits), final_norm_, k.norm_eps, lm_head_);
 }
 
 }  // namespace mere

@@ -48,6 +48,9 @@ class Qwen3Moe : public Model {
   const Qwen3MoeConfig& config() const { return cfg_; }
 
  private:
+  // run() under lever fused_norm_matvec, from the embedded residual h.
+  Tensor run_folded(Tensor& h, const Tensor& pos, std::span<SeqState* const> states, bool all_logits) const;
+
   Qwen3MoeConfig cfg_;
   ModelInfo info_;
   std::optional<Checkpoint> checkpoint_;  // keeps the mapped weights alive on the CPU

@@ -29,8 +29,8 @@ MoeChoice checked_choice(const Tensor& logits, const MoeRouting& routing, const 
                    Tensor::empty({T, routing.top_k}, DType::f32, logits.device())};
 }
 
-// The experts' arguments checked against x and the choice's shapes; the output.
-Tensor checked_output(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice) {
+// The experts' arguments checked against x and the choice's shapes.
+void check_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice) {
   const int64_t E = experts.n_experts, f = experts.d_ff, d = experts.d_model;
   MERE_CHECK(x.dtype() == DType::f32 && x.rank() == 2 && x.dim(1) == d, "moe_experts: x {} {} for d_model {}",
              dtype_name(x.dtype()), shape_str(x.shape()), d);
@@ -52,7 +52,12 @@ Tensor checked_output(const Tensor& x, const ExpertWeights& experts, const MoeCh
   check_same_device("moe_experts", x, choice.ids);
   check_same_device("moe_experts", x, choice.weights);
   MERE_CHECK(experts.down.device() == x.device(), "moe_experts: experts and x on different devices");
-  return Tensor::empty({T, d}, DType::f32, x.device());
+}
+
+// Those checks; the output.
+Tensor checked_output(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice) {
+  check_experts(x, experts, choice);
+  return Tensor::empty({x.dim(0), experts.d_model}, DType::f32, x.device());
 }
 
 }  // namespace
@@ -105,6 +110,23 @@ Tensor moe_routed_experts(const Tensor& x, const ExpertWeights& experts, const T
     case Device::cuda: cuda::moe_routed_experts(x, experts, logits, routing, correction, choice, out); break;
   }
   return out;
+}
+
+void moe_routed_experts_add(Tensor& h, const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
+                            const MoeRouting& routing, const Tensor& correction) {
+  MERE_CHECK(h.dtype() == DType::f32 && h.shape() == Shape({x.dim(0), experts.d_model}),
+             "moe_routed_experts_add: h {} {} for {} tokens of {}", dtype_name(h.dtype()), shape_str(h.shape()),
+             x.dim(0), experts.d_model);
+  check_same_device("moe_routed_experts_add", x, h);
+  if (h.device() == Device::cuda) {
+    MoeChoice choice = checked_choice(logits, routing, correction);
+    MERE_CHECK(logits.dim(0) == x.dim(0), "moe_routed_experts: logits for {} tokens, x for {}", logits.dim(0),
+               x.dim(0));
+    check_experts(x, experts, choice);
+    check_same_device("moe_routed_experts", x, logits);
+    if (cuda::moe_routed_experts_add(h, x, experts, logits, routing, correction, choice)) return;
+  }
+  add_inplace(h, moe_routed_experts(x, experts, logits, routing, correction));
 }
 
 void add_gated(Tensor& out, const Tensor& y, const Tensor& gate) {

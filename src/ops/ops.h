@@ -55,8 +55,10 @@ void linear_add(Tensor& h, const Tensor& x, const Weight& w, const Tensor& bias 
 void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const Tensor& bias = Tensor());
 // Whether w's one-token decode matvec runs on the tensor cores when lever
 // tensor_core_affine_matvec is on (an MLX affine weight on the GPU, large
-// enough): where the fused forms above are single kernels.
-bool one_token_matvec_on_tensor_cores(const Weight& w);
+// enough): where the fused forms above are single kernels. formed_input: as
+// one of those forms, whose prepare kernel replaces one that would run anyway,
+// so smaller matrices pay.
+bool one_token_matvec_on_tensor_cores(const Weight& w, bool formed_input = false);
 
 // pos (i32 [1], on any device) += by; on the GPU a kernel, so a CUDA graph's
 // step can move its own position on.
@@ -322,6 +324,10 @@ Tensor moe_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoic
 // routes each token itself (the same choice), one launch fewer.
 Tensor moe_routed_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
                           const MoeRouting& routing, const Tensor& correction = Tensor());
+// h += moe_routed_experts(...): on the GPU the tensor-core affine experts' down
+// matvec adds into h itself (the same sums, no add kernel).
+void moe_routed_experts_add(Tensor& h, const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
+                            const MoeRouting& routing, const Tensor& correction = Tensor());
 // out[t] += y[t] * sigmoid(gate[t]) (a shared expert's gate; gate f32 [T, 1]),
 // or out += y when gate is undefined. out, y f32 [T, d].
 void add_gated(Tensor& out, const Tensor& y, const Tensor& gate);

@@ -31,7 +31,9 @@ bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, co
 bool affine_linear_add(Tensor& h, const Tensor& x, const AffineWeight& w, const Tensor& bias);
 bool affine_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const AffineWeight& w, const Tensor& bias);
 bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const AffineWeight& w, const Tensor& bias);
-bool affine_one_token_on_tensor_cores(const AffineWeight& w, int64_t in);  // under lever tensor_core_affine_matvec
+// Under lever tensor_core_affine_matvec; formed_input: in a fused form (RMSNorm,
+// attention's splits or SwiGLU formed by the prepare kernel).
+bool affine_one_token_on_tensor_cores(const AffineWeight& w, int64_t in, bool formed_input);
 void fp8_embed(const Fp8Weight& w, const Tensor& ids, Tensor& out);                            // ops/cuda/fp8_ops.cpp
 }  // namespace cuda
 

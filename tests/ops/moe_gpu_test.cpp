@@ -311,6 +311,34 @@ TEST_F(MoeTensorCoreGpu, RoutingInExpertsFallsBackToTheRoutingKernel) {
   }
 }
 
+// h += the experts: the tensor-core affine experts' down adds into h itself, the
+// same bits as the output added by a kernel after it, one launch fewer; where
+// they do not run (FP8 experts, k = 3) the add kernel follows, as before.
+TEST_F(MoeTensorCoreGpu, ExpertsAddIntoTheResidualWithTheSameBits) {
+  const int64_t E = 16, f = 256, d = 512;
+  for (const auto& [format, k] : {std::pair<std::string, int>{"int4", 8}, {"int8", 2}, {"fp8", 4}, {"int4", 3}})
+    for (int64_t T : {1, 5}) {
+      const ops::ExpertWeights wg = on_gpu(random_experts(E, f, d, format, false));
+      const Tensor x = gpu(random({T, d}, DType::f32, 180 + uint64_t(T)));
+      const Tensor logits = gpu(random({T, E}, DType::f32, 181, 2.0f));
+      const Tensor h0 = random({T, d}, DType::f32, 182, 3.0f);
+      const ops::MoeRouting routing{.top_k = k, .renormalize = true};
+      const std::string label = format + " k=" + std::to_string(k) + " T=" + std::to_string(T);
+      ops::set_launch_settings({.tensor_core_moe_matvec = true, .routing_in_experts = true});
+      Tensor want = gpu(h0), got = gpu(h0), captured = gpu(h0);  // (no copies inside a capture)
+      const auto add_after = test::kernel_launches_by(
+          [&] { ops::add_inplace(captured, ops::moe_routed_experts(x, wg, logits, routing)); });
+      const auto add_inside =
+          test::kernel_launches_by([&] { ops::moe_routed_experts_add(captured, x, wg, logits, routing); });
+      ops::add_inplace(want, ops::moe_routed_experts(x, wg, logits, routing));
+      ops::moe_routed_experts_add(got, x, wg, logits, routing);
+      ops::set_launch_settings({});
+      EXPECT_EQ(test::max_abs_diff(got.to_device(Device::cpu), want.to_device(Device::cpu)).diff, 0.0f) << label;
+      const bool tensor_cores = format != "fp8" && k != 3;
+      EXPECT_EQ(add_inside.size() + (tensor_cores ? 1 : 0), add_after.size()) << label;
+    }
+}
+
 // FP8 experts whose rows are not whole 128-row scale blocks (d_ff 96): a clear
 // error naming the experts and the rule, not wrong rows, separate or fused.
 TEST_F(MoeOpsGpu, Fp8ExpertsOffTheScaleBlocksAreRefused) {

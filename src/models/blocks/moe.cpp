@@ -11,6 +11,11 @@ Tensor MoeBlock::apply(const Tensor& x) const {
   return out;
 }
 
+void MoeBlock::add_to(Tensor& h, const Tensor& x) const {
+  if (shared.down.defined()) return ops::add_inplace(h, apply(x));
+  ops::moe_routed_experts_add(h, x, experts, ops::linear(x, router), routing, correction);
+}
+
 uint64_t MoeBlock::decode_bytes() const {
   const uint64_t per_expert = experts.size_bytes() / uint64_t(experts.n_experts);
   uint64_t bytes = router.size_bytes() + uint64_t(routing.top_k) * per_expert + shared.size_bytes();

@@ -21,6 +21,8 @@ struct MoeBlock {
 
   // x f32 [T, d_model] (the normed hidden state) -> [T, d_model].
   Tensor apply(const Tensor& x) const;
+  // h += apply(x): on the GPU the tensor-core experts' down adds into h itself.
+  void add_to(Tensor& h, const Tensor& x) const;
   // Bytes one decoded token reads: the router, k experts, the shared expert.
   uint64_t decode_bytes() const;
 };

@@ -612,7 +612,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int m = 0; m < kMmas; ++m) {
         const int t = token_of(m, q);
         const bool writes = part == 0 && (!kPairedQuads || q % 2 == 0) && t < p.T && row < p.out;
-        prior[m][h] = p.accumulate && writes ? p.y[int64_t(t) * p.out + row] : 0.0f;
+        // Down's block writes its token's row (tiles::output_row), one image a block.
+        const int64_t y_row = kMode == kMoeDown ? token : t;
+        prior[m][h] = p.accumulate && writes ? p.y[y_row * p.out + row] : 0.0f;
       }
     }
   };
@@ -818,6 +820,7 @@ struct Variant {
     p.n_units = (n_tiles + kWarps / p.split - 1) / (kWarps / p.split);
     p.ids = a.ids;
     if constexpr (kMode == kMoeGateUp) p.route = a.route;
+    p.accumulate = kMode == kMoeDown && a.accumulate;  // the residual add (moe_launchers.h)
     p.k = int(a.k);
     p.d_ff = int(a.d_ff);
     p.pairs = int(a.T * a.k);

@@ -27,12 +27,18 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // (a 0.6B model's; Qwen3-30B-A3B's attention at 2^23 weights cost its int8
 // decode 8%: docs/levers.md).
 constexpr int64_t kMinTensorCoreTokens = 2;
+// Where the prepare kernel forms the input itself (RMSNorm, attention's splits
+// merged, SwiGLU: the fused forms), it replaces a kernel that would run anyway,
+// so matrices from 2^23 weights pay at one token too: Qwen3-30B-A3B's attention
+// (2^23.3 and 2^23) folded, int4 decode +4.8% (docs/benchmarks.md).
+constexpr int64_t kMinFormedInputWeightsAtOneToken = int64_t(1) << 23;
 
 // Lever int16_activation_matvec applies from 2 tokens (four share an mma).
 constexpr int64_t kMinInt16Tokens = 2;
 
-bool tensor_cores_pay(const AffineArgs& a, int64_t T) {
-  return T >= kMinTensorCoreTokens || a.out * a.in >= kMinTensorCoreWeightsAtOneToken;
+bool tensor_cores_pay(const AffineArgs& a, int64_t T, bool formed_input) {
+  return T >= kMinTensorCoreTokens ||
+         a.out * a.in >= (formed_input ? kMinFormedInputWeightsAtOneToken : kMinTensorCoreWeightsAtOneToken);
 }
 
 // The raw form of the weight, checked for what every kernel needs.
@@ -80,7 +86,9 @@ bool tensor_core_linear(const AffineArgs& a, int64_t T, AffineMmaInput input, co
   // digits there measured 2.5-3% slower at batch 1 (docs/benchmarks.md).
   input.digits = int16_activation_matvec_enabled() && T >= kMinInt16Tokens ? 2 : 3;
   // int8_activation_matvec, an explicit accuracy trade, wins over this exact form.
-  if (!tensor_core_affine_matvec_enabled() || int8_activation_matvec_enabled() || !tensor_cores_pay(a, T) ||
+  const bool formed_input = input.kind != AffineMmaInput::Kind::plain;
+  if (!tensor_core_affine_matvec_enabled() || int8_activation_matvec_enabled() ||
+      !tensor_cores_pay(a, T, formed_input) ||
       !affine_matvec_mma_supports(a, T, input.digits) || !aligned16(input.x))
     return false;
   MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
@@ -93,12 +101,12 @@ bool tensor_core_linear(const AffineArgs& a, int64_t T, AffineMmaInput input, co
 
 }  // namespace
 
-bool affine_one_token_on_tensor_cores(const AffineWeight& w, int64_t in) {
+bool affine_one_token_on_tensor_cores(const AffineWeight& w, int64_t in, bool formed_input) {
   // The raw form without affine_args' checks: a query answers no where they
   // would fail (the kernel's own checks refuse those shapes and dtypes).
   const AffineArgs a{static_cast<const uint32_t*>(w.packed.raw()), w.scales.raw(), w.biases.raw(), w.scales.dtype(),
                      w.bits, w.group_size, in, w.packed.dim(0)};
-  return tensor_cores_pay(a, 1) && affine_matvec_mma_supports(a, 1);
+  return tensor_cores_pay(a, 1, formed_input) && affine_matvec_mma_supports(a, 1);
 }
 
 bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w, const Tensor& bias,
@@ -178,7 +186,7 @@ bool affine_rms_norm_linear(const Tensor&, const Tensor&, float, const AffineWei
 bool affine_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
 bool affine_swiglu_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
 bool affine_attention_linear_add(Tensor&, const AttentionSplits&, const AffineWeight&, const Tensor&) { return false; }
-bool affine_one_token_on_tensor_cores(const AffineWeight&, int64_t) { return false; }
+bool affine_one_token_on_tensor_cores(const AffineWeight&, int64_t, bool) { return false; }
 
 }  // namespace mere::ops::cuda
 

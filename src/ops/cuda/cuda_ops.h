@@ -50,6 +50,10 @@ void moe_route(const Tensor& logits, const MoeRouting& routing, const Tensor& co
 void moe_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice, Tensor& out);
 void moe_routed_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits, const MoeRouting& routing,
                         const Tensor& correction, MoeChoice& choice, Tensor& out);
+// h += the experts where the tensor-core affine experts run (their down adds
+// into h); false, having launched nothing, elsewhere.
+bool moe_routed_experts_add(Tensor& h, const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
+                            const MoeRouting& routing, const Tensor& correction, MoeChoice& choice);
 void add_gated(Tensor& out, const Tensor& y, const Tensor& gate);
 // Quantized (affine) K/V caches. Below this many new tokens attention reads the
 // codes directly; from it on (prefill) it reads a bf16 copy of the visible rows.

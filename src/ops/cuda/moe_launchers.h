@@ -52,6 +52,9 @@ struct MoeExpertsArgs {
   // wait, and writes the choice to route.ids and route.weights (which ids and
   // weights then name) for the kernels after it; no routing kernel runs.
   MoeRouteArgs route;
+  // The tensor-core affine experts only: down adds into out (the residual)
+  // instead of writing it.
+  bool accumulate = false;
 };
 // Matvecs over the chosen experts' rows only, two kernels, f32 arithmetic: decode
 // (T <= kMaxMatvecTokens), and every T for f32 experts (test checkpoints, which

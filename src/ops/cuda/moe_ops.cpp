@@ -152,6 +152,23 @@ void moe_routed_experts(const Tensor& x, const ExpertWeights& w, const Tensor& l
   run_experts(a);
 }
 
+bool moe_routed_experts_add(Tensor& h, const Tensor& x, const ExpertWeights& w, const Tensor& logits,
+                            const MoeRouting& r, const Tensor& correction, MoeChoice& choice) {
+  MoeExpertsArgs a = experts_args(x, w, choice, h);
+  a.accumulate = true;
+  if (a.T > kMaxMatvecTokens || !tensor_core_moe_matvec_enabled() || a.gate.dtype == DType::f8_e4m3 ||
+      !moe_experts_mma_supports(a))
+    return false;
+  const MoeRouteArgs route = route_args(logits, r, correction, choice);
+  if (routing_in_experts_enabled()) {
+    a.route = route;
+    if (!moe_experts_mma_supports(a)) a.route = MoeRouteArgs{};
+  }
+  if (!a.route.logits) MERE_CUDA(launch_moe_route(route, stream()));
+  run_experts(a);
+  return true;
+}
+
 void add_gated(Tensor& out, const Tensor& y, const Tensor& gate) {
   MERE_CUDA(launch_add_gated(out.data<float>(), y.data<float>(), gate.defined() ? gate.data<float>() : nullptr,
                              out.dim(0), out.dim(1), stream()));
@@ -172,6 +189,10 @@ void moe_experts(const Tensor&, const ExpertWeights&, const MoeChoice&, Tensor&)
 void moe_routed_experts(const Tensor&, const ExpertWeights&, const Tensor&, const MoeRouting&, const Tensor&,
                         MoeChoice&, Tensor&) {
   fail("this binary was built without the CUDA backend");
+}
+bool moe_routed_experts_add(Tensor&, const Tensor&, const ExpertWeights&, const Tensor&, const MoeRouting&,
+                            const Tensor&, MoeChoice&) {
+  return false;
 }
 void add_gated(Tensor&, const Tensor&, const Tensor&) { fail("this binary was built without the CUDA backend"); }
 
