@@ -420,6 +420,24 @@ TEST_F(Affine, Int16ActivationsMatchTheRoundedReference) {
 
 // More rows than one wave of blocks: staged blocks loop over row blocks, also
 // with a forced split (the partial sums' buffers alternate).
+// One token of a matrix of at most one row an SM (a MoE router's 128 rows) takes
+// two rows a warp, so its blocks spread over twice the SMs; the sums are the
+// four-row plan's, bit for bit. More rows, or more tokens, keep four.
+TEST_F(Affine, OneTokenOfFewRowsTakesTwoRowsAWarp) {
+  const int64_t in = 2048;
+  for (int bits : {4, 8}) {
+    const Weight w = Weight(random_affine(128, in, bits, 64, DType::bf16, uint64_t(300 + bits)), in).to_device(Device::cuda);
+    const Tensor x = gpu(random({1, in}, DType::f32, 301));
+    EXPECT_EQ(mere::cuda::affine_matvec_plan(args_of(w), 1).rows, 2) << bits;
+    EXPECT_EQ(mere::cuda::affine_matvec_plan(args_of(w), 2).rows, 4) << bits;
+    const Tensor two = launch_matvec(w, x, Tensor(), {}).to_device(Device::cpu);
+    const Tensor four = launch_matvec(w, x, Tensor(), {.rows = 4, .batch = 2}).to_device(Device::cpu);
+    EXPECT_EQ(test::max_abs_diff(two, four).diff, 0.0f) << bits;
+  }
+  const Weight many(random_affine(4096, in, 4, 64, DType::bf16, 302), in);
+  EXPECT_EQ(mere::cuda::affine_matvec_plan(args_of(many.to_device(Device::cuda)), 1).rows, 4);
+}
+
 TEST_F(Affine, PersistentBlocksLoopOverRows) {
   for (int64_t T : {1, 3})
     for (int split : {0, 2, 8}) {
