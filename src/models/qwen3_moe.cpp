@@ -35,7 +35,7 @@ namespace {
 // attention matrix's one-token matvec runs on the tensor cores in its fused form
 // (the RMSNorm'd input for q/k/v, attention's splits merged for o; the experts
 // have their own kernels). Qwen3-30B-A3B's (2^23 weights and up) do: int4
-// decode +4.8% (docs/benchmarks.md).
+// decode +8.0% at batch 1 (docs/benchmarks.md).
 bool folding_pays(const std::vector<Qwen3MoeLayer>& layers, const LoadOptions& o) {
   if (!o.tensor_core_affine_matvec || o.int8_activation_matvec || layers.empty()) return false;
   auto fast = [](const Weight& w) { return !w.defined() || ops::one_token_matvec_on_tensor_cores(w, true); };

@@ -62,7 +62,6 @@ Tensor checked_output(const Tensor& x, const ExpertWeights& experts, const MoeCh
 
 }  // namespace
 
-
 uint64_t ExpertWeights::size_bytes() const {
   uint64_t bytes = down.size_bytes();
   for (const Weight* w : {&gate, &up, &gate_up})

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/device.h"
 #include "engine/generate.h"
@@ -229,6 +230,36 @@ TEST(MoeGpu, Qwen3_30B_A3B_ShapeLoadsAndDecodes) {
   }
 }
 
+// The Qwen3-30B-A3B shape tests below: a 12-token prompt (prefill: the grouped
+// GEMMs), then one decode step of n tokens on two models, each from its own
+// prefill; the logits of both (CPU copies), and each row's argmax.
+const std::vector<int32_t> kMoePrompt{11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 222, 333};
+
+std::pair<Tensor, Tensor> one_decode_step(const Model& off, const Model& on, int n) {
+  auto s_off = off.make_state(64), s_on = on.make_state(64);
+  off.forward(kMoePrompt, *s_off, false);
+  on.forward(kMoePrompt, *s_on, false);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(444 + 37 * i);
+  return {off.forward(ids, *s_off, true).to_device(Device::cpu), on.forward(ids, *s_on, true).to_device(Device::cpu)};
+}
+
+int32_t argmax_row(const Tensor& logits, int64_t row) {
+  const int64_t V = logits.dim(1);
+  const float* r = logits.data<float>() + row * V;
+  return int32_t(std::max_element(r, r + V) - r);
+}
+
+// One step of n tokens: the same argmax in every row and logits within 0.1;
+// whether they moved past `tight`.
+bool step_moved_past(const Model& off, const Model& on, int n, float tight, const std::string& label) {
+  const auto [want, got] = one_decode_step(off, on, n);
+  const float rel = test::relative_error(got, want, label);
+  EXPECT_LE(rel, 0.1f) << label;
+  for (int64_t t = 0; t < n; ++t) EXPECT_EQ(argmax_row(got, t), argmax_row(want, t)) << label << " row " << t;
+  return rel > tight;
+}
+
 // Lever tensor_core_moe_matvec on the Qwen3-30B-A3B shape (random int4 and int8
 // experts, 128 of them, top 8, d_model 2048, d_ff 768). From the same prefill
 // (12 tokens: the grouped GEMMs either way), one decode step of 1, 2, 4 or 8
@@ -239,37 +270,20 @@ TEST(MoeGpu, Qwen3_30B_A3B_ShapeLoadsAndDecodes) {
 // at 8 tokens, 4.1e-2), within 0.1. Then 16 greedy steps give the same tokens.
 TEST(MoeGpu, TensorCoreExpertsMatchTheCudaCoreKernelsOnTheQwen3_30B_A3B_Shape) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  auto argmax = [](const Tensor& logits, int64_t row) {
-    const int64_t V = logits.dim(1);
-    const float* r = logits.data<float>() + row * V;
-    return int32_t(std::max_element(r, r + V) - r);
-  };
-  const std::vector<int32_t> prompt{11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 222, 333};
   int flipped = 0;  // steps past 1e-4
   for (const char* quant : {"int4", "int8"}) {
     auto off = random_model("qwen3-30b-a3b", Device::cuda, {}, 1, RandomQuant::parse(quant));
     auto on = random_model("qwen3-30b-a3b", Device::cuda, {.tensor_core_moe_matvec = true}, 1, RandomQuant::parse(quant));
-    for (int n : {1, 2, 4, 8}) {
-      auto s_off = off->make_state(64), s_on = on->make_state(64);
-      off->forward(prompt, *s_off, false);
-      on->forward(prompt, *s_on, false);
-      std::vector<int32_t> ids;
-      for (int i = 0; i < n; ++i) ids.push_back(444 + 37 * i);
-      const Tensor want = off->forward(ids, *s_off, true).to_device(Device::cpu);
-      const Tensor got = on->forward(ids, *s_on, true).to_device(Device::cpu);
-      const std::string label = std::string(quant) + ", one step of " + std::to_string(n) + " token(s)";
-      const float rel = test::relative_error(got, want, label);
-      EXPECT_LE(rel, 0.1f) << label;
-      flipped += rel > 1e-4f;
-      for (int64_t t = 0; t < n; ++t) EXPECT_EQ(argmax(got, t), argmax(want, t)) << label << " row " << t;
-    }
+    for (int n : {1, 2, 4, 8})
+      flipped += step_moved_past(*off, *on, n, 1e-4f,
+                                 std::string(quant) + ", one step of " + std::to_string(n) + " token(s)");
     auto s_off = off->make_state(64), s_on = on->make_state(64);
-    Tensor a = off->forward(prompt, *s_off, false).to_device(Device::cpu);
-    Tensor b = on->forward(prompt, *s_on, false).to_device(Device::cpu);
+    Tensor a = off->forward(kMoePrompt, *s_off, false).to_device(Device::cpu);
+    Tensor b = on->forward(kMoePrompt, *s_on, false).to_device(Device::cpu);
     float drift = 0;
     for (int step = 0; step < 16; ++step) {
-      const int32_t next = argmax(a, 0);
-      ASSERT_EQ(argmax(b, 0), next) << quant << " greedy step " << step;
+      const int32_t next = argmax_row(a, 0);
+      ASSERT_EQ(argmax_row(b, 0), next) << quant << " greedy step " << step;
       a = off->forward({next}, *s_off, false).to_device(Device::cpu);
       b = on->forward({next}, *s_on, false).to_device(Device::cpu);
       drift = std::max(drift, test::relative_error(b, a, "", false));
@@ -286,28 +300,21 @@ TEST(MoeGpu, TensorCoreExpertsMatchTheCudaCoreKernelsOnTheQwen3_30B_A3B_Shape) {
 // greedy tokens through the decode loop (CUDA graphs) are the same.
 TEST(MoeGpu, RoutingInExpertsIsBitIdenticalOnTheQwen3_30B_A3B_Shape) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  const std::vector<int32_t> prompt{11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 222, 333};
   for (const char* quant : {"int4", "int8"}) {
     auto off = random_model("qwen3-30b-a3b", Device::cuda, {.tensor_core_moe_matvec = true}, 1,
                             RandomQuant::parse(quant));
     auto on = random_model("qwen3-30b-a3b", Device::cuda, {.tensor_core_moe_matvec = true, .routing_in_experts = true},
                            1, RandomQuant::parse(quant));
     for (int n : {1, 2, 8}) {
-      auto s_off = off->make_state(64), s_on = on->make_state(64);
-      off->forward(prompt, *s_off, false);
-      on->forward(prompt, *s_on, false);
-      std::vector<int32_t> ids;
-      for (int i = 0; i < n; ++i) ids.push_back(444 + 37 * i);
-      const Tensor want = off->forward(ids, *s_off, true).to_device(Device::cpu);
-      const Tensor got = on->forward(ids, *s_on, true).to_device(Device::cpu);
+      const auto [want, got] = one_decode_step(*off, *on, n);
       EXPECT_EQ(test::max_abs_diff(got, want).diff, 0.0f) << quant << ", one step of " << n << " token(s)";
     }
     GenerateOptions o_off, o_on;
     o_off.max_new_tokens = o_on.max_new_tokens = 16;
     o_off.sampling.temperature = o_on.sampling.temperature = 0;
     std::vector<int32_t> t_off, t_on;
-    generate(*off, prompt, o_off, [&](int32_t id) { t_off.push_back(id); return true; });
-    generate(*on, prompt, o_on, [&](int32_t id) { t_on.push_back(id); return true; });
+    generate(*off, kMoePrompt, o_off, [&](int32_t id) { t_off.push_back(id); return true; });
+    generate(*on, kMoePrompt, o_on, [&](int32_t id) { t_on.push_back(id); return true; });
     EXPECT_EQ(t_on, t_off) << quant;
     std::printf("[ gpu      ] %s: routing in the experts bit-identical, 16 greedy tokens the same\n", quant);
   }
@@ -323,12 +330,6 @@ TEST(MoeGpu, RoutingInExpertsIsBitIdenticalOnTheQwen3_30B_A3B_Shape) {
 // top 8 may go the other way (within 0.1); then 16 greedy steps give the same tokens.
 TEST(MoeGpu, FoldedAttentionMatchesTheCompositionOnTheQwen3_30B_A3B_Shape) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  auto argmax = [](const Tensor& logits, int64_t row) {
-    const int64_t V = logits.dim(1);
-    const float* r = logits.data<float>() + row * V;
-    return int32_t(std::max_element(r, r + V) - r);
-  };
-  const std::vector<int32_t> prompt{11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 222, 333};
   const LoadOptions base = Levers{}.load_options(Device::cuda);
   LoadOptions unfolded = base;
   unfolded.fuse_norm_matvec = LeverMode::off;
@@ -338,26 +339,15 @@ TEST(MoeGpu, FoldedAttentionMatchesTheCompositionOnTheQwen3_30B_A3B_Shape) {
     auto on = random_model("qwen3-30b-a3b", Device::cuda, base, 1, RandomQuant::parse(quant));
     ASSERT_TRUE(on->info().folds_norms) << quant << ": auto folds this shape";
     ASSERT_FALSE(off->info().folds_norms) << quant;
-    for (int n : {1, 2, 8}) {
-      auto s_off = off->make_state(64), s_on = on->make_state(64);
-      off->forward(prompt, *s_off, false);
-      on->forward(prompt, *s_on, false);
-      std::vector<int32_t> ids;
-      for (int i = 0; i < n; ++i) ids.push_back(444 + 37 * i);
-      const Tensor want = off->forward(ids, *s_off, true).to_device(Device::cpu);
-      const Tensor got = on->forward(ids, *s_on, true).to_device(Device::cpu);
-      const std::string label = std::string(quant) + " folded, one step of " + std::to_string(n) + " token(s)";
-      const float rel = test::relative_error(got, want, label);
-      EXPECT_LE(rel, 0.1f) << label;
-      flipped += rel > 1e-3f;
-      for (int64_t t = 0; t < n; ++t) EXPECT_EQ(argmax(got, t), argmax(want, t)) << label << " row " << t;
-    }
+    for (int n : {1, 2, 8})
+      flipped += step_moved_past(*off, *on, n, 1e-3f,
+                                 std::string(quant) + " folded, one step of " + std::to_string(n) + " token(s)");
     GenerateOptions options;
     options.max_new_tokens = 16;
     options.sampling.temperature = 0;
     std::vector<int32_t> t_off, t_on;
-    generate(*off, prompt, options, [&](int32_t id) { t_off.push_back(id); return true; });
-    generate(*on, prompt, options, [&](int32_t id) { t_on.push_back(id); return true; });
+    generate(*off, kMoePrompt, options, [&](int32_t id) { t_off.push_back(id); return true; });
+    generate(*on, kMoePrompt, options, [&](int32_t id) { t_on.push_back(id); return true; });
     EXPECT_EQ(t_on, t_off) << quant;
   }
   EXPECT_LE(flipped, 1) << "one-step decodes whose logits moved past 1e-3";

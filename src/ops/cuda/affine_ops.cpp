@@ -30,7 +30,7 @@ constexpr int64_t kMinTensorCoreTokens = 2;
 // Where the prepare kernel forms the input itself (RMSNorm, attention's splits
 // merged, SwiGLU: the fused forms), it replaces a kernel that would run anyway,
 // so matrices from 2^23 weights pay at one token too: Qwen3-30B-A3B's attention
-// (2^23.3 and 2^23) folded, int4 decode +4.8% (docs/benchmarks.md).
+// (2^23.3 and 2^23) folded, int4 decode +8.0% at batch 1 (docs/benchmarks.md).
 constexpr int64_t kMinFormedInputWeightsAtOneToken = int64_t(1) << 23;
 
 // Lever int16_activation_matvec applies from 2 tokens (four share an mma).

@@ -113,6 +113,7 @@ void run_experts(const MoeExpertsArgs& a) {
       return;
     }
   }
+  MERE_CHECK(!a.accumulate, "moe_experts (CUDA): only the tensor-core affine experts add into the residual");
   if (a.T <= kMaxMatvecTokens || f32_experts) {
     MERE_CHECK(a.T * a.k <= 65535, "moe_experts (CUDA): {} tokens x {} experts in one f32 call (at most 65535)", a.T,
                a.k);
@@ -124,6 +125,25 @@ void run_experts(const MoeExpertsArgs& a) {
       Tensor::empty({int64_t(moe_prefill_scratch_bytes(a.T, a.k, a.n_experts, a.d_model, a.d_ff))}, DType::u8,
                     Device::cuda);
   MERE_CUDA(launch_moe_experts_prefill(a, scratch.raw(), stream()));
+}
+
+// Whether run_experts takes the tensor-core affine experts (which alone route
+// in gate/up and add into the residual).
+bool affine_experts_on_tensor_cores(const MoeExpertsArgs& a) {
+  return a.T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled() && a.gate.dtype != DType::f8_e4m3 &&
+         moe_experts_mma_supports(a);
+}
+
+// The routing, then the experts: under lever routing_in_experts the tensor-core
+// affine experts' gate/up routes, else the routing kernel runs first.
+void route_and_run_experts(MoeExpertsArgs a, const MoeRouteArgs& route) {
+  if (routing_in_experts_enabled()) {
+    a.route = route;
+    if (affine_experts_on_tensor_cores(a)) return run_experts(a);
+    a.route = MoeRouteArgs{};
+  }
+  MERE_CUDA(launch_moe_route(route, stream()));
+  run_experts(a);
 }
 
 }  // namespace
@@ -138,34 +158,15 @@ void moe_experts(const Tensor& x, const ExpertWeights& w, const MoeChoice& choic
 
 void moe_routed_experts(const Tensor& x, const ExpertWeights& w, const Tensor& logits, const MoeRouting& r,
                         const Tensor& correction, MoeChoice& choice, Tensor& out) {
-  MoeExpertsArgs a = experts_args(x, w, choice, out);
-  const MoeRouteArgs route = route_args(logits, r, correction, choice);
-  // Lever routing_in_experts: the tensor-core affine experts' gate/up routes
-  // (run_experts takes that path whenever moe_experts_mma_supports holds).
-  if (routing_in_experts_enabled() && a.T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled() &&
-      a.gate.dtype != DType::f8_e4m3) {
-    a.route = route;
-    if (moe_experts_mma_supports(a)) return run_experts(a);
-    a.route = MoeRouteArgs{};
-  }
-  MERE_CUDA(launch_moe_route(route, stream()));
-  run_experts(a);
+  route_and_run_experts(experts_args(x, w, choice, out), route_args(logits, r, correction, choice));
 }
 
 bool moe_routed_experts_add(Tensor& h, const Tensor& x, const ExpertWeights& w, const Tensor& logits,
                             const MoeRouting& r, const Tensor& correction, MoeChoice& choice) {
   MoeExpertsArgs a = experts_args(x, w, choice, h);
   a.accumulate = true;
-  if (a.T > kMaxMatvecTokens || !tensor_core_moe_matvec_enabled() || a.gate.dtype == DType::f8_e4m3 ||
-      !moe_experts_mma_supports(a))
-    return false;
-  const MoeRouteArgs route = route_args(logits, r, correction, choice);
-  if (routing_in_experts_enabled()) {
-    a.route = route;
-    if (!moe_experts_mma_supports(a)) a.route = MoeRouteArgs{};
-  }
-  if (!a.route.logits) MERE_CUDA(launch_moe_route(route, stream()));
-  run_experts(a);
+  if (!affine_experts_on_tensor_cores(a)) return false;
+  route_and_run_experts(a, route_args(logits, r, correction, choice));
   return true;
 }
 
