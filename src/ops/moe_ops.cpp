@@ -60,6 +60,29 @@ Tensor checked_output(const Tensor& x, const ExpertWeights& experts, const MoeCh
   return Tensor::empty({x.dim(0), experts.d_model}, DType::f32, x.device());
 }
 
+// The routing's and the experts' checks for x's tokens; the choice's tensors.
+MoeChoice checked_routed_choice(const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
+                                const MoeRouting& routing, const Tensor& correction) {
+  MoeChoice choice = checked_choice(logits, routing, correction);
+  MERE_CHECK(logits.dim(0) == x.dim(0), "moe_routed_experts: logits for {} tokens, x for {}", logits.dim(0), x.dim(0));
+  check_experts(x, experts, choice);
+  check_same_device("moe_routed_experts", x, logits);
+  return choice;
+}
+
+// The choice, then the experts into out: on the CPU in turn, on the GPU as
+// cuda::moe_routed_experts decides (routing in the experts where it can).
+void route_and_run(const Tensor& x, const ExpertWeights& experts, const Tensor& logits, const MoeRouting& routing,
+                   const Tensor& correction, MoeChoice& choice, Tensor& out) {
+  switch (x.device()) {
+    case Device::cpu:
+      cpu::moe_route(logits, routing, correction, choice);
+      cpu::moe_experts(x, experts, choice, out);
+      break;
+    case Device::cuda: cuda::moe_routed_experts(x, experts, logits, routing, correction, choice, out); break;
+  }
+}
+
 }  // namespace
 
 uint64_t ExpertWeights::size_bytes() const {
@@ -97,17 +120,9 @@ Tensor moe_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoic
 
 Tensor moe_routed_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
                           const MoeRouting& routing, const Tensor& correction) {
-  MoeChoice choice = checked_choice(logits, routing, correction);
-  MERE_CHECK(logits.dim(0) == x.dim(0), "moe_routed_experts: logits for {} tokens, x for {}", logits.dim(0), x.dim(0));
-  Tensor out = checked_output(x, experts, choice);
-  check_same_device("moe_routed_experts", x, logits);
-  switch (x.device()) {
-    case Device::cpu:
-      cpu::moe_route(logits, routing, correction, choice);
-      cpu::moe_experts(x, experts, choice, out);
-      break;
-    case Device::cuda: cuda::moe_routed_experts(x, experts, logits, routing, correction, choice, out); break;
-  }
+  MoeChoice choice = checked_routed_choice(x, experts, logits, routing, correction);
+  Tensor out = Tensor::empty({x.dim(0), experts.d_model}, DType::f32, x.device());
+  route_and_run(x, experts, logits, routing, correction, choice, out);
   return out;
 }
 
@@ -117,15 +132,12 @@ void moe_routed_experts_add(Tensor& h, const Tensor& x, const ExpertWeights& exp
              "moe_routed_experts_add: h {} {} for {} tokens of {}", dtype_name(h.dtype()), shape_str(h.shape()),
              x.dim(0), experts.d_model);
   check_same_device("moe_routed_experts_add", x, h);
-  if (h.device() == Device::cuda) {
-    MoeChoice choice = checked_choice(logits, routing, correction);
-    MERE_CHECK(logits.dim(0) == x.dim(0), "moe_routed_experts: logits for {} tokens, x for {}", logits.dim(0),
-               x.dim(0));
-    check_experts(x, experts, choice);
-    check_same_device("moe_routed_experts", x, logits);
-    if (cuda::moe_routed_experts_add(h, x, experts, logits, routing, correction, choice)) return;
-  }
-  add_inplace(h, moe_routed_experts(x, experts, logits, routing, correction));
+  MoeChoice choice = checked_routed_choice(x, experts, logits, routing, correction);
+  if (h.device() == Device::cuda && cuda::moe_routed_experts_add(h, x, experts, logits, routing, correction, choice))
+    return;
+  Tensor out = Tensor::empty(h.shape(), DType::f32, h.device());
+  route_and_run(x, experts, logits, routing, correction, choice, out);
+  add_inplace(h, out);
 }
 
 void add_gated(Tensor& out, const Tensor& y, const Tensor& gate) {

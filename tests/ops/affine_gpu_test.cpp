@@ -198,6 +198,13 @@ TEST_F(Affine, OneTokenTensorCoreQueryFollowsTheFloor) {
   EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(small.to_device(Device::cuda)));
   EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(large));
   EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(large.dequantize(DType::bf16).to_device(Device::cuda)));
+  // In a fused form (its input formed by the prepare kernel) the floor is 2^23:
+  // Qwen3-30B-A3B's o_proj (2048 x 4096) passes, half of it does not.
+  const Weight o_proj = Weight(random_affine(2048, 4096, 4, 64, DType::bf16, 95), 4096).to_device(Device::cuda);
+  const Weight half = Weight(random_affine(1024, 4096, 4, 64, DType::bf16, 96), 4096).to_device(Device::cuda);
+  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(o_proj));
+  EXPECT_TRUE(ops::one_token_matvec_on_tensor_cores(o_proj, true));
+  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(half, true));
 }
 
 // The fused decode forms (lever fused_norm_matvec) on the tensor-core matvec:

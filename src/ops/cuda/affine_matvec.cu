@@ -630,8 +630,8 @@ XMode x_mode(const AffineArgs& w, int64_t T, const AffineMatvecPlan& hint) {
 // a warp instead of four, so twice the SMs share its few blocks (the same sums
 // in the same order): Qwen3-30B-A3B's 128-row router, int4 decode +3.4%
 // (docs/benchmarks.md). An explicit hint stands.
-AffineMatvecPlan few_rows_hint(const AffineArgs& w, int64_t T, AffineMatvecPlan hint) {
-  if (T == 1 && hint.rows == 0 && hint.batch == 0 && w.out <= sm_count()) hint.rows = 2, hint.batch = 2;
+AffineMatvecPlan one_token_hint(const AffineArgs& w, AffineMatvecPlan hint) {
+  if (hint.rows == 0 && hint.batch == 0 && w.out <= sm_count()) hint.rows = 2, hint.batch = 2;
   return hint;
 }
 
@@ -661,7 +661,7 @@ void visit_variant(const AffineArgs& w, const AffineMatvecPlan& hint, Fn&& fn) {
 template <int kBits, typename S, typename Fn>
 void visit_tokens(const AffineArgs& w, int64_t T, const AffineMatvecPlan& hint, Fn&& fn) {
   switch (T) {
-    case 1: return visit_variant<kBits, S, 1>(w, hint, fn);
+    case 1: return visit_variant<kBits, S, 1>(w, one_token_hint(w, hint), fn);
     case 2: return visit_variant<kBits, S, 2>(w, hint, fn);
     case 3: return visit_variant<kBits, S, 3>(w, hint, fn);
     case 4: return visit_variant<kBits, S, 4>(w, hint, fn);
@@ -681,7 +681,6 @@ bool affine_matvec_supports(const AffineArgs& w, int64_t T) {
 AffineMatvecPlan affine_matvec_plan(const AffineArgs& w, int64_t T, AffineMatvecPlan hint) {
   AffineMatvecPlan plan{};
   if (!affine_matvec_supports(w, T)) return plan;
-  hint = few_rows_hint(w, T, hint);
   const Problem p = problem(w, nullptr, nullptr, nullptr);
   visit_affine(w, [&]<int kBits, typename S>() {
     visit_tokens<kBits, S>(w, T, hint, [&](auto variant) { plan = decltype(variant)::plan(p, hint.split); });
@@ -694,7 +693,6 @@ cudaError_t launch_affine_matvec(const AffineArgs& w, const float* x, const floa
   if (!affine_matvec_supports(w, T) || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
   if (hint.split != 0 && log2_exact(hint.split) < 0) return cudaErrorInvalidValue;
   const Problem p = problem(w, x, bias, y);
-  hint = few_rows_hint(w, T, hint);
   cudaError_t status = cudaSuccess;
   cudaError_t dispatch = visit_affine(w, [&]<int kBits, typename S>() {
     visit_tokens<kBits, S>(w, T, hint,

@@ -643,11 +643,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 // key has max -inf and no out, and is skipped.
 constexpr int kMergeThreads = 256;
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
 __global__ void __launch_bounds__(kMergeThreads)
     attention_merge_kernel(const float* __restrict__ part_m, const float* __restrict__ part_l,
                            const float* __restrict__ part_o, float* __restrict__ out, int n_heads, int head_dim,

@@ -27,6 +27,11 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
 // The storage row of position p of a sequence with block table `table`
 // (launchers.h KvTables), or row p when it has none (a contiguous cache).
 __device__ __forceinline__ int64_t paged_row(const int32_t* table, int64_t p) {

@@ -28,14 +28,11 @@ __device__ __forceinline__ void warp_best(float& v, int& i) {
   }
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
 // Shared memory rank_experts needs for E experts: scores, picks and group
-// scores (f32), the groups' kept flags, then the k chosen experts' ids and
-// scores, and the experts' partial ranks (two parts at most).
+// scores (f32), the groups' kept flags (rounded to 16 bytes), then the k chosen
+// experts' ids and scores, and the experts' partial ranks (two parts at most).
+__host__ __device__ constexpr int routing_chosen_offset(int E) { return 3 * E * 4 + (E + 15) / 16 * 16; }
+__host__ __device__ constexpr int routing_scratch_bytes(int E) { return routing_chosen_offset(E) + 2 * 32 * 4 + 2 * E * 4; }
 struct RoutingScratch {
   float *score, *pick, *group_score;
   bool* kept;
@@ -47,12 +44,11 @@ struct RoutingScratch {
     pick = score + E;
     group_score = pick + E;
     kept = reinterpret_cast<bool*>(group_score + E);
-    chosen = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(kept) + (E + 15) / 16 * 16);
+    chosen = reinterpret_cast<int*>(static_cast<uint8_t*>(base) + routing_chosen_offset(E));
     chosen_score = reinterpret_cast<float*>(chosen + 32);
     partial_rank = reinterpret_cast<int*>(chosen_score + 32);
   }
 };
-__host__ __device__ constexpr int routing_scratch_bytes(int E) { return 3 * E * 4 + (E + 15) / 16 * 16 + 256 + 8 * E; }
 constexpr int kRouteThreads = 256;  // the routing kernel's block
 
 // Token t's k experts, best first (larger picks, ties to the lower index), into
