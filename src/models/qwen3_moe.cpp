@@ -197,8 +197,8 @@ Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* c
 
 // The fused forms (lever fused_norm_matvec): q/k/v take h through their
 // RMSNorm'd prepare, a split-K decode attention is merged on its way into
-// o_proj, which adds into h, and the experts' down adds into h; the MLP's input
-// is still normed by a kernel, as the router and the experts both read it.
+// o_proj, which adds into h, the router and the experts' first kernel each
+// normalize h themselves, and the experts' down adds into h.
 Tensor Qwen3Moe::run_folded(Tensor& h, const Tensor& pos, std::span<SeqState* const> states, bool all_logits) const {
   const LlamaConfig& k = cfg_.dense;
   const int64_t T = h.dim(0);
@@ -214,7 +214,7 @@ Tensor Qwen3Moe::run_folded(Tensor& h, const Tensor& pos, std::span<SeqState* co
     if (a.defined()) ops::linear_add(h, a, w.attn.o, w.attn.o_bias);
     else ops::attention_linear_add(h, splits, w.attn.o, w.attn.o_bias);
     if (w.moe) {
-      w.moe->add_to(h, ops::rms_norm(h, w.mlp_norm, k.norm_eps));
+      w.moe->add_normed(h, w.mlp_norm, k.norm_eps);
     } else {
       w.mlp.add_normed(h, w.mlp_norm, k.norm_eps);
     }

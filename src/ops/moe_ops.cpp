@@ -140,6 +140,23 @@ void moe_routed_experts_add(Tensor& h, const Tensor& x, const ExpertWeights& exp
   add_inplace(h, out);
 }
 
+void moe_normed_experts_add(Tensor& h, const Tensor& norm_w, float eps, const Weight& router,
+                            const ExpertWeights& experts, const MoeRouting& routing, const Tensor& correction) {
+  MERE_CHECK(router.defined() && router.cols() == experts.d_model && router.rows() == experts.n_experts,
+             "moe_normed_experts_add: router [{}, {}] for {} experts of {}", router.rows(), router.cols(),
+             experts.n_experts, experts.d_model);
+  MERE_CHECK(norm_w.shape() == Shape{experts.d_model}, "moe_normed_experts_add: norm weight {} for rows of {}",
+             shape_str(norm_w.shape()), experts.d_model);
+  check_same_device("moe_normed_experts_add", h, norm_w);
+  if (h.device() == Device::cuda && router.device() == Device::cuda) {
+    Tensor logits = Tensor::empty({h.dim(0), router.rows()}, DType::f32, Device::cuda);
+    MoeChoice choice = checked_routed_choice(h, experts, logits, routing, correction);
+    if (cuda::moe_normed_experts_add(h, norm_w, eps, router, experts, logits, routing, correction, choice)) return;
+  }
+  const Tensor x = rms_norm(h, norm_w, eps);
+  moe_routed_experts_add(h, x, experts, linear(x, router), routing, correction);
+}
+
 void add_gated(Tensor& out, const Tensor& y, const Tensor& gate) {
   MERE_CHECK(out.dtype() == DType::f32 && out.rank() == 2 && y.shape() == out.shape() && y.dtype() == DType::f32,
              "add_gated: y {} {} for out {}", dtype_name(y.dtype()), shape_str(y.shape()), shape_str(out.shape()));

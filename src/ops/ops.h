@@ -328,6 +328,14 @@ Tensor moe_routed_experts(const Tensor& x, const ExpertWeights& experts, const T
 // matvec adds into h itself (the same sums, no add kernel).
 void moe_routed_experts_add(Tensor& h, const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
                             const MoeRouting& routing, const Tensor& correction = Tensor());
+// h += moe_routed_experts(x, experts, x router^T, ...) with x = RMSNorm(h) norm_w
+// (lever fused_norm_matvec): on the GPU, for affine routers and the tensor-core
+// affine experts, the router's matvec and the experts' first kernel each
+// normalize h themselves, and no kernel writes x (the sums may differ in the
+// last bits from the composition's).
+void moe_normed_experts_add(Tensor& h, const Tensor& norm_w, float eps, const Weight& router,
+                            const ExpertWeights& experts, const MoeRouting& routing,
+                            const Tensor& correction = Tensor());
 // out[t] += y[t] * sigmoid(gate[t]) (a shared expert's gate; gate f32 [T, 1]),
 // or out += y when gate is undefined. out, y f32 [T, d].
 void add_gated(Tensor& out, const Tensor& y, const Tensor& gate);

@@ -28,12 +28,19 @@ void affine_embed(const AffineWeight& w, const Tensor& ids, Tensor& out);       
 // false where that kernel does not apply (the caller composes the steps).
 bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w, const Tensor& bias,
                             Tensor& out);
+// The same on the CUDA-core matvec, each block normalizing h itself (where
+// the tensor cores do not pay: a MoE router); next_after_wait: the next kernel
+// starts only after this one's wait (affine_launchers.h).
+bool affine_cuda_core_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w,
+                                      const Tensor& bias, Tensor& out, bool next_after_wait);
 bool affine_linear_add(Tensor& h, const Tensor& x, const AffineWeight& w, const Tensor& bias);
 bool affine_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const AffineWeight& w, const Tensor& bias);
 bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const AffineWeight& w, const Tensor& bias);
 // Under lever tensor_core_affine_matvec; formed_input: in a fused form (RMSNorm,
 // attention's splits or SwiGLU formed by the prepare kernel).
 bool affine_one_token_on_tensor_cores(const AffineWeight& w, int64_t in, bool formed_input);
+// Whether linear takes T tokens of this matrix on the tensor cores, as the levers stand.
+bool affine_linear_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T);
 void fp8_embed(const Fp8Weight& w, const Tensor& ids, Tensor& out);                            // ops/cuda/fp8_ops.cpp
 }  // namespace cuda
 

@@ -323,7 +323,8 @@ TEST(MoeGpu, RoutingInExpertsIsBitIdenticalOnTheQwen3_30B_A3B_Shape) {
 // Lever fused_norm_matvec, auto, on the Qwen3-30B-A3B shape (random int4 and
 // int8): its attention matrices (2^23 weights and up) fold, so q/k/v take h
 // through their RMSNorm'd prepare, attention's splits merge on their way into
-// o_proj and the experts' down adds into h. Against the composition (the lever
+// o_proj, the router and the experts' first kernel normalize h themselves and
+// the experts' down adds into h. Against the composition (the lever
 // off: the CUDA-core matvecs, f32 x where the tensor cores take x rounded to 23
 // bits a group), one decode step of 1, 2 or 8 tokens keeps the argmax and its
 // logits within 1e-3, but for at most one step where a near-tie in some layer's

@@ -445,6 +445,60 @@ TEST_F(Affine, OneTokenOfFewRowsTakesTwoRowsAWarp) {
   EXPECT_EQ(mere::cuda::affine_matvec_plan(args_of(many.to_device(Device::cuda)), 1).rows, 4);
 }
 
+// The CUDA-core matvec that normalizes its input (fused_norm_matvec's form for
+// matrices the tensor cores leave at one token, a MoE router's): RMSNorm(h) w
+// times the weight against the CPU composition on the dequantized weight, in
+// one launch; the next kernel's early start changes no bit; rows too long for
+// the norm weights a thread holds are declined.
+TEST_F(Affine, CudaCoreMatvecNormalizesItsInput) {
+  struct Case { int64_t T, out, in; int bits, group; DType norm_dt; };
+  for (const Case& c : {Case{1, 128, 2048, 4, 64, DType::bf16}, Case{1, 128, 2048, 8, 64, DType::bf16},
+                        Case{3, 300, 1024, 8, 32, DType::f32}, Case{8, 64, 2048, 4, 128, DType::f16},
+                        Case{2, 5000, 512, 4, 64, DType::bf16}, Case{5, 37, 4096, 8, 64, DType::bf16},
+                        Case{1, 7, 96, 4, 32, DType::f32}}) {
+    const std::string label = fmt::format("int{} g{} T={} {}x{} norm {}", c.bits, c.group, c.T, c.out, c.in,
+                                          dtype_name(c.norm_dt));
+    const Weight w(random_affine(c.out, c.in, c.bits, c.group, DType::bf16, uint64_t(c.in + c.out + c.bits)), c.in);
+    const Weight wg = w.to_device(Device::cuda);
+    const Tensor h = random({c.T, c.in}, DType::f32, 21, 3.0f), norm_w = random({c.in}, c.norm_dt, 22, 0.5f, 1.0f);
+    const Tensor bias = random({c.out}, DType::f32, 23, 0.1f);
+    const Tensor want = ops::linear(ops::rms_norm(h, norm_w, 1e-6f), w.dequantize(DType::f32), bias);
+    const Tensor hg = gpu(h), ng = gpu(norm_w), bg = gpu(bias);
+    Tensor got = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
+    Tensor early = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
+    const auto launches = test::kernel_launches_by(
+        [&] { EXPECT_TRUE(ops::cuda::affine_cuda_core_rms_norm_linear(hg, ng, 1e-6f, wg.affine(), bg, got, false)); });
+    EXPECT_EQ(launches.size(), 1u) << label;
+    EXPECT_TRUE(ops::cuda::affine_cuda_core_rms_norm_linear(hg, ng, 1e-6f, wg.affine(), bg, got, false)) << label;
+    EXPECT_TRUE(ops::cuda::affine_cuda_core_rms_norm_linear(hg, ng, 1e-6f, wg.affine(), bg, early, true)) << label;
+    const Tensor got_cpu = got.to_device(Device::cpu);
+    EXPECT_LE(relative_error(got_cpu, want, label), 1e-5f);
+    EXPECT_EQ(test::max_abs_diff(early.to_device(Device::cpu), got_cpu).diff, 0.0f) << label;
+  }
+  // Declined: a row longer than the norm weights a thread holds; 8 tokens of
+  // 4,096 columns, whose staged copy does not fit.
+  for (const auto& [T, in] : {std::pair<int64_t, int64_t>{1, 8192}, {8, 4096}}) {
+    const Weight w = Weight(random_affine(16, in, 4, 64, DType::bf16, 24), in).to_device(Device::cuda);
+    Tensor out = Tensor::empty({T, 16}, DType::f32, Device::cuda);
+    EXPECT_FALSE(ops::cuda::affine_cuda_core_rms_norm_linear(gpu(random({T, in}, DType::f32, 25)),
+                                                            gpu(random({in}, DType::bf16, 26)), 1e-6f, w.affine(),
+                                                            Tensor(), out, false))
+        << T << " x " << in;
+  }
+}
+
+// rms_norm_linear of a matrix below the tensor cores' floor at one token takes
+// the CUDA-core form: one launch where the composition takes two.
+TEST_F(Affine, SmallNormedMatvecTakesOneLaunch) {
+  const int64_t in = 2048;
+  const Weight w = Weight(random_affine(128, in, 4, 64, DType::bf16, 27), in).to_device(Device::cuda);
+  const Tensor h = gpu(random({1, in}, DType::f32, 28, 2.0f)), norm_w = gpu(random({in}, DType::bf16, 29, 0.5f, 1.0f));
+  EXPECT_EQ(test::kernels_launched_by([&] { ops::rms_norm_linear(h, norm_w, 1e-6f, w); }), 1u);
+  const Tensor fused = ops::rms_norm_linear(h, norm_w, 1e-6f, w).to_device(Device::cpu);
+  const Tensor composed = ops::linear(ops::rms_norm(h, norm_w, 1e-6f), w).to_device(Device::cpu);
+  EXPECT_LE(relative_error(fused, composed, "128x2048 int4"), 1e-5f);
+}
+
 TEST_F(Affine, PersistentBlocksLoopOverRows) {
   for (int64_t T : {1, 3})
     for (int split : {0, 2, 8}) {

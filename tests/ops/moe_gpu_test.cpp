@@ -12,6 +12,7 @@
 #include "core/device.h"
 #include "gpu_test_util.h"
 #include "ops/ops.h"
+#include "ops/quantized_ops.h"
 #include "quant/fp8_test_util.h"
 
 namespace mere {
@@ -337,6 +338,57 @@ TEST_F(MoeTensorCoreGpu, ExpertsAddIntoTheResidualWithTheSameBits) {
       const bool tensor_cores = format != "fp8" && k != 3;
       EXPECT_EQ(add_inside.size() + (tensor_cores ? 1 : 0), add_after.size()) << label;
     }
+}
+
+// The experts from h itself (lever fused_norm_matvec's form): the router's
+// matvec and the experts' first kernel each normalize h, one launch fewer than
+// rms_norm, the router and the experts, with the composition's values (the
+// sums in another order). A dense router, one on the tensor cores, FP8 experts
+// and k = 3 compose the steps; so does the CPU.
+TEST_F(MoeTensorCoreGpu, ExpertsNormalizeTheResidualThemselves) {
+  const int64_t E = 16, f = 256, d = 512;
+  const float eps = 1e-6f;
+  for (const auto& [format, k] : {std::pair<std::string, int>{"int4", 8}, {"int8", 2}, {"fp8", 4}, {"int4", 3}})
+    for (const std::string router_format : {"int4", "int8", "bf16"})
+      for (int64_t T : {1, 5}) {
+        const ops::ExpertWeights w = random_experts(E, f, d, format, false), wg = on_gpu(w);
+        const Weight router = router_format == "bf16" ? Weight(random({E, d}, DType::bf16, 190, 0.05f))
+                                                      : random_affine(E, d, router_format == "int4" ? 4 : 8, 64, 191);
+        const Weight router_g = router.to_device(Device::cuda);
+        const Tensor h0 = random({T, d}, DType::f32, 192 + uint64_t(T), 3.0f);
+        const Tensor norm_w = random({d}, DType::bf16, 193, 0.5f, 1.0f);
+        const ops::MoeRouting routing{.top_k = k, .renormalize = true};
+        for (bool in_experts : {true, false}) {
+          const std::string label = format + " k=" + std::to_string(k) + " router " + router_format +
+                                    " T=" + std::to_string(T) + (in_experts ? " routing in experts" : "");
+          // 5 tokens of the router take the tensor cores where that lever is on: the ops then compose.
+          ops::set_launch_settings({.tensor_core_affine_matvec = T > 1, .tensor_core_moe_matvec = true,
+                                    .routing_in_experts = in_experts});
+          const bool router_on_tensor_cores =
+              router_format != "bf16" && ops::cuda::affine_linear_on_tensor_cores(router_g.affine(), d, T);
+          const Tensor norm_g = gpu(norm_w);
+          Tensor want = gpu(h0), got = gpu(h0), captured = gpu(h0);  // (no copies inside a capture)
+          const auto composed = test::kernel_launches_by([&] {
+            const Tensor x = ops::rms_norm(captured, norm_g, eps);
+            ops::moe_routed_experts_add(captured, x, wg, ops::linear(x, router_g), routing);
+          });
+          const auto fused = test::kernel_launches_by(
+              [&] { ops::moe_normed_experts_add(captured, norm_g, eps, router_g, wg, routing); });
+          const Tensor x = ops::rms_norm(want, norm_g, eps);
+          ops::moe_routed_experts_add(want, x, wg, ops::linear(x, router_g), routing);
+          ops::moe_normed_experts_add(got, norm_g, eps, router_g, wg, routing);
+          ops::set_launch_settings({});
+          EXPECT_LE(relative_error(got.to_device(Device::cpu), want.to_device(Device::cpu), label), 1e-5f);
+          EXPECT_EQ(router_on_tensor_cores, T > 1 && router_format != "bf16") << label;
+          const bool folds = format != "fp8" && k != 3 && router_format != "bf16" && !router_on_tensor_cores;
+          EXPECT_EQ(fused.size() + (folds ? 1 : 0), composed.size()) << label;
+          if (T == 1 && in_experts) {  // the CPU composes the same steps
+            Tensor on_cpu = h0.clone();
+            ops::moe_normed_experts_add(on_cpu, norm_w, eps, router, w, routing);
+            EXPECT_LE(relative_error(got.to_device(Device::cpu), on_cpu, label + " vs CPU"), 1e-4f);
+          }
+        }
+      }
 }
 
 // FP8 experts whose rows are not whole 128-row scale blocks (d_ff 96): a clear

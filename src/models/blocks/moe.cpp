@@ -16,6 +16,11 @@ void MoeBlock::add_to(Tensor& h, const Tensor& x) const {
   ops::moe_routed_experts_add(h, x, experts, ops::linear(x, router), routing, correction);
 }
 
+void MoeBlock::add_normed(Tensor& h, const Tensor& norm_w, float eps) const {
+  if (shared.down.defined()) return add_to(h, ops::rms_norm(h, norm_w, eps));
+  ops::moe_normed_experts_add(h, norm_w, eps, router, experts, routing, correction);
+}
+
 uint64_t MoeBlock::decode_bytes() const {
   const uint64_t per_expert = experts.size_bytes() / uint64_t(experts.n_experts);
   uint64_t bytes = router.size_bytes() + uint64_t(routing.top_k) * per_expert + shared.size_bytes();

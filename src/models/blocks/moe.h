@@ -23,6 +23,9 @@ struct MoeBlock {
   Tensor apply(const Tensor& x) const;
   // h += apply(x): on the GPU the tensor-core experts' down adds into h itself.
   void add_to(Tensor& h, const Tensor& x) const;
+  // add_to(h, RMSNorm(h) norm_w) for the fused forms (lever fused_norm_matvec):
+  // on the GPU the router's matvec and the experts normalize h themselves.
+  void add_normed(Tensor& h, const Tensor& norm_w, float eps) const;
   // Bytes one decoded token reads: the router, k experts, the shared expert.
   uint64_t decode_bytes() const;
 };

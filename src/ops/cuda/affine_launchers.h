@@ -44,6 +44,23 @@ AffineMatvecPlan affine_matvec_plan(const AffineArgs& w, int64_t T, AffineMatvec
 cudaError_t launch_affine_matvec(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,
                                  cudaStream_t stream, AffineMatvecPlan hint = {});
 
+// The same with x = RMSNorm(h) norm_w formed in each block (lever
+// fused_norm_matvec, for matrices too small to pay on the tensor cores: a MoE
+// router): h norm_w staged in shared memory, the sums scaled by 1 / rms(h).
+// Needs what launch_affine_matvec needs, in <= 4096 and x's staged copy to fit;
+// norm weights f32, f16 or bf16, 16-byte aligned. next_after_wait: the next
+// kernel starts only after this one's wait, so that it may read what the
+// kernel before this one wrote before its own wait.
+struct AffineMatvecNorm {
+  const void* w = nullptr;
+  DType dtype = DType::f32;
+  float eps = 0;
+  bool next_after_wait = false;
+};
+bool affine_matvec_normed_supports(const AffineArgs& w, int64_t T);
+cudaError_t launch_affine_matvec_normed(const AffineArgs& w, const float* h, const AffineMatvecNorm& norm,
+                                        const float* bias, float* y, int64_t T, cudaStream_t stream);
+
 // The same product on the tensor cores (affine_matvec_mma.cu, lever
 // tensor_core_affine_matvec): u8 codes times the s8 base-256 digits of x
 // rounded per group to 23 bits (3 digits) or, under lever

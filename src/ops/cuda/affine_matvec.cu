@@ -72,7 +72,69 @@ struct Problem {
   int64_t in, out;
   int64_t n_chunks, n_groups;  // per row
   int group_shift;             // chunk index >> group_shift = group index
+  // Lever fused_norm_matvec (staged x only): x is h, each block stages h norm_w
+  // and scales its sums by 1 / rms(h), so y = RMSNorm(h) norm_w w^T.
+  const void* norm_w;
+  DType norm_dtype;
+  float eps;
+  // The next kernel may start only after this one's wait, so that it can read
+  // what the kernel before this one wrote before its own wait.
+  bool next_after_wait;
 };
+
+// Norm weights of in <= kNormRuns * 4 * blockDim.x columns are read before the wait.
+constexpr int kNormRuns = 4;
+
+// Norm weights 4 f to 4 f + 3.
+__device__ __forceinline__ float4 norm_weights(const Problem& p, int f) {
+  if (p.norm_dtype == DType::f32) return __ldg(static_cast<const float4*>(p.norm_w) + f);
+  const uint2 v = __ldg(static_cast<const uint2*>(p.norm_w) + f);
+  if (p.norm_dtype == DType::bf16) {
+    const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&v.x), b = *reinterpret_cast<const __nv_bfloat162*>(&v.y);
+    return make_float4(__low2float(a), __high2float(a), __low2float(b), __high2float(b));
+  }
+  const __half2 a = *reinterpret_cast<const __half2*>(&v.x), b = *reinterpret_cast<const __half2*>(&v.y);
+  return make_float4(__low2float(a), __high2float(a), __low2float(b), __high2float(b));
+}
+
+// Stages h [T, in] times the norm weights `held` (read before the wait), as
+// the staged copy holds x, and returns each token's 1 / rms(h): the sums of
+// squares in a fixed order (thread, then warp), whatever the grid.
+template <int T>
+__device__ __forceinline__ void stage_normed(const Problem& p, const float4 (&held)[kNormRuns], float4* staged,
+                                             float (&inverse_rms)[T]) {
+  __shared__ float partial[kWarps][T];
+  const int q4 = int(p.in / 4);
+  const float4* h = reinterpret_cast<const float4*>(p.x);
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float4 v[kNormRuns];
+#pragma unroll
+    for (int j = 0; j < kNormRuns; ++j) {
+      const int f = int(threadIdx.x) + j * int(blockDim.x);
+      v[j] = f < q4 ? __ldg(h + t * q4 + f) : make_float4(0, 0, 0, 0);
+    }
+    float sum = 0;
+#pragma unroll
+    for (int j = 0; j < kNormRuns; ++j) {
+      const int f = int(threadIdx.x) + j * int(blockDim.x);
+      if (f >= q4) break;
+      sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+      staged[t * q4 + swizzle(f)] =
+          make_float4(v[j].x * held[j].x, v[j].y * held[j].y, v[j].z * held[j].z, v[j].w * held[j].w);
+    }
+    sum = warp_sum(sum);
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32][t] = sum;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float sum = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += partial[w][t];
+    inverse_rms[t] = rsqrtf(sum / float(p.in) + p.eps);
+  }
+}
 
 // The chunk rotated left by k quads (half-words for 4 bits, words for 8):
 // quad m then holds the chunk's quad (m + k) mod quads.
@@ -335,14 +397,30 @@ __global__ void __launch_bounds__(kWarps * 32)
   int64_t b = blockIdx.x;
   set_rows(b);
   load(first);
-  allow_next_kernel();
+  // So do the norm weights of the fused RMSNorm.
+  float4 held_norm[kNormRuns];
+  if (kStaged && p.norm_w)
+#pragma unroll
+    for (int j = 0; j < kNormRuns; ++j) {
+      const int f = int(threadIdx.x) + j * int(blockDim.x);
+      held_norm[j] = f < q4 ? norm_weights(p, f) : make_float4(0, 0, 0, 0);
+    }
+  if (!p.next_after_wait) allow_next_kernel();
   wait_for_previous_kernel();
+  if (p.next_after_wait) allow_next_kernel();
 
+  float inverse_rms[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) inverse_rms[t] = 1.0f;
   if constexpr (kStaged) {
-    const float4* x4 = reinterpret_cast<const float4*>(p.x);
-    for (int i = threadIdx.x; i < T * q4; i += blockDim.x) {
-      const int t = i / q4, f = i - t * q4;
-      staged[t * q4 + swizzle(f)] = __ldg(x4 + i);
+    if (p.norm_w) {
+      stage_normed<T>(p, held_norm, staged, inverse_rms);
+    } else {
+      const float4* x4 = reinterpret_cast<const float4*>(p.x);
+      for (int i = threadIdx.x; i < T * q4; i += blockDim.x) {
+        const int t = i / q4, f = i - t * q4;
+        staged[t * q4 + swizzle(f)] = __ldg(x4 + i);
+      }
     }
     __syncthreads();
     float* sums = reinterpret_cast<float*>(staged + T * q4);
@@ -410,7 +488,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         const int64_t o = row0 + r;
-        if (lane == r * T + t && o < p.out) p.y[t * p.out + o] = p.bias ? acc[r][t] + p.bias[o] : acc[r][t];
+        const float v = acc[r][t] * inverse_rms[t];
+        if (lane == r * T + t && o < p.out) p.y[t * p.out + o] = p.bias ? v + p.bias[o] : v;
       }
   }
 }
@@ -697,6 +776,30 @@ cudaError_t launch_affine_matvec(const AffineArgs& w, const float* x, const floa
   cudaError_t dispatch = visit_affine(w, [&]<int kBits, typename S>() {
     visit_tokens<kBits, S>(w, T, hint,
                            [&](auto variant) { status = decltype(variant)::launch(p, hint.split, stream); });
+  });
+  return status != cudaSuccess ? status : dispatch;
+}
+
+bool affine_matvec_normed_supports(const AffineArgs& w, int64_t T) {
+  return affine_matvec_supports(w, T) && w.in <= kNormRuns * 4 * kWarps * 32 &&
+         staged_bytes(XMode::kStaged, w, T) <= kMaxStagedBytes;
+}
+
+cudaError_t launch_affine_matvec_normed(const AffineArgs& w, const float* h, const AffineMatvecNorm& norm,
+                                        const float* bias, float* y, int64_t T, cudaStream_t stream) {
+  const DType nd = norm.dtype;
+  if (!affine_matvec_normed_supports(w, T) || reinterpret_cast<uintptr_t>(h) % 16 || !norm.w ||
+      reinterpret_cast<uintptr_t>(norm.w) % 16 || (nd != DType::f32 && nd != DType::f16 && nd != DType::bf16))
+    return cudaErrorInvalidValue;
+  Problem p = problem(w, h, bias, y);
+  p.norm_w = norm.w;
+  p.norm_dtype = nd;
+  p.eps = norm.eps;
+  p.next_after_wait = norm.next_after_wait;
+  const AffineMatvecPlan hint{.stage = int(XMode::kStaged)};
+  cudaError_t status = cudaSuccess;
+  cudaError_t dispatch = visit_affine(w, [&]<int kBits, typename S>() {
+    visit_tokens<kBits, S>(w, T, hint, [&](auto variant) { status = decltype(variant)::launch(p, 0, stream); });
   });
   return status != cudaSuccess ? status : dispatch;
 }

@@ -275,6 +275,11 @@ struct Prepare {
   // The next kernel may start only after this one's wait, so that it can read
   // what the kernel before this one wrote (the routing's ids) before its own.
   bool allow_after_wait;
+  // kRmsNormed for the experts: token t's image at staged + t part_bytes.
+  bool image_per_token;
+  // The input was final when this kernel started (the kernel before it let it
+  // start only after its own wait), so the image is formed before the wait.
+  bool input_final;
 };
 
 // Column e of the row: its part's image, and its column there.
@@ -304,30 +309,14 @@ __device__ __forceinline__ void load_input(const Prepare& p, int t, int e, bool 
   }
 }
 
-// The input [T, full] into the staged images, a thread a run of 8 values.
-// Plain x and kSiluGated: runs of all tokens over blocks of 256 threads.
-// kRmsNormed: blocks (b, t) take token t's runs from 256 b, each first summing
-// the squares of the whole row (f32, in the same order in every block) for
-// RMSNorm: one block a token left the other SMs idle at one token.
-template <int kBits, int kGroup, int kDigits, int kKind, typename N>
-__global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
-  if (!p.allow_after_wait) allow_next_kernel();
+// The staging of affine_mma_prepare_kernel below, after its wait or, where
+// its input was final when it started (Prepare::input_final), before it.
+template <int kBits, int kGroup, int kDigits, int kKind>
+__device__ __forceinline__ void form_image(const Prepare& p, const float (&weight)[8]) {
   const int runs = p.full / 8, lane = threadIdx.x % 32;
   // The thread's run: of all tokens' runs, or (kRmsNormed) of token blockIdx.y's.
   // T * runs and runs are multiples of G / 8.
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
-  // RMSNorm: the thread's norm weights never change in a forward, so they are
-  // read before the wait (as rms_norm_kernel's are). Read after it, they cost
-  // a trip to memory that the next matvec's early weight loads keep busy
-  // (Llama-3-8B int4 decode 5% slower, docs/benchmarks.md).
-  float weight[8];
-  if constexpr (kKind == int(AffineMmaInput::Kind::rms_normed)) {
-    const N* norm_w = static_cast<const N*>(p.norm_w) + (r < runs ? 8 * r : 0);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) weight[j] = r < runs ? to_float(norm_w[j]) : 0.0f;
-  }
-  wait_for_previous_kernel();
-  if (p.allow_after_wait) allow_next_kernel();
   if constexpr (kKind != int(AffineMmaInput::Kind::rms_normed)) {
     if (r - lane >= p.T * runs) return;  // the whole warp is past the end
     const bool active = r < p.T * runs;
@@ -375,10 +364,40 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
     if (r - lane >= runs) return;  // the whole warp is past the end
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = weight[j] * (v[j] * inv);  // RMSNorm(h) w, as rms_norm
-    int e_in_part = 0;
-    uint8_t* staged = part_image(p, e, e_in_part);
-    stage_values<kBits, kGroup, kDigits>(v, p.T, t, e_in_part, active, p.x_stride, staged, p.x_bytes);
+    int e_in_part = e;
+    uint8_t* staged = p.image_per_token ? p.staged + t * p.part_bytes : part_image(p, e, e_in_part);
+    stage_values<kBits, kGroup, kDigits>(v, p.image_per_token ? 1 : p.T, p.image_per_token ? 0 : t, e_in_part,
+                                         active, p.x_stride, staged, p.x_bytes);
   }
+}
+
+// The input [T, full] into the staged images, a thread a run of 8 values.
+// Plain x and kSiluGated: runs of all tokens over blocks of 256 threads.
+// kRmsNormed: blocks (b, t) take token t's runs from 256 b, each first summing
+// the squares of the whole row (f32, in the same order in every block) for
+// RMSNorm: one block a token left the other SMs idle at one token.
+template <int kBits, int kGroup, int kDigits, int kKind, typename N>
+__global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
+  if (!p.allow_after_wait) allow_next_kernel();
+  const int runs = p.full / 8;
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;  // the thread's run
+  // RMSNorm: the thread's norm weights never change in a forward, so they are
+  // read before the wait (as rms_norm_kernel's are). Read after it, they cost
+  // a trip to memory that the next matvec's early weight loads keep busy
+  // (Llama-3-8B int4 decode 5% slower, docs/benchmarks.md).
+  float weight[8];
+  if constexpr (kKind == int(AffineMmaInput::Kind::rms_normed)) {
+    const N* norm_w = static_cast<const N*>(p.norm_w) + (r < runs ? 8 * r : 0);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) weight[j] = r < runs ? to_float(norm_w[j]) : 0.0f;
+  }
+  auto wait = [&] {
+    wait_for_previous_kernel();
+    if (p.allow_after_wait) allow_next_kernel();
+  };
+  if (!p.input_final) wait();
+  form_image<kBits, kGroup, kDigits, kKind>(p, weight);
+  if (p.input_final) wait();  // every thread: this kernel ends after the one before it
 }
 
 // Attention's split-K partials merged into o_proj's input (kAttentionSplits),
@@ -857,6 +876,33 @@ struct Variant {
                          0, stream, prep);
   }
 
+  // The experts' x images from h, RMSNorm'd on the way (MoeExpertsArgs::norm_w):
+  // a row of blocks a token.
+  static cudaError_t prepare_moe_normed(const MoeExpertsArgs& a, uint8_t* staged, cudaStream_t stream) {
+    const Layout l = layout_for(a.d_model, 1);
+    Prepare prep{};
+    prep.x = a.x;
+    prep.norm_w = a.norm_w;
+    prep.eps = a.eps;
+    prep.full = int(a.d_model);
+    prep.T = int(a.T);
+    prep.part = int(a.d_model);
+    prep.x_stride = l.x_stride;
+    prep.staged = staged;
+    prep.x_bytes = l.x_bytes;
+    prep.part_bytes = part_image_bytes(a.d_model, 1);
+    prep.allow_after_wait = true;  // as prepare_moe's
+    prep.image_per_token = true;
+    prep.input_final = a.x_final;
+    const dim3 grid(unsigned(ceil_div(a.d_model / 8, 256)), unsigned(a.T));
+    cudaError_t status = cudaSuccess;
+    const cudaError_t visited = visit_float(a.norm_dtype, [&]<typename N>() {
+      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, kDigits, int(AffineMmaInput::Kind::rms_normed), N>,
+                             grid, dim3(256), 0, stream, prep);
+    });
+    return visited != cudaSuccess ? visited : status;
+  }
+
   static cudaError_t launch(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y, int64_t T,
                             void* scratch, bool accumulate, cudaStream_t stream) {
     if (!fits(w, T)) return cudaErrorInvalidValue;
@@ -888,7 +934,8 @@ struct Variant {
     const Prepare prep{input.x,         input.norm_w,    input.eps,    int(w.in),     int(T),
                        int(in),         l.x_stride,      static_cast<uint8_t*>(scratch), l.x_bytes, part_bytes,
                        input.split_max, input.split_sum, input.splits, input.head_dim,
-                       nullptr,         0,               false};
+                       nullptr,         0,               false,
+                       false,           false};
     const dim3 runs_grid(unsigned(ceil_div(int(T * w.in / 8), 256)));          // a thread a run
     const dim3 token_grid(unsigned(ceil_div(int(w.in / 8), 256)), unsigned(T));  // kRmsNormed
     using Kind = AffineMmaInput::Kind;
@@ -995,6 +1042,7 @@ bool moe_experts_mma_supports(const MoeExpertsArgs& a) {
   if (!affine || !same_format(a.gate, a.up) || a.T < 1 || a.T > 8 || a.k < 1 || kWarps % a.k != 0 ||
       a.d_ff % kTileRows != 0 || a.T * a.k > 65535)
     return false;
+  if (a.norm_w && a.norm_dtype != DType::f32 && a.norm_dtype != DType::f16 && a.norm_dtype != DType::bf16) return false;
   for (const ExpertMatrix* m : {&a.gate, &a.up, &a.down})
     if ((m->bits != 4 && m->bits != 8) || (m->group_size != 32 && m->group_size != 64 && m->group_size != 128))
       return false;
@@ -1026,7 +1074,8 @@ cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaS
   cudaError_t status = cudaSuccess;
   cudaError_t dispatch = visit_expert_variant(a.gate, [&](auto v) {
     using V = decltype(v);
-    status = V::prepare_moe(a.x, a.T, a.d_model, nullptr, 0, b.x_images, stream);
+    status = a.norm_w ? V::prepare_moe_normed(a, b.x_images, stream)
+                      : V::prepare_moe(a.x, a.T, a.d_model, nullptr, 0, b.x_images, stream);
     if (status == cudaSuccess)
       status = V::template launch_moe<kMoeGateUp>(a, a.gate, a.up, a.d_model, b.x_images, b.products, stream);
   });

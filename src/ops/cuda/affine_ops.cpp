@@ -77,20 +77,24 @@ bool affine_gemm_pays(const AffineArgs& a, int64_t T) {
   return T <= kMaxAffineGemmTokens && a.out * a.in >= kMinAffineGemmWeights;
 }
 
+// x in two digits (15 bits) under lever int16_activation_matvec, else three
+// (23 bits). One token keeps three: it takes one mma either way, and two
+// digits there measured 2.5-3% slower at batch 1 (docs/benchmarks.md).
+int digits_for(int64_t T) { return int16_activation_matvec_enabled() && T >= kMinInt16Tokens ? 2 : 3; }
+
+// Whether lever tensor_core_affine_matvec takes T tokens of this matrix.
+bool takes_tensor_cores(const AffineArgs& a, int64_t T, bool formed_input) {
+  // int8_activation_matvec, an explicit accuracy trade, wins over this exact form.
+  return tensor_core_affine_matvec_enabled() && !int8_activation_matvec_enabled() &&
+         tensor_cores_pay(a, T, formed_input) && affine_matvec_mma_supports(a, T, digits_for(T));
+}
+
 // The tensor-core matvec where lever tensor_core_affine_matvec applies; false
 // where it does not (the caller then runs another kernel).
 bool tensor_core_linear(const AffineArgs& a, int64_t T, AffineMmaInput input, const Tensor& bias, float* y,
                         bool accumulate) {
-  // x in two digits (15 bits) under lever int16_activation_matvec, else three
-  // (23 bits). One token keeps three: it takes one mma either way, and two
-  // digits there measured 2.5-3% slower at batch 1 (docs/benchmarks.md).
-  input.digits = int16_activation_matvec_enabled() && T >= kMinInt16Tokens ? 2 : 3;
-  // int8_activation_matvec, an explicit accuracy trade, wins over this exact form.
-  const bool formed_input = input.kind != AffineMmaInput::Kind::plain;
-  if (!tensor_core_affine_matvec_enabled() || int8_activation_matvec_enabled() ||
-      !tensor_cores_pay(a, T, formed_input) ||
-      !affine_matvec_mma_supports(a, T, input.digits) || !aligned16(input.x))
-    return false;
+  input.digits = digits_for(T);
+  if (!takes_tensor_cores(a, T, input.kind != AffineMmaInput::Kind::plain) || !aligned16(input.x)) return false;
   MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
              dtype_name(bias.dtype()));
   Tensor scratch = Tensor::empty({affine_matvec_mma_scratch_bytes(a, T, input.digits)}, DType::u8, Device::cuda);
@@ -101,12 +105,35 @@ bool tensor_core_linear(const AffineArgs& a, int64_t T, AffineMmaInput input, co
 
 }  // namespace
 
+// The raw form without affine_args' checks: a query answers no where they
+// would fail (the kernel's own checks refuse those shapes and dtypes).
+AffineArgs raw_args(const AffineWeight& w, int64_t in) {
+  return {static_cast<const uint32_t*>(w.packed.raw()), w.scales.raw(), w.biases.raw(), w.scales.dtype(),
+          w.bits,                                      w.group_size,   in,              w.packed.dim(0)};
+}
+
 bool affine_one_token_on_tensor_cores(const AffineWeight& w, int64_t in, bool formed_input) {
-  // The raw form without affine_args' checks: a query answers no where they
-  // would fail (the kernel's own checks refuse those shapes and dtypes).
-  const AffineArgs a{static_cast<const uint32_t*>(w.packed.raw()), w.scales.raw(), w.biases.raw(), w.scales.dtype(),
-                     w.bits, w.group_size, in, w.packed.dim(0)};
+  const AffineArgs a = raw_args(w, in);
   return tensor_cores_pay(a, 1, formed_input) && affine_matvec_mma_supports(a, 1);
+}
+
+bool affine_linear_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T) {
+  return takes_tensor_cores(raw_args(w, in), T, false);
+}
+
+bool affine_cuda_core_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w,
+                                      const Tensor& bias, Tensor& out, bool next_after_wait) {
+  const DType nd = norm_w.dtype();
+  const AffineArgs a = affine_args(w, h.dim(1), "rms_norm_linear");
+  if ((nd != DType::f32 && nd != DType::f16 && nd != DType::bf16) || !affine_matvec_normed_supports(a, h.dim(0)) ||
+      !aligned16(h.raw()) || !aligned16(norm_w.raw()))
+    return false;
+  MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "rms_norm_linear (CUDA): bias must be f32, got {}",
+             dtype_name(bias.dtype()));
+  const AffineMatvecNorm norm{.w = norm_w.raw(), .dtype = nd, .eps = eps, .next_after_wait = next_after_wait};
+  MERE_CUDA(launch_affine_matvec_normed(a, h.data<float>(), norm, bias.defined() ? bias.data<float>() : nullptr,
+                                        out.data<float>(), h.dim(0), stream()));
+  return true;
 }
 
 bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w, const Tensor& bias,
@@ -116,7 +143,8 @@ bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, co
   const AffineMmaInput input{.kind = AffineMmaInput::Kind::rms_normed, .x = h.data<float>(), .norm_w = norm_w.raw(),
                              .norm_dtype = nd, .eps = eps};
   return tensor_core_linear(affine_args(w, h.dim(1), "rms_norm_linear"), h.dim(0), input, bias, out.data<float>(),
-                            false);
+                            false) ||
+         affine_cuda_core_rms_norm_linear(h, norm_w, eps, w, bias, out, false);
 }
 
 bool affine_linear_add(Tensor& h, const Tensor& x, const AffineWeight& w, const Tensor& bias) {
@@ -183,10 +211,15 @@ void affine_embed(const AffineWeight&, const Tensor&, Tensor&) { fail("this bina
 bool affine_rms_norm_linear(const Tensor&, const Tensor&, float, const AffineWeight&, const Tensor&, Tensor&) {
   return false;
 }
+bool affine_cuda_core_rms_norm_linear(const Tensor&, const Tensor&, float, const AffineWeight&, const Tensor&, Tensor&,
+                                      bool) {
+  return false;
+}
 bool affine_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
 bool affine_swiglu_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
 bool affine_attention_linear_add(Tensor&, const AttentionSplits&, const AffineWeight&, const Tensor&) { return false; }
 bool affine_one_token_on_tensor_cores(const AffineWeight&, int64_t, bool) { return false; }
+bool affine_linear_on_tensor_cores(const AffineWeight&, int64_t, int64_t) { return false; }
 
 }  // namespace mere::ops::cuda
 

@@ -54,6 +54,12 @@ void moe_routed_experts(const Tensor& x, const ExpertWeights& experts, const Ten
 // into h); false, having launched nothing, elsewhere.
 bool moe_routed_experts_add(Tensor& h, const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
                             const MoeRouting& routing, const Tensor& correction, MoeChoice& choice);
+// The same from h, RMSNorm'd by the router's matvec (into logits) and by the
+// experts' first kernel (ops.h moe_normed_experts_add); false, having launched
+// nothing, where the router is not affine or the experts not on the tensor cores.
+bool moe_normed_experts_add(Tensor& h, const Tensor& norm_w, float eps, const Weight& router,
+                            const ExpertWeights& experts, Tensor& logits, const MoeRouting& routing,
+                            const Tensor& correction, MoeChoice& choice);
 void add_gated(Tensor& out, const Tensor& y, const Tensor& gate);
 // Quantized (affine) K/V caches. Below this many new tokens attention reads the
 // codes directly; from it on (prefill) it reads a bf16 copy of the visible rows.

@@ -55,6 +55,14 @@ struct MoeExpertsArgs {
   // The tensor-core affine experts only: down adds into out (the residual)
   // instead of writing it.
   bool accumulate = false;
+  // The tensor-core affine experts only (lever fused_norm_matvec): x is h, and
+  // the prepare kernel forms x's images from RMSNorm(h) norm_w. x_final: h was
+  // final when that kernel started (the kernel before it, the router, let it
+  // start only after its own wait), so it forms them before its wait.
+  const void* norm_w = nullptr;
+  DType norm_dtype = DType::f32;
+  float eps = 0;
+  bool x_final = false;
 };
 // Matvecs over the chosen experts' rows only, two kernels, f32 arithmetic: decode
 // (T <= kMaxMatvecTokens), and every T for f32 experts (test checkpoints, which

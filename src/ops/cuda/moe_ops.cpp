@@ -10,6 +10,7 @@
 #include "core/cuda_check.h"
 #include "ops/cuda/launchers.h"
 #include "ops/cuda/moe_launchers.h"
+#include "ops/quantized_ops.h"
 
 namespace mere::ops::cuda {
 namespace {
@@ -113,7 +114,8 @@ void run_experts(const MoeExpertsArgs& a) {
       return;
     }
   }
-  MERE_CHECK(!a.accumulate, "moe_experts (CUDA): only the tensor-core affine experts add into the residual");
+  MERE_CHECK(!a.accumulate && !a.norm_w,
+             "moe_experts (CUDA): only the tensor-core affine experts add into the residual or normalize x");
   if (a.T <= kMaxMatvecTokens || f32_experts) {
     MERE_CHECK(a.T * a.k <= 65535, "moe_experts (CUDA): {} tokens x {} experts in one f32 call (at most 65535)", a.T,
                a.k);
@@ -170,6 +172,30 @@ bool moe_routed_experts_add(Tensor& h, const Tensor& x, const ExpertWeights& w, 
   return true;
 }
 
+bool moe_normed_experts_add(Tensor& h, const Tensor& norm_w, float eps, const Weight& router,
+                            const ExpertWeights& w, Tensor& logits, const MoeRouting& r, const Tensor& correction,
+                            MoeChoice& choice) {
+  const DType nd = norm_w.dtype();
+  if (router.kind() != Weight::Kind::affine || (nd != DType::f32 && nd != DType::f16 && nd != DType::bf16))
+    return false;
+  // Where the router's product takes the tensor cores (from 2 tokens), the
+  // CUDA-core matvec that normalizes h measured slower than the composition
+  // (Qwen3-30B-A3B int4 at 8 tokens -16%, docs/benchmarks.md).
+  if (affine_linear_on_tensor_cores(router.affine(), router.cols(), h.dim(0))) return false;
+  MoeExpertsArgs a = experts_args(h, w, choice, h);
+  a.accumulate = true;
+  a.norm_w = norm_w.raw();
+  a.norm_dtype = nd;
+  a.eps = eps;
+  // The router lets the next kernel start only after its wait, when h is final.
+  a.x_final = true;
+  if (!affine_experts_on_tensor_cores(a) ||
+      !affine_cuda_core_rms_norm_linear(h, norm_w, eps, router.affine(), Tensor(), logits, /*next_after_wait=*/true))
+    return false;
+  route_and_run_experts(a, route_args(logits, r, correction, choice));
+  return true;
+}
+
 void add_gated(Tensor& out, const Tensor& y, const Tensor& gate) {
   MERE_CUDA(launch_add_gated(out.data<float>(), y.data<float>(), gate.defined() ? gate.data<float>() : nullptr,
                              out.dim(0), out.dim(1), stream()));
@@ -193,6 +219,10 @@ void moe_routed_experts(const Tensor&, const ExpertWeights&, const Tensor&, cons
 }
 bool moe_routed_experts_add(Tensor&, const Tensor&, const ExpertWeights&, const Tensor&, const MoeRouting&,
                             const Tensor&, MoeChoice&) {
+  return false;
+}
+bool moe_normed_experts_add(Tensor&, const Tensor&, float, const Weight&, const ExpertWeights&, Tensor&,
+                            const MoeRouting&, const Tensor&, MoeChoice&) {
   return false;
 }
 void add_gated(Tensor&, const Tensor&, const Tensor&) { fail("this binary was built without the CUDA backend"); }
