@@ -24,8 +24,9 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
 void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& out);        // ops/cuda/fp8_ops.cpp
 void affine_embed(const AffineWeight& w, const Tensor& ids, Tensor& out);                      // ops/cuda/affine_ops.cpp
 // The fused decode forms (lever fused_norm_matvec) on the tensor-core affine
-// matvec: the input is formed as x is converted, the product added into h.
-// false where that kernel does not apply (the caller composes the steps).
+// matvec: the input is formed as x is converted, the product added into h
+// (rms_norm_linear: else the CUDA-core form below). false where no such kernel
+// applies (the caller composes the steps).
 bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w, const Tensor& bias,
                             Tensor& out);
 // The same on the CUDA-core matvec, each block normalizing h itself (where

@@ -103,14 +103,15 @@ bool tensor_core_linear(const AffineArgs& a, int64_t T, AffineMmaInput input, co
   return true;
 }
 
-}  // namespace
-
 // The raw form without affine_args' checks: a query answers no where they
 // would fail (the kernel's own checks refuse those shapes and dtypes).
 AffineArgs raw_args(const AffineWeight& w, int64_t in) {
-  return {static_cast<const uint32_t*>(w.packed.raw()), w.scales.raw(), w.biases.raw(), w.scales.dtype(),
-          w.bits,                                      w.group_size,   in,              w.packed.dim(0)};
+  return AffineArgs{.packed = static_cast<const uint32_t*>(w.packed.raw()), .scales = w.scales.raw(),
+                    .biases = w.biases.raw(), .scale_dtype = w.scales.dtype(), .bits = w.bits,
+                    .group_size = w.group_size, .in = in, .out = w.packed.dim(0)};
 }
+
+}  // namespace
 
 bool affine_one_token_on_tensor_cores(const AffineWeight& w, int64_t in, bool formed_input) {
   const AffineArgs a = raw_args(w, in);
