@@ -60,8 +60,9 @@ TEST_F(MoeOpsGpu, NanLogitsStillNameExperts) {
       EXPECT_LT(ids.data<int32_t>()[i], E);
     }
     // Sigmoid scores are per expert: only expert 3 is NaN, and it is not chosen.
-    if (routing.score == ops::MoeRouting::Score::sigmoid)
+    if (routing.score == ops::MoeRouting::Score::sigmoid) {
       for (int64_t j = 0; j < 4; ++j) EXPECT_NE(ids.data<int32_t>()[j], 3);
+    }
     const ops::MoeChoice want = ops::moe_route(logits.slice_rows(1, 2), routing);
     for (int64_t j = 0; j < 4; ++j) EXPECT_EQ(ids.data<int32_t>()[4 + j], want.ids.data<int32_t>()[j]);
   }
