@@ -30,10 +30,10 @@ void affine_embed(const AffineWeight& w, const Tensor& ids, Tensor& out);       
 bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w, const Tensor& bias,
                             Tensor& out);
 // The same on the CUDA-core matvec, each block normalizing h itself (where
-// the tensor cores do not pay: a MoE router); next_after_wait: the next kernel
+// the tensor cores do not pay: a MoE router); allow_after_wait: the next kernel
 // starts only after this one's wait (affine_launchers.h).
 bool affine_cuda_core_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w,
-                                      const Tensor& bias, Tensor& out, bool next_after_wait);
+                                      const Tensor& bias, Tensor& out, bool allow_after_wait);
 bool affine_linear_add(Tensor& h, const Tensor& x, const AffineWeight& w, const Tensor& bias);
 bool affine_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const AffineWeight& w, const Tensor& bias);
 bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const AffineWeight& w, const Tensor& bias);

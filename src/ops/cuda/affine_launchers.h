@@ -48,16 +48,16 @@ cudaError_t launch_affine_matvec(const AffineArgs& w, const float* x, const floa
 // fused_norm_matvec, for matrices too small to pay on the tensor cores: a MoE
 // router): h norm_w staged in shared memory, the sums scaled by 1 / rms(h).
 // Needs what launch_affine_matvec needs, in <= 4096 and x's staged copy to fit;
-// norm weights f32, f16 or bf16, 16-byte aligned. next_after_wait: the next
-// kernel starts only after this one's wait, so that it may read what the
-// kernel before this one wrote before its own wait.
+// norm weights f32, f16 or bf16, 16-byte aligned. allow_after_wait (as the
+// prepare kernels'): the next kernel starts only after this one's wait, so that
+// it may read what the kernel before this one wrote before its own wait.
 struct AffineMatvecNorm {
   const void* w = nullptr;
   DType dtype = DType::f32;
   float eps = 0;
-  bool next_after_wait = false;
+  bool allow_after_wait = false;
 };
-bool affine_matvec_normed_supports(const AffineArgs& w, int64_t T);
+bool affine_matvec_normed_supports(const AffineArgs& w, int64_t T, DType norm_dtype);
 cudaError_t launch_affine_matvec_normed(const AffineArgs& w, const float* h, const AffineMatvecNorm& norm,
                                         const float* bias, float* y, int64_t T, cudaStream_t stream);
 

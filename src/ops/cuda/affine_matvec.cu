@@ -79,7 +79,7 @@ struct Problem {
   float eps;
   // The next kernel may start only after this one's wait, so that it can read
   // what the kernel before this one wrote before its own wait.
-  bool next_after_wait;
+  bool allow_after_wait;
 };
 
 // Norm weights of in <= kNormRuns * 4 * blockDim.x columns are read before the wait.
@@ -405,9 +405,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int f = int(threadIdx.x) + j * int(blockDim.x);
       held_norm[j] = f < q4 ? norm_weights(p, f) : make_float4(0, 0, 0, 0);
     }
-  if (!p.next_after_wait) allow_next_kernel();
+  if (!p.allow_after_wait) allow_next_kernel();
   wait_for_previous_kernel();
-  if (p.next_after_wait) allow_next_kernel();
+  if (p.allow_after_wait) allow_next_kernel();
 
   float inverse_rms[T];
 #pragma unroll
@@ -780,22 +780,22 @@ cudaError_t launch_affine_matvec(const AffineArgs& w, const float* x, const floa
   return status != cudaSuccess ? status : dispatch;
 }
 
-bool affine_matvec_normed_supports(const AffineArgs& w, int64_t T) {
-  return affine_matvec_supports(w, T) && w.in <= kNormRuns * 4 * kWarps * 32 &&
+bool affine_matvec_normed_supports(const AffineArgs& w, int64_t T, DType norm_dtype) {
+  const bool float_norm = norm_dtype == DType::f32 || norm_dtype == DType::f16 || norm_dtype == DType::bf16;
+  return float_norm && affine_matvec_supports(w, T) && w.in <= kNormRuns * 4 * kWarps * 32 &&
          staged_bytes(XMode::kStaged, w, T) <= kMaxStagedBytes;
 }
 
 cudaError_t launch_affine_matvec_normed(const AffineArgs& w, const float* h, const AffineMatvecNorm& norm,
                                         const float* bias, float* y, int64_t T, cudaStream_t stream) {
-  const DType nd = norm.dtype;
-  if (!affine_matvec_normed_supports(w, T) || reinterpret_cast<uintptr_t>(h) % 16 || !norm.w ||
-      reinterpret_cast<uintptr_t>(norm.w) % 16 || (nd != DType::f32 && nd != DType::f16 && nd != DType::bf16))
+  if (!affine_matvec_normed_supports(w, T, norm.dtype) || reinterpret_cast<uintptr_t>(h) % 16 || !norm.w ||
+      reinterpret_cast<uintptr_t>(norm.w) % 16)
     return cudaErrorInvalidValue;
   Problem p = problem(w, h, bias, y);
   p.norm_w = norm.w;
-  p.norm_dtype = nd;
+  p.norm_dtype = norm.dtype;
   p.eps = norm.eps;
-  p.next_after_wait = norm.next_after_wait;
+  p.allow_after_wait = norm.allow_after_wait;
   const AffineMatvecPlan hint{.stage = int(XMode::kStaged)};
   cudaError_t status = cudaSuccess;
   cudaError_t dispatch = visit_affine(w, [&]<int kBits, typename S>() {

@@ -123,15 +123,14 @@ bool affine_linear_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T)
 }
 
 bool affine_cuda_core_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w,
-                                      const Tensor& bias, Tensor& out, bool next_after_wait) {
-  const DType nd = norm_w.dtype();
+                                      const Tensor& bias, Tensor& out, bool allow_after_wait) {
   const AffineArgs a = affine_args(w, h.dim(1), "rms_norm_linear");
-  if ((nd != DType::f32 && nd != DType::f16 && nd != DType::bf16) || !affine_matvec_normed_supports(a, h.dim(0)) ||
-      !aligned16(h.raw()) || !aligned16(norm_w.raw()))
+  if (!affine_matvec_normed_supports(a, h.dim(0), norm_w.dtype()) || !aligned16(h.raw()) || !aligned16(norm_w.raw()))
     return false;
   MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "rms_norm_linear (CUDA): bias must be f32, got {}",
              dtype_name(bias.dtype()));
-  const AffineMatvecNorm norm{.w = norm_w.raw(), .dtype = nd, .eps = eps, .next_after_wait = next_after_wait};
+  const AffineMatvecNorm norm{.w = norm_w.raw(), .dtype = norm_w.dtype(), .eps = eps,
+                              .allow_after_wait = allow_after_wait};
   MERE_CUDA(launch_affine_matvec_normed(a, h.data<float>(), norm, bias.defined() ? bias.data<float>() : nullptr,
                                         out.data<float>(), h.dim(0), stream()));
   return true;

@@ -175,9 +175,7 @@ bool moe_routed_experts_add(Tensor& h, const Tensor& x, const ExpertWeights& w, 
 bool moe_normed_experts_add(Tensor& h, const Tensor& norm_w, float eps, const Weight& router,
                             const ExpertWeights& w, Tensor& logits, const MoeRouting& r, const Tensor& correction,
                             MoeChoice& choice) {
-  const DType nd = norm_w.dtype();
-  if (router.kind() != Weight::Kind::affine || (nd != DType::f32 && nd != DType::f16 && nd != DType::bf16))
-    return false;
+  if (router.kind() != Weight::Kind::affine) return false;
   // Where the router's product takes the tensor cores (from 2 tokens), the
   // CUDA-core matvec that normalizes h measured slower than the composition
   // (Qwen3-30B-A3B int4 at 8 tokens -16%, docs/benchmarks.md).
@@ -185,12 +183,12 @@ bool moe_normed_experts_add(Tensor& h, const Tensor& norm_w, float eps, const We
   MoeExpertsArgs a = experts_args(h, w, choice, h);
   a.accumulate = true;
   a.norm_w = norm_w.raw();
-  a.norm_dtype = nd;
+  a.norm_dtype = norm_w.dtype();  // the experts and the router refuse all but f32, f16 and bf16
   a.eps = eps;
   // The router lets the next kernel start only after its wait, when h is final.
   a.x_final = true;
   if (!affine_experts_on_tensor_cores(a) ||
-      !affine_cuda_core_rms_norm_linear(h, norm_w, eps, router.affine(), Tensor(), logits, /*next_after_wait=*/true))
+      !affine_cuda_core_rms_norm_linear(h, norm_w, eps, router.affine(), Tensor(), logits, /*allow_after_wait=*/true))
     return false;
   route_and_run_experts(a, route_args(logits, r, correction, choice));
   return true;
