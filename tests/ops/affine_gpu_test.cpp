@@ -476,14 +476,16 @@ TEST_F(Affine, CudaCoreMatvecNormalizesItsInput) {
     EXPECT_EQ(test::max_abs_diff(early.to_device(Device::cpu), got_cpu).diff, 0.0f) << label;
   }
   // Declined: a row longer than the norm weights a thread holds; 8 tokens of
-  // 4,096 columns, whose staged copy does not fit.
-  for (const auto& [T, in] : {std::pair<int64_t, int64_t>{1, 8192}, {8, 4096}}) {
-    const Weight w = Weight(random_affine(16, in, 4, 64, DType::bf16, 24), in).to_device(Device::cuda);
-    Tensor out = Tensor::empty({T, 16}, DType::f32, Device::cuda);
-    EXPECT_FALSE(ops::cuda::affine_cuda_core_rms_norm_linear(gpu(random({T, in}, DType::f32, 25)),
-                                                            gpu(random({in}, DType::bf16, 26)), 1e-6f, w.affine(),
-                                                            Tensor(), out, false))
-        << T << " x " << in;
+  // 4,096 columns, whose staged copy does not fit; norm weights not a float.
+  struct Declined { int64_t T, in; DType norm_dt; };
+  for (const Declined& c : {Declined{1, 8192, DType::bf16}, Declined{8, 4096, DType::bf16},
+                            Declined{1, 2048, DType::i32}}) {
+    const Weight w = Weight(random_affine(16, c.in, 4, 64, DType::bf16, 24), c.in).to_device(Device::cuda);
+    Tensor out = Tensor::empty({c.T, 16}, DType::f32, Device::cuda);
+    const Tensor norm_w = c.norm_dt == DType::i32 ? Tensor::zeros({c.in}, DType::i32) : random({c.in}, c.norm_dt, 26);
+    EXPECT_FALSE(ops::cuda::affine_cuda_core_rms_norm_linear(gpu(random({c.T, c.in}, DType::f32, 25)), gpu(norm_w),
+                                                            1e-6f, w.affine(), Tensor(), out, false))
+        << c.T << " x " << c.in << " norm " << dtype_name(c.norm_dt);
   }
 }
 

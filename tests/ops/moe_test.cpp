@@ -147,5 +147,44 @@ TEST(MoeBlock, SharedExpertWithAndWithoutGateAddsToTheRoutedOutput) {
                                       block.shared.size_bytes() + block.shared_gate.size_bytes());
 }
 
+// add_normed (the fused forms' entry) adds the block applied to RMSNorm(h)
+// norm_w into h, with and without a shared expert; a router or norm weight of
+// the wrong shape is a clear error naming it, with h untouched.
+TEST(MoeBlock, AddNormedAddsTheBlockOfTheNormedRowAndRefusesMisshapenWeights) {
+  const int64_t T = 2, E = 4, f = 16, d = 32;
+  const float eps = 1e-6f;
+  MoeBlock block;
+  block.router = Weight(random_tensor({E, d}, 90, 0.5f));
+  block.routing = {.top_k = 2, .renormalize = true};
+  block.experts = random_experts(E, f, d, false, 91);
+  const Tensor h0 = random_tensor({T, d}, 92, 2.0f), norm_w = random_tensor({d}, 93, 0.5f);
+  for (bool with_shared : {false, true}) {
+    if (with_shared) {
+      block.shared.gate = Weight(random_tensor({f, d}, 94, 0.3f));
+      block.shared.up = Weight(random_tensor({f, d}, 95, 0.3f));
+      block.shared.down = Weight(random_tensor({d, f}, 96, 0.3f));
+    }
+    Tensor want = h0.clone(), got = h0.clone();
+    ops::add_inplace(want, block.apply(ops::rms_norm(h0, norm_w, eps)));
+    block.add_normed(got, norm_w, eps);
+    EXPECT_LE(test::max_abs_diff(got, want).diff, 1e-5f) << (with_shared ? "with" : "without") << " a shared expert";
+  }
+  block.shared = GatedMlp{};
+  auto expect_error = [&](const MoeBlock& b, const Tensor& w, const char* names) {
+    Tensor h = h0.clone();
+    try {
+      b.add_normed(h, w, eps);
+      ADD_FAILURE() << "no error for a misshapen " << names;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(test::max_abs_diff(h, h0).diff, 0.0f) << names;
+  };
+  MoeBlock narrow = block;
+  narrow.router = Weight(random_tensor({E, d / 2}, 97, 0.5f));
+  expect_error(narrow, norm_w, "router");
+  expect_error(block, random_tensor({d + 1}, 98, 0.5f), "norm weight");
+}
+
 }  // namespace
 }  // namespace mere
