@@ -54,9 +54,11 @@ void moe_routed_experts(const Tensor& x, const ExpertWeights& experts, const Ten
 // into h); false, having launched nothing, elsewhere.
 bool moe_routed_experts_add(Tensor& h, const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
                             const MoeRouting& routing, const Tensor& correction, MoeChoice& choice);
-// The same from h, RMSNorm'd by the router's matvec (into logits) and by the
-// experts' first kernel (ops.h moe_normed_experts_add); false, having launched
-// nothing, where the router is not affine or the experts not on the tensor cores.
+// The same from h, RMSNorm'd for the router (by its CUDA-core matvec at one
+// token, its tensor-core prepare kernel at 2-4) and by the experts' first
+// kernel (ops.h moe_normed_experts_add); false, having launched
+// nothing, where the router is not affine, the experts not on the tensor cores,
+// or 5 or more tokens take the router's tensor cores.
 bool moe_normed_experts_add(Tensor& h, const Tensor& norm_w, float eps, const Weight& router,
                             const ExpertWeights& experts, Tensor& logits, const MoeRouting& routing,
                             const Tensor& correction, MoeChoice& choice);

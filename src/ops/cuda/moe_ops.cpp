@@ -172,24 +172,35 @@ bool moe_routed_experts_add(Tensor& h, const Tensor& x, const ExpertWeights& w, 
   return true;
 }
 
+// The most tokens whose experts normalize h themselves where the router takes the tensor cores.
+constexpr int64_t kMaxNormedTensorCoreRouterTokens = 4;
+
 bool moe_normed_experts_add(Tensor& h, const Tensor& norm_w, float eps, const Weight& router,
                             const ExpertWeights& w, Tensor& logits, const MoeRouting& r, const Tensor& correction,
                             MoeChoice& choice) {
   if (router.kind() != Weight::Kind::affine) return false;
-  // Where the router's product takes the tensor cores (from 2 tokens), the
-  // CUDA-core matvec that normalizes h measured slower than the composition
-  // (Qwen3-30B-A3B int4 at 8 tokens -16%, docs/benchmarks.md).
-  if (affine_linear_on_tensor_cores(router.affine(), router.cols(), h.dim(0))) return false;
   MoeExpertsArgs a = experts_args(h, w, choice, h);
   a.accumulate = true;
   a.norm_w = norm_w.raw();
   a.norm_dtype = norm_w.dtype();  // the experts and the router refuse all but f32, f16 and bf16
   a.eps = eps;
-  // The router lets the next kernel start only after its wait, when h is final.
-  a.x_final = true;
-  if (!affine_experts_on_tensor_cores(a) ||
-      !affine_cuda_core_rms_norm_linear(h, norm_w, eps, router.affine(), Tensor(), logits, /*allow_after_wait=*/true))
-    return false;
+  if (!affine_experts_on_tensor_cores(a)) return false;
+  if (affine_linear_on_tensor_cores(router.affine(), router.cols(), h.dim(0))) {
+    // From 2 tokens the router's product takes the tensor cores, whose prepare
+    // kernel normalizes h (the CUDA-core form measured slower there: Qwen3-30B-A3B
+    // int4 at 8 tokens -16%, docs/benchmarks.md). Those kernels let the next one
+    // start before their waits, so the experts' prepare normalizes h after its own.
+    // Past 4 tokens the composition was as fast or faster (int4 at 8 tokens: the
+    // fold -1.9%).
+    if (h.dim(0) > kMaxNormedTensorCoreRouterTokens) return false;
+    a.x_final = false;
+    if (!affine_rms_norm_linear(h, norm_w, eps, router.affine(), Tensor(), logits)) return false;
+  } else {
+    // The router lets the next kernel start only after its wait, when h is final.
+    a.x_final = true;
+    if (!affine_cuda_core_rms_norm_linear(h, norm_w, eps, router.affine(), Tensor(), logits, /*allow_after_wait=*/true))
+      return false;
+  }
   route_and_run_experts(a, route_args(logits, r, correction, choice));
   return true;
 }
