@@ -76,6 +76,19 @@ int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T, int digi
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,
                                      void* scratch, cudaStream_t stream, int digits = 3);
 
+// The tensor-core matvec kernel (dense, or an MoE experts' mode) that takes the
+// most local memory a thread (register spills, a stack frame), over every
+// format compiled; bytes 0 when none takes any. A spill in the loop costs: at
+// 80 registers the int8 MoE gate/up kernel spilled, and Qwen3-30B-A3B int8
+// decode ran 2.3% slower (docs/benchmarks.md, twenty-fourth session).
+struct MmaKernelLocal {
+  int64_t bytes = 0;
+  int bits = 0, group = 0, mmas = 0, digits = 0;
+  DType scale_dtype = DType::f32;
+  const char* mode = "";  // "dense", "gate/up" or "down"
+};
+MmaKernelLocal affine_matvec_mma_most_local();
+
 // The same with the input formed on the way in (lever fused_norm_matvec):
 // RMSNorm(h) norm_w, silu(gate) up from gate_up [T, 2 in] (as
 // silu_mul_halves), or split-K attention's partials merged (as

@@ -522,10 +522,20 @@ __device__ __forceinline__ tiles::MoeBlock routed_block(const Problem& p, uint8_
   return b;
 }
 
+// The blocks an SM each kernel is built for, which sets ptxas's register
+// budget: without it ptxas aimed at about 80 registers and spilled in the int8
+// MoE gate/up kernel's loop (Qwen3-30B-A3B int8 decode 2.3% slower). Two (up
+// to 128 registers) fit every kernel of 1-2 mmas a step without a spill and
+// measured faster throughout (docs/benchmarks.md, twenty-fourth session);
+// 3-4 mmas a step take up to 159 registers, and x's copy leaves them one block
+// an SM anyway.
+template <int kMmas>
+constexpr int kMinBlocksPerSm = kMmas <= 2 ? 2 : 1;
+
 // Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
 // 16 rows, warp w its tile w / split and the share w % split of its stages.
 template <int kBits, int kGroup, typename S, int kMmas, int kDigits, int kMode>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
     affine_matvec_mma_kernel(const __grid_constant__ Problem p) {
   using Sh = Shape<kBits, kGroup, S>;
   // 3 digits: lane quads q and q + 1 hold token 2 m + q / 2, q even its digits
@@ -1087,6 +1097,41 @@ cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaS
       status = V::template launch_moe<kMoeDown>(a, a.down, a.down, a.k * a.d_ff, b.act_images, a.out, stream);
   });
   return status != cudaSuccess ? status : dispatch;
+}
+
+MmaKernelLocal affine_matvec_mma_most_local() {
+  MmaKernelLocal most;
+  auto check = [&](const void* kernel, int bits, int group, DType dtype, int mmas, int digits, const char* mode) {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && int64_t(attr.localSizeBytes) > most.bytes)
+      most = {int64_t(attr.localSizeBytes), bits, group, mmas, digits, dtype, mode};
+  };
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    visit_float(dtype, [&]<typename S>() {
+      auto by_format = [&]<int kBits, int kGroup>() {
+        auto dense = [&]<int kMmas, int kDigits>() {
+          check(reinterpret_cast<const void*>(Variant<kBits, kGroup, S, kMmas, kDigits>::kernel), kBits, kGroup, dtype,
+                kMmas, kDigits, "dense");
+        };
+        dense.template operator()<1, 2>();
+        dense.template operator()<2, 2>();
+        dense.template operator()<1, 3>();
+        dense.template operator()<2, 3>();
+        dense.template operator()<3, 3>();
+        dense.template operator()<4, 3>();
+        using V = Variant<kBits, kGroup, S, 1, 3>;  // the experts' (visit_expert_variant)
+        check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp>), kBits, kGroup, dtype, 1, 3, "gate/up");
+        check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown>), kBits, kGroup, dtype, 1, 3, "down");
+      };
+      by_format.template operator()<4, 32>();
+      by_format.template operator()<4, 64>();
+      by_format.template operator()<4, 128>();
+      by_format.template operator()<8, 32>();
+      by_format.template operator()<8, 64>();
+      by_format.template operator()<8, 128>();
+    });
+  }
+  return most;
 }
 
 bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T, int digits) {
