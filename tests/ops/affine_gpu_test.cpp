@@ -138,10 +138,6 @@ TEST_F(Affine, TensorCoreMatvecMatchesTheDequantizedReference) {
           }
 }
 
-// Rows too long for x in one block's shared memory at this T (down_proj's
-// 14336 columns from 4 tokens, 65536 from 1) run as launches of whole stages,
-// each adding its columns' product into y: against the f32 reference, with
-// the bias added once.
 // Every tensor-core matvec kernel keeps its values in registers: without a
 // blocks-an-SM bound, ptxas fitted the int8 MoE gate/up kernel in 80 registers
 // with a spill in its loop, which cost Qwen3-30B-A3B int8 decode 2.3%.
@@ -152,6 +148,10 @@ TEST_F(Affine, TensorCoreMatvecKernelsDoNotSpill) {
                            << most.digits << " digits, " << most.mode;
 }
 
+// Rows too long for x in one block's shared memory at this T (down_proj's
+// 14336 columns from 4 tokens, 65536 from 1) run as launches of whole stages,
+// each adding its columns' product into y: against the f32 reference, with
+// the bias added once.
 TEST_F(Affine, TensorCoreMatvecSplitsLongRowsIntoLaunches) {
   struct Case { int64_t T, out, in; int bits, group; };
   for (const Case& c : {Case{4, 100, 14336, 4, 64}, Case{8, 100, 14336, 8, 64}, Case{8, 40, 14336, 4, 32},
