@@ -78,7 +78,7 @@ cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const 
 
 // The tensor-core matvec kernel (dense, or an MoE experts' mode) that takes the
 // most local memory a thread (register spills, a stack frame), over every
-// format compiled; bytes 0 when none takes any. A spill in the loop costs: at
+// kernel the launches can pick; bytes 0 when none takes any. A spill in the loop costs: at
 // 80 registers the int8 MoE gate/up kernel spilled, and Qwen3-30B-A3B int8
 // decode ran 2.3% slower (docs/benchmarks.md, twenty-fourth session).
 struct MmaKernelLocal {

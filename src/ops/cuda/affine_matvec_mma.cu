@@ -1101,36 +1101,28 @@ cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaS
 
 MmaKernelLocal affine_matvec_mma_most_local() {
   MmaKernelLocal most;
-  auto check = [&](const void* kernel, int bits, int group, DType dtype, int mmas, int digits, const char* mode) {
+  auto check = [&](const void* kernel, const AffineArgs& w, int mmas, int digits, const char* mode) {
     cudaFuncAttributes attr{};
     if (cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && int64_t(attr.localSizeBytes) > most.bytes)
-      most = {int64_t(attr.localSizeBytes), bits, group, mmas, digits, dtype, mode};
+      most = {int64_t(attr.localSizeBytes), w.bits, w.group_size, mmas, digits, w.scale_dtype, mode};
   };
-  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
-    visit_float(dtype, [&]<typename S>() {
-      auto by_format = [&]<int kBits, int kGroup>() {
-        auto dense = [&]<int kMmas, int kDigits>() {
-          check(reinterpret_cast<const void*>(Variant<kBits, kGroup, S, kMmas, kDigits>::kernel), kBits, kGroup, dtype,
-                kMmas, kDigits, "dense");
-        };
-        dense.template operator()<1, 2>();
-        dense.template operator()<2, 2>();
-        dense.template operator()<1, 3>();
-        dense.template operator()<2, 3>();
-        dense.template operator()<3, 3>();
-        dense.template operator()<4, 3>();
-        using V = Variant<kBits, kGroup, S, 1, 3>;  // the experts' (visit_expert_variant)
-        check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp>), kBits, kGroup, dtype, 1, 3, "gate/up");
-        check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown>), kBits, kGroup, dtype, 1, 3, "down");
-      };
-      by_format.template operator()<4, 32>();
-      by_format.template operator()<4, 64>();
-      by_format.template operator()<4, 128>();
-      by_format.template operator()<8, 32>();
-      by_format.template operator()<8, 64>();
-      by_format.template operator()<8, 128>();
-    });
-  }
+  // Every kernel the launches can pick: through the same dispatch, every format, T and digit count.
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16})
+    for (const int bits : {4, 8})
+      for (const int group : {32, 64, 128}) {
+        const AffineArgs w{.scale_dtype = dtype, .bits = bits, .group_size = group};
+        for (const int digits : {2, 3})
+          for (int T = 1; T <= 8; ++T)
+            visit_variant(w, T, digits, [&](auto v) {
+              check(reinterpret_cast<const void*>(decltype(v)::kernel), w, mmas_for(T, digits), digits, "dense");
+            });
+        const ExpertMatrix m{.dtype = dtype, .bits = bits, .group_size = group};
+        visit_expert_variant(m, [&](auto v) {
+          using V = decltype(v);
+          check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp>), w, 1, 3, "gate/up");
+          check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown>), w, 1, 3, "down");
+        });
+      }
   return most;
 }
 
