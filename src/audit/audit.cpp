@@ -87,6 +87,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "rope_in_attention" ? &l.rope_in_attention
                 : name == "wide_attention_blocks" ? &l.wide_attention_blocks
                 : name == "routing_in_experts" ? &l.routing_in_experts
+                : name == "deep_moe_ring" ? &l.deep_moe_ring
                                                 : nullptr;
   MERE_CHECK(field != nullptr, "--lever {}=...: unknown engine lever", name);
   *field = on;
@@ -185,13 +186,14 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
+    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
                                         lo.fuse_rope_store, lo.rope_in_attention, lo.wide_attention_blocks,
                                         int(lo.fuse_norm_matvec), lo.programmatic_launch,
                                         lo.matvec_split_k, lo.fp8_activation_gemm, lo.int8_activation_matvec,
                                         lo.tensor_core_kv_attention, lo.tensor_core_affine_matvec,
                                         lo.int16_activation_matvec, lo.tensor_core_fp8_matvec,
-                                        int(lo.tensor_core_affine_gemm), lo.routing_in_experts);
+                                        int(lo.tensor_core_affine_gemm), lo.routing_in_experts,
+                                        lo.deep_moe_ring);
     auto it = models_.find(key);
     if (it == models_.end()) {
       std::fprintf(stderr, "loading %s\n", dir.c_str());

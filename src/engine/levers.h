@@ -111,6 +111,14 @@ struct Levers {
   // layer). Default: bit-identical logits and tokens; Qwen3-30B-A3B shape int4
   // +5.1% at batch 1, int8 +2.9%, +2-6% at batch 8 (docs/levers.md).
   bool routing_in_experts = true;
+  // Those tensor-core affine experts' matvecs at one token of int8 weights keep
+  // five ring stages a warp in flight instead of three, so that a warp's share
+  // of a row takes fewer round trips to HBM after routing. The same arithmetic;
+  // gate/up's tiles split over more warps, whose f32 sums regroup (within 2e-6
+  // of the lever off). Default: Qwen3-30B-A3B shape int8 +4.4% at batch 1 (d512
+  // +2.5%); int4 lost with a deeper ring and keeps three; batches of 2-8
+  // unchanged (docs/levers.md).
+  bool deep_moe_ring = true;
   // Prefill of MLX affine (int8/int4) weights on a GEMM that dequantizes its
   // tiles in registers (wgmma) instead of writing a bf16 copy of each weight
   // first: 9 to 384 tokens of matrices of 2^24 weights or more; longer prompts
@@ -139,6 +147,7 @@ struct Levers {
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_FP8_MATVEC, MERERUN_TENSOR_CORE_MOE_MATVEC, MERERUN_ROUTING_IN_EXPERTS,
+  // MERERUN_DEEP_MOE_RING,
   // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto),
   // MERERUN_PSI_FUSED_MOE,
   // MERERUN_PREFIX_CACHE (0|1)
@@ -151,7 +160,8 @@ struct Levers {
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,
                   .tensor_core_affine_matvec = false, .int16_activation_matvec = false,
                   .tensor_core_fp8_matvec = false, .tensor_core_moe_matvec = false,
-                  .routing_in_experts = false, .tensor_core_affine_gemm = LeverMode::off,
+                  .routing_in_experts = false, .deep_moe_ring = false,
+                  .tensor_core_affine_gemm = LeverMode::off,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false};
   }

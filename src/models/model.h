@@ -50,6 +50,8 @@ struct LoadOptions {
   bool tensor_core_moe_matvec = false;
   // Those experts' gate/up blocks route each token themselves (lever routing_in_experts).
   bool routing_in_experts = false;
+  // Those experts' one-token int8 matvecs with a deeper ring (lever deep_moe_ring).
+  bool deep_moe_ring = false;
   // MLX affine prefill GEMMs that dequantize their tiles (lever tensor_core_affine_gemm);
   // automatic: where they measured faster (prompts up to 384 tokens, matrices of 2^24 weights).
   LeverMode tensor_core_affine_gemm = LeverMode::off;

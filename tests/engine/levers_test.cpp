@@ -149,5 +149,25 @@ TEST(Levers, RoutingInExpertsIsACudaLeverOfTheTensorCoreExperts) {
   EXPECT_FALSE(without_experts.load_options(Device::cuda).routing_in_experts);
 }
 
+// deep_moe_ring: on by default, a CUDA lever switched by its variable, in
+// effect only with the tensor-core experts whose ring it deepens.
+TEST(Levers, DeepMoeRingIsACudaLeverOfTheTensorCoreExperts) {
+  EXPECT_TRUE(Levers{}.deep_moe_ring);
+  EXPECT_TRUE(Levers{}.load_options(Device::cuda).deep_moe_ring);
+  EXPECT_FALSE(Levers::all_off().deep_moe_ring);
+  EXPECT_FALSE(Levers{}.load_options(Device::cpu).deep_moe_ring);
+  for (const char* value : {"0", "1"}) {
+    ScopedEnv env("MERERUN_DEEP_MOE_RING", value);
+    const bool on = value[0] == '1';
+    EXPECT_EQ(Levers::from_env().deep_moe_ring, on);
+    EXPECT_EQ(Levers::from_env().load_options(Device::cuda).deep_moe_ring, on);
+    const std::string described = std::string("deep_moe_ring=") + (on ? "on" : "off");
+    EXPECT_NE(Levers::from_env().describe(Device::cuda).find(described), std::string::npos);
+  }
+  Levers without_experts;
+  without_experts.tensor_core_moe_matvec = false;
+  EXPECT_FALSE(without_experts.load_options(Device::cuda).deep_moe_ring);
+}
+
 }  // namespace
 }  // namespace mere

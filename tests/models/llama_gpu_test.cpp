@@ -320,6 +320,32 @@ TEST(MoeGpu, RoutingInExpertsIsBitIdenticalOnTheQwen3_30B_A3B_Shape) {
   }
 }
 
+// Lever deep_moe_ring on the Qwen3-30B-A3B shape (random int8 experts, the
+// default levers otherwise): one token's gate/up and down keep five ring stages
+// a warp in flight instead of three, and gate/up's tiles split over more warps,
+// whose sums meet in another grouping: a decode step of 1 token (the lever's)
+// keeps the argmax and its logits within 1e-4, a step of 2 (not its) is the
+// same bits, and 16 greedy tokens are the same.
+TEST(MoeGpu, DeepMoeRingMovesOnlyTheRoundingOnTheQwen3_30B_A3B_Shape) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  LoadOptions deep = Levers{}.load_options(Device::cuda), shallow = deep;
+  ASSERT_TRUE(deep.deep_moe_ring);
+  shallow.deep_moe_ring = false;
+  auto off = random_model("qwen3-30b-a3b", Device::cuda, shallow, 1, RandomQuant::parse("int8"));
+  auto on = random_model("qwen3-30b-a3b", Device::cuda, deep, 1, RandomQuant::parse("int8"));
+  EXPECT_FALSE(step_moved_past(*off, *on, 1, 1e-4f, "int8 deep ring, one step of 1 token"));
+  const auto [want, got] = one_decode_step(*off, *on, 2);
+  EXPECT_EQ(test::max_abs_diff(got, want).diff, 0.0f) << "one step of 2 tokens";
+  GenerateOptions o_off, o_on;
+  o_off.max_new_tokens = o_on.max_new_tokens = 16;
+  o_off.sampling.temperature = o_on.sampling.temperature = 0;
+  std::vector<int32_t> t_off, t_on;
+  generate(*off, kMoePrompt, o_off, [&](int32_t id) { t_off.push_back(id); return true; });
+  generate(*on, kMoePrompt, o_on, [&](int32_t id) { t_on.push_back(id); return true; });
+  EXPECT_EQ(t_on, t_off);
+  std::printf("[ gpu      ] int8: the deep MoE ring's 16 greedy tokens the same\n");
+}
+
 // Lever fused_norm_matvec, auto, on the Qwen3-30B-A3B shape (random int4 and
 // int8): its attention matrices (2^23 weights and up) fold, so q/k/v take h
 // through their RMSNorm'd prepare, attention's splits merge on their way into

@@ -11,6 +11,7 @@
 
 #include "core/device.h"
 #include "gpu_test_util.h"
+#include "ops/cuda/moe_launchers.h"
 #include "ops/ops.h"
 #include "ops/quantized_ops.h"
 #include "quant/fp8_test_util.h"
@@ -286,6 +287,67 @@ TEST_F(MoeTensorCoreGpu, RoutingInExpertsGivesTheRoutingKernelsChoiceBitForBit) 
         const Tensor want = ops::moe_routed_experts(x, w, logits, s.routing, correction);
         EXPECT_LE(relative_error(on, want, label), 1e-5f);
       }
+    }
+}
+
+// Lever deep_moe_ring: one token of int8 experts runs gate/up and down with
+// five ring stages a warp instead of three (their own kernels). The arithmetic
+// is the same, but the deeper ring leaves gate/up one block an SM, where
+// split-K gives a tile more warps (4 instead of 2 at these shapes, g32 and
+// g64), whose partial sums then meet in another grouping: the output moves by
+// f32 rounding only, and stays as close to the CPU's. Qwen3-30B-A3B's expert
+// rows (d 2048, d_ff 768, k 8; fewer experts) at every int8 group size,
+// routing in the experts or not; 2 tokens and int4 keep three stages and the
+// same bits, as does the lever off.
+TEST_F(MoeTensorCoreGpu, DeepRingAtOneTokenOfInt8ExpertsMovesOnlyTheRounding) {
+  const int64_t E = 16, f = 768, d = 2048, k = 8;
+  for (const std::string format : {"int8", "int4"})
+    for (int group : {32, 64, 128}) {
+      const ops::ExpertWeights w = random_experts(E, f, d, format, false, group), wg = on_gpu(w);
+      for (int64_t T : {1, 2})
+        for (bool in_experts : {false, true}) {
+          const std::string label = format + " g" + std::to_string(group) + " T=" + std::to_string(T) +
+                                    (in_experts ? " routing in the experts" : "");
+          const Tensor x = random({T, d}, DType::f32, 190 + uint64_t(T));
+          const Tensor logits = random({T, E}, DType::f32, 191 + uint64_t(T), 2.0f);
+          const Tensor xg = gpu(x), lg = gpu(logits);
+          const ops::MoeRouting routing{.top_k = int(k), .renormalize = true};
+          auto run = [&] { return ops::moe_routed_experts(xg, wg, lg, routing); };
+          // The stages each matvec takes, as the launcher decides them.
+          cuda::MoeExpertsArgs args;
+          for (cuda::ExpertMatrix* m : {&args.gate, &args.up, &args.down})
+            *m = {.dtype = DType::bf16, .bits = format == "int8" ? 8 : 4, .group_size = group};
+          args.T = T, args.k = k, args.n_experts = E, args.d_model = d, args.d_ff = f;
+          auto launches = [&](bool deep) {
+            ops::set_launch_settings(
+                {.tensor_core_moe_matvec = true, .routing_in_experts = in_experts, .deep_moe_ring = deep});
+            std::vector<std::string> names;
+            for (const auto& launch : test::kernel_launches_by(run)) names.push_back(launch.name);
+            return names;
+          };
+          const auto names_off = launches(false);
+          const cuda::MoeRingStages stages_off = cuda::moe_experts_mma_ring_stages(args);
+          const Tensor off = run().to_device(Device::cpu);
+          const auto names_on = launches(true);
+          const cuda::MoeRingStages stages_on = cuda::moe_experts_mma_ring_stages(args);
+          const Tensor on = run().to_device(Device::cpu);
+          ops::set_launch_settings({});
+          const int want = format == "int8" && T == 1 ? 5 : 3;
+          EXPECT_EQ(stages_off.gate_up, 3) << label;
+          EXPECT_EQ(stages_off.down, 3) << label;
+          EXPECT_EQ(stages_on.gate_up, want) << label;
+          EXPECT_EQ(stages_on.down, want) << label;
+          // The deeper ring is its own kernel: gate/up's and down's names change, the prepares' do not.
+          ASSERT_EQ(names_on.size(), names_off.size()) << label;
+          size_t changed = 0;
+          for (size_t i = 0; i < names_on.size(); ++i) changed += names_on[i] != names_off[i];
+          EXPECT_EQ(changed, want == 5 ? 2u : 0u) << label;
+          if (want == 3) EXPECT_EQ(test::max_abs_diff(on, off).diff, 0.0f) << label;
+          EXPECT_LE(relative_error(on, off, label + ", deep ring against three stages"), 1e-5f);
+          const Tensor cpu = ops::moe_routed_experts(x, w, logits, routing);
+          EXPECT_LE(relative_error(off, cpu, label + ", three stages against the CPU"), 1e-4f);
+          EXPECT_LE(relative_error(on, cpu, label + ", deep ring against the CPU"), 1e-4f);
+        }
     }
 }
 

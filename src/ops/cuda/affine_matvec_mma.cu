@@ -76,6 +76,15 @@ using tiles::kMoeDown;
 using tiles::kMoeGateUp;
 using tiles::kTileRows;
 using tiles::kWarps;
+// Lever deep_moe_ring: the experts' ring at one token of int8 weights. Five
+// stages (16 KB a warp at g64) leave gate/up one block an SM, where split-K
+// then gives a tile 4 warps of 4 stages each instead of 2 of 8 (Qwen3-30B-A3B),
+// a warp's share of a tile in flight at once (the sums regroup: f32 rounding);
+// down has one block an SM either way. Its own kernels: a ring depth chosen
+// inside the kernel cost 2-4% everywhere, and one kernel holding each depth's
+// loop 6-20% (docs/benchmarks.md, twenty-fifth session).
+bool deep_moe_ring = false;
+constexpr int kDeepMoeStages = 5;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight (at least 3 stages)
 constexpr int kMaxParts = 8;          // launches a row may be cut into (x too long for shared memory)
 
@@ -534,7 +543,7 @@ constexpr int kMinBlocksPerSm = kMmas <= 2 ? 2 : 1;
 
 // Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
 // 16 rows, warp w its tile w / split and the share w % split of its stages.
-template <int kBits, int kGroup, typename S, int kMmas, int kDigits, int kMode>
+template <int kBits, int kGroup, typename S, int kMmas, int kDigits, int kMode, int kStages>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
     affine_matvec_mma_kernel(const __grid_constant__ Problem p) {
   using Sh = Shape<kBits, kGroup, S>;
@@ -546,9 +555,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   constexpr int kSg = Sh::kStageGroups;
   extern __shared__ __align__(16) uint8_t smem[];
   const float2* factors = reinterpret_cast<const float2*>(smem + p.x_bytes);
-  uint8_t* ring = smem + p.staged_bytes + int64_t(threadIdx.x / 32) * Sh::kStages * Sh::kStageBytes;
-  float2* partial =
-      reinterpret_cast<float2*>(smem + p.staged_bytes + int64_t(kWarps) * Sh::kStages * Sh::kStageBytes);
+  uint8_t* ring = smem + p.staged_bytes + int64_t(threadIdx.x / 32) * kStages * Sh::kStageBytes;
+  float2* partial = reinterpret_cast<float2*>(smem + p.staged_bytes + int64_t(kWarps) * kStages * Sh::kStageBytes);
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
   const int tiles_per_unit = kWarps / p.split, part = warp % p.split;
@@ -588,7 +596,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   // Copy u of a lane takes chunk lane % kChunks of row lane / kChunks + u kCopyRows;
   // lanes 0-15 copy row lane's scales, 16-31 row lane - 16's biases. Shared
   // addresses are kept as offsets so that the copies take them as immediates.
-  const uint32_t ring_addr = smem_address(ring), ring_end = ring_addr + Sh::kStages * Sh::kStageBytes;
+  const uint32_t ring_addr = smem_address(ring), ring_end = ring_addr + kStages * Sh::kStageBytes;
   const uint32_t copy_dst = (lane / kChunks) * Sh::kRowStride + (lane % kChunks) * 16;
   const uint32_t scale_dst = Sh::kCodeBytes + (lane % kTileRows) * 2 * kSb + (lane / kTileRows) * kSb;
   // The stage to issue next: its tile's first row and its stage in the row,
@@ -624,7 +632,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
     }
   };
 
-  tiles::issue_first_stages<Sh::kStages>(issue, n_stages);
+  tiles::issue_first_stages<kStages>(issue, n_stages);
   allow_next_kernel();
   wait_for_previous_kernel();
   // What a writing lane (part 0, q even with 3 digits, a token below T) adds its rows' sums
@@ -670,9 +678,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   uint32_t slot_addr = ring_addr;
 
   for (int i = 0; i < n_stages; ++i) {
-    if (i + Sh::kStages - 1 < n_stages) issue();
+    if (i + kStages - 1 < n_stages) issue();
     copy_async_commit();
-    copy_async_wait<Sh::kStages - 1>();
+    copy_async_wait<kStages - 1>();
     __syncwarp();
     const uint8_t* slot = ring + (slot_addr - ring_addr);
     slot_addr += Sh::kStageBytes;
@@ -765,12 +773,13 @@ using tiles::max_smem;
 template <int kBits, int kGroup, typename S, int kMmas, int kDigits>
 struct Variant {
   using Sh = Shape<kBits, kGroup, S>;
-  template <int kMode>
-  static constexpr auto kernel_for = affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits, kMode>;
+  static constexpr int kWeightBits = kBits;
+  template <int kMode, int kStages = Sh::kStages>
+  static constexpr auto kernel_for = affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits, kMode, kStages>;
   static constexpr auto kernel = kernel_for<kDense>;
 
-  static Layout layout_for(int64_t in, int64_t T) {
-    return layout(int(in), kGroup, int(T), kDigits, Sh::kStageBytes, Sh::kStages);
+  static Layout layout_for(int64_t in, int64_t T, int stages = Sh::kStages) {
+    return layout(int(in), kGroup, int(T), kDigits, Sh::kStageBytes, stages);
   }
   // One part's image in the scratch, rounded to whole 16-byte copies.
   static int64_t part_image_bytes(int64_t part_in, int64_t T) {
@@ -797,13 +806,13 @@ struct Variant {
     const int parts = parts_for(w, T);
     return parts > 0 ? parts * part_image_bytes(w.in / parts, T) : 0;
   }
-  template <int kMode = kDense>
+  template <int kMode = kDense, int kStages = Sh::kStages>
   static int blocks_per_sm(int64_t smem) {
-    static const cudaError_t raised =
-        cudaFuncSetAttribute(kernel_for<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
+    static const cudaError_t raised = cudaFuncSetAttribute(kernel_for<kMode, kStages>,
+                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
     (void)raised;
     int blocks = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel_for<kMode>, kWarps * 32, size_t(smem));
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel_for<kMode, kStages>, kWarps * 32, size_t(smem));
     return blocks;
   }
 
@@ -820,13 +829,50 @@ struct Variant {
   template <int kMode>
   static cudaError_t launch_moe(const MoeExpertsArgs& a, const ExpertMatrix& m, const ExpertMatrix& up, int64_t in,
                                 const uint8_t* staged, float* y, cudaStream_t stream) {
-    const Layout l = layout_for(in, 1);
-    const int per_sm = blocks_per_sm<kMode>(l.total);
-    if (per_sm < 1) return cudaErrorInvalidValue;
-    const int64_t slots = int64_t(per_sm) * sm_count();
+    if constexpr (kBits == 8)
+      if (moe_ring_stages<kMode>(a, in) == kDeepMoeStages)
+        return launch_moe_with<kMode, kDeepMoeStages>(a, m, up, in, staged, y, stream);
+    return launch_moe_with<kMode, Sh::kStages>(a, m, up, in, staged, y, stream);
+  }
+  // How a launch of `kStages` stages a warp deals its work: blocks an SM (0 if
+  // one does not fit), warps a tile, units and the grid.
+  struct MoeGrid {
+    int per_sm = 0, split = 0, n_units = 0;
+    dim3 grid;
+  };
+  template <int kMode, int kStages>
+  static MoeGrid moe_grid_for(const MoeExpertsArgs& a, int64_t in) {
+    MoeGrid g;
+    g.per_sm = blocks_per_sm<kMode, kStages>(layout_for(in, 1, kStages).total);
+    if (g.per_sm < 1) return g;
+    const int64_t slots = int64_t(g.per_sm) * sm_count();
     const int64_t blocks_y = tiles::moe_block_rows<kMode>(a.T, a.k);
     const int out = tiles::moe_rows<kMode>(a.d_ff, a.d_model);
     const int n_tiles = (out + kTileRows - 1) / kTileRows, row_stages = int(in / Sh::kStageValues);
+    // Down: a warp per slot (its expert's stages of the concatenated row).
+    g.split = kMode == kMoeDown ? int(a.k)
+                                : tiles::split_for(int(n_tiles * blocks_y), row_stages, slots, Sh::kStages - 1);
+    g.n_units = (n_tiles + kWarps / g.split - 1) / (kWarps / g.split);
+    g.grid = tiles::moe_grid(g.n_units, slots, blocks_y);
+    return g;
+  }
+  // Lever deep_moe_ring: one token of int8 experts takes the deeper ring
+  // wherever a block of it fits (docs/levers.md: int4 and batches of 2-8
+  // measured no faster); else the Shape's ring.
+  template <int kMode>
+  static int moe_ring_stages(const MoeExpertsArgs& a, int64_t in) {
+    const bool deep = deep_moe_ring && kBits == 8 && a.T == 1 &&
+                      layout_for(in, 1, kDeepMoeStages).total <= max_smem() &&
+                      moe_grid_for<kMode, kDeepMoeStages>(a, in).per_sm > 0;
+    return deep ? kDeepMoeStages : Sh::kStages;
+  }
+  template <int kMode, int kStages>
+  static cudaError_t launch_moe_with(const MoeExpertsArgs& a, const ExpertMatrix& m, const ExpertMatrix& up,
+                                     int64_t in, const uint8_t* staged, float* y, cudaStream_t stream) {
+    const Layout l = layout_for(in, 1, kStages);
+    const MoeGrid g = moe_grid_for<kMode, kStages>(a, in);
+    if (g.per_sm < 1) return cudaErrorInvalidValue;
+    const int out = tiles::moe_rows<kMode>(a.d_ff, a.d_model);
     Problem p{};
     p.packed = static_cast<const uint8_t*>(m.w);
     p.scales = m.scales;
@@ -843,10 +889,8 @@ struct Variant {
     p.out = out;
     p.T = 1;
     p.n_groups = int(in / kGroup);
-    // Down: a warp per slot (its expert's stages of the concatenated row).
-    p.split = kMode == kMoeDown ? int(a.k)
-                                : tiles::split_for(int(n_tiles * blocks_y), row_stages, slots, Sh::kStages - 1);
-    p.n_units = (n_tiles + kWarps / p.split - 1) / (kWarps / p.split);
+    p.split = g.split;
+    p.n_units = g.n_units;
     p.ids = a.ids;
     if constexpr (kMode == kMoeGateUp) p.route = a.route;
     p.accumulate = kMode == kMoeDown && a.accumulate;  // the residual add (moe_launchers.h)
@@ -857,8 +901,7 @@ struct Variant {
     p.up_packed = static_cast<const uint8_t*>(up.w);
     p.up_scales = up.scales;
     p.up_biases = up.biases;
-    return launch_kernel(kernel_for<kMode>, tiles::moe_grid(p.n_units, slots, blocks_y), dim3(kWarps * 32),
-                         size_t(l.total), stream, p);
+    return launch_kernel(kernel_for<kMode, kStages>, g.grid, dim3(kWarps * 32), size_t(l.total), stream, p);
   }
   // One launch of the prepare kernel: x [T, d] or the gate/up products [2][pairs][d_ff]
   // (silu-gated, scaled by the routing weights) into one image per token of `in` columns.
@@ -1099,6 +1142,20 @@ cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaS
   return status != cudaSuccess ? status : dispatch;
 }
 
+void set_deep_moe_ring(bool on) { deep_moe_ring = on; }
+bool deep_moe_ring_enabled() { return deep_moe_ring; }
+
+MoeRingStages moe_experts_mma_ring_stages(const MoeExpertsArgs& a) {
+  MoeRingStages stages;
+  visit_expert_variant(a.gate, [&](auto v) {
+    stages.gate_up = decltype(v)::template moe_ring_stages<kMoeGateUp>(a, a.d_model);
+  });
+  visit_expert_variant(a.down, [&](auto v) {
+    stages.down = decltype(v)::template moe_ring_stages<kMoeDown>(a, a.k * a.d_ff);
+  });
+  return stages;
+}
+
 MmaKernelLocal affine_matvec_mma_most_local() {
   MmaKernelLocal most;
   auto check = [&](const void* kernel, const AffineArgs& w, int mmas, int digits, const char* mode) {
@@ -1121,6 +1178,12 @@ MmaKernelLocal affine_matvec_mma_most_local() {
           using V = decltype(v);
           check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp>), w, 1, 3, "gate/up");
           check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown>), w, 1, 3, "down");
+          if constexpr (V::kWeightBits == 8) {  // lever deep_moe_ring's
+            check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp, kDeepMoeStages>), w, 1, 3,
+                  "gate/up, deep ring");
+            check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown, kDeepMoeStages>), w, 1, 3,
+                  "down, deep ring");
+          }
         });
       }
   return most;

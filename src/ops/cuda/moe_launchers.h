@@ -82,6 +82,15 @@ cudaError_t launch_moe_experts_decode(const MoeExpertsArgs& a, float* act, cudaS
 bool moe_experts_mma_supports(const MoeExpertsArgs& a);
 int64_t moe_experts_mma_scratch_bytes(const MoeExpertsArgs& a);
 cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream);
+// Lever deep_moe_ring: those matvecs at one token of int8 experts keep five
+// stages a warp in flight instead of three. Off unless set.
+void set_deep_moe_ring(bool on);
+bool deep_moe_ring_enabled();
+// The ring stages a warp of gate/up and of down takes for `a` (lever deep_moe_ring).
+struct MoeRingStages {
+  int gate_up = 0, down = 0;
+};
+MoeRingStages moe_experts_mma_ring_stages(const MoeExpertsArgs& a);
 
 // The same for FP8 experts (128x128 block scales; fp8_matvec_mma.cu): x and the
 // activations split into f16 hi and lo (22 bits a token and block), f32 sums.
