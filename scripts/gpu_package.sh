@@ -4,6 +4,7 @@
 # our Debian packages.
 # Usage: scripts/gpu_package.sh [BUILD_DIR (build-cuda)]; MERE_DEVRUN names the
 # pack (default .devrun), so several people can keep their own.
+# To benchmark several builds in one call, pack them with scripts/gpu_ab_pack.sh instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-cuda}
