@@ -96,53 +96,41 @@ TEST(Levers, WideAttentionBlocksIsACudaLever) {
   EXPECT_THROW(Levers::from_env(), Error);
 }
 
+// A CUDA lever on by default: off in all_off() and on the CPU, switched by
+// `variable` to either value, which the lever line shows.
+void expect_default_cuda_lever(const char* variable, const std::string& name, bool Levers::*lever,
+                               bool LoadOptions::*option) {
+  EXPECT_TRUE(Levers{}.*lever) << name;
+  EXPECT_TRUE(Levers{}.load_options(Device::cuda).*option) << name;
+  EXPECT_FALSE(Levers::all_off().*lever) << name;
+  EXPECT_FALSE(Levers{}.load_options(Device::cpu).*option) << name;
+  for (const char* value : {"0", "1"}) {
+    ScopedEnv env(variable, value);
+    const bool on = value[0] == '1';
+    EXPECT_EQ(Levers::from_env().*lever, on) << name;
+    EXPECT_EQ(Levers::from_env().load_options(Device::cuda).*option, on) << name;
+    const std::string described = name + (on ? "=on" : "=off");
+    EXPECT_NE(Levers::from_env().describe(Device::cuda).find(described), std::string::npos) << name;
+  }
+}
+
 // tensor_core_fp8_matvec: on by default, a CUDA lever switched by its variable.
 TEST(Levers, TensorCoreFp8MatvecIsACudaLever) {
-  EXPECT_TRUE(Levers{}.tensor_core_fp8_matvec);
-  EXPECT_TRUE(Levers{}.load_options(Device::cuda).tensor_core_fp8_matvec);
-  EXPECT_FALSE(Levers::all_off().tensor_core_fp8_matvec);
-  EXPECT_FALSE(Levers{}.load_options(Device::cpu).tensor_core_fp8_matvec);
-  for (const char* value : {"0", "1"}) {
-    ScopedEnv env("MERERUN_TENSOR_CORE_FP8_MATVEC", value);
-    const bool on = value[0] == '1';
-    EXPECT_EQ(Levers::from_env().tensor_core_fp8_matvec, on);
-    EXPECT_EQ(Levers::from_env().load_options(Device::cuda).tensor_core_fp8_matvec, on);
-    const std::string described = std::string("tensor_core_fp8_matvec=") + (on ? "on" : "off");
-    EXPECT_NE(Levers::from_env().describe(Device::cuda).find(described), std::string::npos);
-  }
+  expect_default_cuda_lever("MERERUN_TENSOR_CORE_FP8_MATVEC", "tensor_core_fp8_matvec", &Levers::tensor_core_fp8_matvec,
+                            &LoadOptions::tensor_core_fp8_matvec);
 }
 
 // tensor_core_moe_matvec: on by default, a CUDA lever switched by its variable.
 TEST(Levers, TensorCoreMoeMatvecIsACudaLever) {
-  EXPECT_TRUE(Levers{}.tensor_core_moe_matvec);
-  EXPECT_TRUE(Levers{}.load_options(Device::cuda).tensor_core_moe_matvec);
-  EXPECT_FALSE(Levers::all_off().tensor_core_moe_matvec);
-  EXPECT_FALSE(Levers{}.load_options(Device::cpu).tensor_core_moe_matvec);
-  for (const char* value : {"0", "1"}) {
-    ScopedEnv env("MERERUN_TENSOR_CORE_MOE_MATVEC", value);
-    const bool on = value[0] == '1';
-    EXPECT_EQ(Levers::from_env().tensor_core_moe_matvec, on);
-    EXPECT_EQ(Levers::from_env().load_options(Device::cuda).tensor_core_moe_matvec, on);
-    const std::string described = std::string("tensor_core_moe_matvec=") + (on ? "on" : "off");
-    EXPECT_NE(Levers::from_env().describe(Device::cuda).find(described), std::string::npos);
-  }
+  expect_default_cuda_lever("MERERUN_TENSOR_CORE_MOE_MATVEC", "tensor_core_moe_matvec", &Levers::tensor_core_moe_matvec,
+                            &LoadOptions::tensor_core_moe_matvec);
 }
 
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in
 // effect only with the tensor-core experts it routes in.
 TEST(Levers, RoutingInExpertsIsACudaLeverOfTheTensorCoreExperts) {
-  EXPECT_TRUE(Levers{}.routing_in_experts);
-  EXPECT_TRUE(Levers{}.load_options(Device::cuda).routing_in_experts);
-  EXPECT_FALSE(Levers::all_off().routing_in_experts);
-  EXPECT_FALSE(Levers{}.load_options(Device::cpu).routing_in_experts);
-  for (const char* value : {"0", "1"}) {
-    ScopedEnv env("MERERUN_ROUTING_IN_EXPERTS", value);
-    const bool on = value[0] == '1';
-    EXPECT_EQ(Levers::from_env().routing_in_experts, on);
-    EXPECT_EQ(Levers::from_env().load_options(Device::cuda).routing_in_experts, on);
-    const std::string described = std::string("routing_in_experts=") + (on ? "on" : "off");
-    EXPECT_NE(Levers::from_env().describe(Device::cuda).find(described), std::string::npos);
-  }
+  expect_default_cuda_lever("MERERUN_ROUTING_IN_EXPERTS", "routing_in_experts", &Levers::routing_in_experts,
+                            &LoadOptions::routing_in_experts);
   Levers without_experts;
   without_experts.routing_in_experts = true;
   without_experts.tensor_core_moe_matvec = false;
@@ -152,18 +140,8 @@ TEST(Levers, RoutingInExpertsIsACudaLeverOfTheTensorCoreExperts) {
 // deep_moe_ring: on by default, a CUDA lever switched by its variable, in
 // effect only with the tensor-core experts whose ring it deepens.
 TEST(Levers, DeepMoeRingIsACudaLeverOfTheTensorCoreExperts) {
-  EXPECT_TRUE(Levers{}.deep_moe_ring);
-  EXPECT_TRUE(Levers{}.load_options(Device::cuda).deep_moe_ring);
-  EXPECT_FALSE(Levers::all_off().deep_moe_ring);
-  EXPECT_FALSE(Levers{}.load_options(Device::cpu).deep_moe_ring);
-  for (const char* value : {"0", "1"}) {
-    ScopedEnv env("MERERUN_DEEP_MOE_RING", value);
-    const bool on = value[0] == '1';
-    EXPECT_EQ(Levers::from_env().deep_moe_ring, on);
-    EXPECT_EQ(Levers::from_env().load_options(Device::cuda).deep_moe_ring, on);
-    const std::string described = std::string("deep_moe_ring=") + (on ? "on" : "off");
-    EXPECT_NE(Levers::from_env().describe(Device::cuda).find(described), std::string::npos);
-  }
+  expect_default_cuda_lever("MERERUN_DEEP_MOE_RING", "deep_moe_ring", &Levers::deep_moe_ring,
+                            &LoadOptions::deep_moe_ring);
   Levers without_experts;
   without_experts.tensor_core_moe_matvec = false;
   EXPECT_FALSE(without_experts.load_options(Device::cuda).deep_moe_ring);

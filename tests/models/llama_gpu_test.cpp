@@ -250,6 +250,16 @@ int32_t argmax_row(const Tensor& logits, int64_t row) {
   return int32_t(std::max_element(r, r + V) - r);
 }
 
+// The 16 greedy tokens the decode loop (CUDA graphs) gives after kMoePrompt.
+std::vector<int32_t> greedy_moe_tokens(const Model& model) {
+  GenerateOptions options;
+  options.max_new_tokens = 16;
+  options.sampling.temperature = 0;
+  std::vector<int32_t> tokens;
+  generate(model, kMoePrompt, options, [&](int32_t id) { tokens.push_back(id); return true; });
+  return tokens;
+}
+
 // One step of n tokens: the same argmax in every row and logits within 0.1;
 // whether they moved past `tight`.
 bool step_moved_past(const Model& off, const Model& on, int n, float tight, const std::string& label) {
@@ -309,13 +319,7 @@ TEST(MoeGpu, RoutingInExpertsIsBitIdenticalOnTheQwen3_30B_A3B_Shape) {
       const auto [want, got] = one_decode_step(*off, *on, n);
       EXPECT_EQ(test::max_abs_diff(got, want).diff, 0.0f) << quant << ", one step of " << n << " token(s)";
     }
-    GenerateOptions o_off, o_on;
-    o_off.max_new_tokens = o_on.max_new_tokens = 16;
-    o_off.sampling.temperature = o_on.sampling.temperature = 0;
-    std::vector<int32_t> t_off, t_on;
-    generate(*off, kMoePrompt, o_off, [&](int32_t id) { t_off.push_back(id); return true; });
-    generate(*on, kMoePrompt, o_on, [&](int32_t id) { t_on.push_back(id); return true; });
-    EXPECT_EQ(t_on, t_off) << quant;
+    EXPECT_EQ(greedy_moe_tokens(*on), greedy_moe_tokens(*off)) << quant;
     std::printf("[ gpu      ] %s: routing in the experts bit-identical, 16 greedy tokens the same\n", quant);
   }
 }
@@ -336,13 +340,7 @@ TEST(MoeGpu, DeepMoeRingMovesOnlyTheRoundingOnTheQwen3_30B_A3B_Shape) {
   EXPECT_FALSE(step_moved_past(*off, *on, 1, 1e-4f, "int8 deep ring, one step of 1 token"));
   const auto [want, got] = one_decode_step(*off, *on, 2);
   EXPECT_EQ(test::max_abs_diff(got, want).diff, 0.0f) << "one step of 2 tokens";
-  GenerateOptions o_off, o_on;
-  o_off.max_new_tokens = o_on.max_new_tokens = 16;
-  o_off.sampling.temperature = o_on.sampling.temperature = 0;
-  std::vector<int32_t> t_off, t_on;
-  generate(*off, kMoePrompt, o_off, [&](int32_t id) { t_off.push_back(id); return true; });
-  generate(*on, kMoePrompt, o_on, [&](int32_t id) { t_on.push_back(id); return true; });
-  EXPECT_EQ(t_on, t_off);
+  EXPECT_EQ(greedy_moe_tokens(*on), greedy_moe_tokens(*off));
   std::printf("[ gpu      ] int8: the deep MoE ring's 16 greedy tokens the same\n");
 }
 
@@ -369,13 +367,7 @@ TEST(MoeGpu, FoldedAttentionMatchesTheCompositionOnTheQwen3_30B_A3B_Shape) {
     for (int n : {1, 2, 8})
       flipped += step_moved_past(*off, *on, n, 1e-3f,
                                  std::string(quant) + " folded, one step of " + std::to_string(n) + " token(s)");
-    GenerateOptions options;
-    options.max_new_tokens = 16;
-    options.sampling.temperature = 0;
-    std::vector<int32_t> t_off, t_on;
-    generate(*off, kMoePrompt, options, [&](int32_t id) { t_off.push_back(id); return true; });
-    generate(*on, kMoePrompt, options, [&](int32_t id) { t_on.push_back(id); return true; });
-    EXPECT_EQ(t_on, t_off) << quant;
+    EXPECT_EQ(greedy_moe_tokens(*on), greedy_moe_tokens(*off)) << quant;
   }
   EXPECT_LE(flipped, 1) << "one-step decodes whose logits moved past 1e-3";
 }
