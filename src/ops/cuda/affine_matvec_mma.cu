@@ -162,8 +162,18 @@ struct Problem {
 // [digits T][in + pad] s8, then per group, mma and lane quad q the float2
 // {w, b} of its C columns: 3 digits, for token t = 2 mma + q / 2, q even
 // (digits 0 and 1) {2^-k, 2^-k sum x'}, q odd (digit 2) {2^-k 65536, 0};
-// 2 digits, for token t = 4 mma + q, {2^-k, 2^-k sum x'}; then the warps'
-// rings and their partial sums [kWarps][mmas][32] float2.
+// 2 digits, for token t = 4 mma + q, {2^-k, 2^-k sum x'}; then, from a
+// multiple of kRingAlign, the warps' rings and their partial sums
+// [kWarps][mmas][32] float2.
+// The rings start on 32 bytes. Groups of 128 at one token (and the experts'
+// images at every batch) left them 16 bytes off, which cost up to 10% of a
+// decode (Llama-3-8B int4 g128 at one token, Qwen3-30B-A3B int4 g128 at eight;
+// docs/benchmarks.md, twenty-sixth session): most likely each 32-byte sector
+// of a row's copy then straddles two in shared memory.
+constexpr int64_t kRingAlign = 32;
+__host__ __device__ constexpr int64_t ring_offset(int64_t staged_bytes) {
+  return (staged_bytes + kRingAlign - 1) / kRingAlign * kRingAlign;
+}
 struct Layout {
   int x_stride;  // bytes
   int64_t x_bytes, staged_bytes, ring_bytes, total;
@@ -175,7 +185,7 @@ Layout layout(int in, int group, int T, int digits, int stage_bytes, int stages)
   l.x_bytes = int64_t(digits) * T * l.x_stride;
   l.staged_bytes = l.x_bytes + int64_t(in / group) * mmas * 4 * 8;
   l.ring_bytes = int64_t(kWarps) * stages * stage_bytes;
-  l.total = l.staged_bytes + l.ring_bytes + int64_t(kWarps) * mmas * 32 * 8;
+  l.total = ring_offset(l.staged_bytes) + l.ring_bytes + int64_t(kWarps) * mmas * 32 * 8;
   return l;
 }
 
@@ -555,8 +565,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   constexpr int kSg = Sh::kStageGroups;
   extern __shared__ __align__(16) uint8_t smem[];
   const float2* factors = reinterpret_cast<const float2*>(smem + p.x_bytes);
-  uint8_t* ring = smem + p.staged_bytes + int64_t(threadIdx.x / 32) * kStages * Sh::kStageBytes;
-  float2* partial = reinterpret_cast<float2*>(smem + p.staged_bytes + int64_t(kWarps) * kStages * Sh::kStageBytes);
+  uint8_t* rings = smem + ring_offset(p.staged_bytes);
+  uint8_t* ring = rings + int64_t(threadIdx.x / 32) * kStages * Sh::kStageBytes;
+  float2* partial = reinterpret_cast<float2*>(rings + int64_t(kWarps) * kStages * Sh::kStageBytes);
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
   const int tiles_per_unit = kWarps / p.split, part = warp % p.split;
