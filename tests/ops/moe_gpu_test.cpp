@@ -41,24 +41,25 @@ TEST_F(MoeOpsGpu, RouteMatchesCpu) {
   const Tensor correction = random({128}, DType::f32, 2, 0.5f);
   expect_same_choice(ops::moe_route(gpu(logits), deepseek, gpu(correction)), ops::moe_route(logits, deepseek, correction),
                      "route sigmoid groups 8/4 + correction");
-  // Exact ties (logits on a grid of 1/2: ties go to the lower index), expert
-  // counts that leave lanes partly empty or hold many experts a lane, and k up to 32.
-  Tensor tied = random({19, 128}, DType::f32, 3, 2.0f);
-  for (int64_t i = 0; i < tied.numel(); ++i) tied.data<float>()[i] = std::round(tied.data<float>()[i] * 2) / 2;
+  // Exact ties (logits on a grid: ties go to the lower index), expert counts
+  // that leave lanes partly empty or hold many experts a lane, and k up to 32.
+  auto on_grid = [](Tensor t, float steps_per_unit) {
+    for (int64_t i = 0; i < t.numel(); ++i)
+      t.data<float>()[i] = std::round(t.data<float>()[i] * steps_per_unit) / steps_per_unit;
+    return t;
+  };
+  const Tensor tied = on_grid(random({19, 128}, DType::f32, 3, 2.0f), 2);
   expect_same_choice(ops::moe_route(gpu(tied), qwen), ops::moe_route(tied, qwen), "route softmax ties");
   const ops::MoeRouting top32{.top_k = 32};
   expect_same_choice(ops::moe_route(gpu(tied), top32), ops::moe_route(tied, top32), "route softmax top-32 ties");
   const Tensor sixty = random({11, 60}, DType::f32, 4, 3.0f);
   const ops::MoeRouting four{.top_k = 4};
   expect_same_choice(ops::moe_route(gpu(sixty), four), ops::moe_route(sixty, four), "route 60 experts top-4");
-  Tensor wide = random({7, 1024}, DType::f32, 5, 3.0f);
-  for (int64_t i = 0; i < wide.numel(); ++i) wide.data<float>()[i] = std::round(wide.data<float>()[i] * 4) / 4;
+  const Tensor wide = on_grid(random({7, 1024}, DType::f32, 5, 3.0f), 4);
   expect_same_choice(ops::moe_route(gpu(wide), qwen), ops::moe_route(wide, qwen), "route 1024 experts ties");
-  const ops::MoeRouting v3{.score = ops::MoeRouting::Score::sigmoid, .top_k = 8, .renormalize = true,
-                           .scale = 2.5f, .n_groups = 8, .top_groups = 4};
   const Tensor logits256 = random({5, 256}, DType::f32, 6, 3.0f), correction256 = random({256}, DType::f32, 7, 0.5f);
-  expect_same_choice(ops::moe_route(gpu(logits256), v3, gpu(correction256)), ops::moe_route(logits256, v3, correction256),
-                     "route 256 experts sigmoid groups 8/4 + correction");
+  expect_same_choice(ops::moe_route(gpu(logits256), deepseek, gpu(correction256)),
+                     ops::moe_route(logits256, deepseek, correction256), "route 256 experts sigmoid groups 8/4 + correction");
 }
 
 // A NaN logit (a model gone wrong upstream) makes every softmax score of its
