@@ -86,6 +86,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "tensor_core_fp8_matvec" ? &l.tensor_core_fp8_matvec
                 : name == "rope_in_attention" ? &l.rope_in_attention
                 : name == "wide_attention_blocks" ? &l.wide_attention_blocks
+                : name == "cluster_attention_merge" ? &l.cluster_attention_merge
                 : name == "routing_in_experts" ? &l.routing_in_experts
                 : name == "deep_moe_ring" ? &l.deep_moe_ring
                                                 : nullptr;
@@ -186,8 +187,9 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
+    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
                                         lo.fuse_rope_store, lo.rope_in_attention, lo.wide_attention_blocks,
+                                        lo.cluster_attention_merge,
                                         int(lo.fuse_norm_matvec), lo.programmatic_launch,
                                         lo.matvec_split_k, lo.fp8_activation_gemm, lo.int8_activation_matvec,
                                         lo.tensor_core_kv_attention, lo.tensor_core_affine_matvec,

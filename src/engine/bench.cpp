@@ -79,6 +79,7 @@ std::string layout_levers(const ModelInfo& info) {
   return std::string("fused_projections=") + on(o.fuse_projections) + " fused_rope_store=" + on(o.fuse_rope_store) +
          (o.rope_in_attention ? " rope_in_attention=on" : "") +
          (o.wide_attention_blocks ? " wide_attention_blocks=on" : "") +
+         (o.cluster_attention_merge ? " cluster_attention_merge=on" : "") +
          " fused_norm_matvec=" + fold + " programmatic_launch=" + on(o.programmatic_launch) +
          " matvec_split_k=" + on(o.matvec_split_k) + " fp8_activation_gemm=" + on(o.fp8_activation_gemm) +
          (o.int8_activation_matvec ? " int8_activation_matvec=on" : "") +

@@ -33,6 +33,7 @@ Levers Levers::from_env() {
   l.fused_rope_store = env_flag("MERERUN_FUSED_ROPE_STORE", l.fused_rope_store);
   l.rope_in_attention = env_flag("MERERUN_ROPE_IN_ATTENTION", l.rope_in_attention);
   l.wide_attention_blocks = env_flag("MERERUN_WIDE_ATTENTION_BLOCKS", l.wide_attention_blocks);
+  l.cluster_attention_merge = env_flag("MERERUN_CLUSTER_ATTENTION_MERGE", l.cluster_attention_merge);
   l.fused_norm_matvec = env_mode("MERERUN_FUSED_NORM_MATVEC", l.fused_norm_matvec);
   l.programmatic_launch = env_flag("MERERUN_PROGRAMMATIC_LAUNCH", l.programmatic_launch);
   l.matvec_split_k = env_flag("MERERUN_MATVEC_SPLIT_K", l.matvec_split_k);
@@ -60,6 +61,7 @@ std::string Levers::describe(Device device) const {
          " fused_projections=" + on(fused_projections) +
          " fused_rope_store=" + on(fused_rope_store) + " rope_in_attention=" + on(rope_in_attention) +
          " wide_attention_blocks=" + on(wide_attention_blocks) +
+         " cluster_attention_merge=" + on(cluster_attention_merge) +
          " fused_norm_matvec=" + lever_mode_name(fused_norm_matvec) +
          " programmatic_launch=" + on(programmatic_launch) + " matvec_split_k=" + on(matvec_split_k) +
          " fp8_activation_gemm=" + on(fp8_activation_gemm) + " int8_activation_matvec=" + on(int8_activation_matvec) +
@@ -79,6 +81,7 @@ LoadOptions Levers::load_options(Device device) const {
                      .fuse_rope_store = fused_rope_store && cuda,
                      .rope_in_attention = rope_in_attention && fused_rope_store && cuda,
                      .wide_attention_blocks = wide_attention_blocks && cuda,
+                     .cluster_attention_merge = cluster_attention_merge && wide_attention_blocks && cuda,
                      .fuse_norm_matvec = cuda ? fused_norm_matvec : LeverMode::off,
                      .programmatic_launch = programmatic_launch && cuda,
                      .matvec_split_k = matvec_split_k && cuda,

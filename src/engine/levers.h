@@ -36,6 +36,13 @@ struct Levers {
   // quality (demo KL 2e-8), Qwen3-30B-A3B int4 B = 1 +18%, Llama-3-8B +7.5%
   // (docs/levers.md).
   bool wide_attention_blocks = true;
+  // Where those 8-warp blocks run over at most 8 splits (short contexts), the
+  // splits of a head are one thread-block cluster: they merge through
+  // distributed shared memory and write the output, so no merge kernel runs.
+  // Default: the output within f32 reordering of the merge kernel's (1e-6),
+  // Qwen3-30B-A3B int4 batch 1 +6.8%, int8 +3.7%, bf16 +6.1%, Llama-3-8B level
+  // to +2.7% at 1-4 sequences; 8 sequences -0.4% to -1.1% (docs/levers.md).
+  bool cluster_attention_merge = true;
   // RMSNorm, SwiGLU, attention's split merge and the residual add folded into
   // the decode matvecs' input and output: four kernels fewer per layer and no
   // normalised copy of h (the merge: Llama-3-8B int4 +2.0%, int8 +1.3%).
@@ -142,7 +149,7 @@ struct Levers {
   bool prefix_cache = true;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
-  // MERERUN_ROPE_IN_ATTENTION, MERERUN_WIDE_ATTENTION_BLOCKS,
+  // MERERUN_ROPE_IN_ATTENTION, MERERUN_WIDE_ATTENTION_BLOCKS, MERERUN_CLUSTER_ATTENTION_MERGE,
   // MERERUN_FUSED_NORM_MATVEC (0|1|auto), MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC,
@@ -155,7 +162,7 @@ struct Levers {
   static Levers from_env();
   static Levers all_off() {
     return Levers{.cuda_graphs = false, .pipelined_decode = false, .fused_projections = false, .fused_rope_store = false,
-                  .rope_in_attention = false, .wide_attention_blocks = false,
+                  .rope_in_attention = false, .wide_attention_blocks = false, .cluster_attention_merge = false,
                   .fused_norm_matvec = LeverMode::off, .programmatic_launch = false, .matvec_split_k = false,
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,
                   .tensor_core_affine_matvec = false, .int16_activation_matvec = false,

@@ -18,6 +18,7 @@ void apply_launch_settings(const LoadOptions& o) {
                             .tensor_core_kv_attention = o.tensor_core_kv_attention,
                             .rope_in_attention = o.rope_in_attention,
                             .wide_attention_blocks = o.wide_attention_blocks,
+                            .cluster_attention_merge = o.cluster_attention_merge,
                             .tensor_core_affine_matvec = o.tensor_core_affine_matvec,
                             .int16_activation_matvec = o.int16_activation_matvec,
                             .tensor_core_fp8_matvec = o.tensor_core_fp8_matvec,

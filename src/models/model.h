@@ -27,6 +27,8 @@ struct LoadOptions {
   bool rope_in_attention = false;
   // Short-context decode attention in 8-warp blocks of fewer heads (lever wide_attention_blocks).
   bool wide_attention_blocks = false;
+  // Those blocks' few splits merged in clusters, no merge kernel (lever cluster_attention_merge).
+  bool cluster_attention_merge = false;
   // RMSNorm, SwiGLU and the residual add inside the matmuls (lever fused_norm_matvec);
   // automatic: where every layer matrix's one-token matvec runs on the tensor cores.
   LeverMode fuse_norm_matvec = LeverMode::off;

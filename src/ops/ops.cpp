@@ -371,6 +371,7 @@ bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& 
 }
 
 Tensor merge_attention(const AttentionSplits& splits) {
+  if (splits.merged.defined()) return splits.merged;
   const Tensor& o = splits.out;
   const bool fits = o.rank() == 4 && splits.max.shape() == Shape({o.dim(0), o.dim(1), o.dim(2)}) &&
                     splits.sum.shape() == splits.max.shape();
@@ -383,11 +384,13 @@ Tensor merge_attention(const AttentionSplits& splits) {
 }
 
 void attention_linear_add(Tensor& h, const AttentionSplits& splits, const Weight& w, const Tensor& bias) {
-  const Tensor& o = splits.out;
-  MERE_CHECK(o.rank() == 4 && h.rank() == 2 && h.dim(0) == o.dim(0) && h.dim(1) == w.rows() &&
-                 w.cols() == o.dim(1) * o.dim(3),
-             "attention_linear_add: {} += linear of attention splits {} by [{}, {}] does not fit",
-             shape_str(h.shape()), shape_str(o.shape()), w.rows(), w.cols());
+  // The partials [T, heads, splits, head_dim], or the output merged in clusters [T, heads, head_dim].
+  const bool merged = splits.merged.defined();
+  const Tensor& o = merged ? splits.merged : splits.out;
+  MERE_CHECK(o.rank() == (merged ? 3 : 4) && h.rank() == 2 && h.dim(0) == o.dim(0) && h.dim(1) == w.rows() &&
+                 w.cols() == o.dim(1) * o.dim(o.rank() - 1),
+             "attention_linear_add: {} += linear of attention {} {} by [{}, {}] does not fit", shape_str(h.shape()),
+             merged ? "output" : "splits", shape_str(o.shape()), w.rows(), w.cols());
   if (h.device() == Device::cuda && h.dtype() == DType::f32 && w.kind() == Weight::Kind::affine &&
       w.device() == Device::cuda && (!bias.defined() || bias.shape() == Shape{w.rows()}) &&
       cuda::affine_attention_linear_add(h, splits, w.affine(), bias))

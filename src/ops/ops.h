@@ -74,6 +74,7 @@ struct LaunchSettings {
   bool tensor_core_kv_attention = false;  // lever tensor_core_kv_attention: affine8/affine4 KV attention on mma
   bool rope_in_attention = false;  // lever rope_in_attention: decode attention rotates and stores its new rows
   bool wide_attention_blocks = false;  // lever wide_attention_blocks: 8-warp attention blocks of fewer heads where they fit a wave
+  bool cluster_attention_merge = false;  // lever cluster_attention_merge: those blocks' splits merge in clusters
   bool tensor_core_affine_matvec = false;  // lever tensor_core_affine_matvec: affine decode matvecs on mma
   // Lever int16_activation_matvec: those mma matvecs, from 2 tokens, take x rounded
   // to 15 bits per group (two base-256 digits, four tokens an mma) instead of 23.
@@ -242,6 +243,9 @@ Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int6
 struct AttentionSplits {
   Tensor max, sum;  // f32 [T, n_heads, splits]
   Tensor out;       // f32 [T, n_heads, splits, head_dim]
+  // Instead of the three above, where the splits merged in clusters (lever
+  // cluster_attention_merge): the output, f32 [T, n_heads, head_dim].
+  Tensor merged;
 };
 // The graph forms of attention (position on the device, dense or quantized
 // cache, paged or not) without the merge, where they run split-K on the GPU;

@@ -96,6 +96,25 @@ TEST(Levers, WideAttentionBlocksIsACudaLever) {
   EXPECT_THROW(Levers::from_env(), Error);
 }
 
+// cluster_attention_merge: on by default, a CUDA lever that needs
+// wide_attention_blocks (it merges those blocks' splits).
+TEST(Levers, ClusterAttentionMergeIsOnAndFollowsWideAttentionBlocks) {
+  EXPECT_TRUE(Levers{}.cluster_attention_merge);
+  EXPECT_FALSE(Levers::all_off().cluster_attention_merge);
+  Levers on;
+  EXPECT_TRUE(on.load_options(Device::cuda).cluster_attention_merge);
+  EXPECT_FALSE(on.load_options(Device::cpu).cluster_attention_merge);
+  EXPECT_NE(on.describe(Device::cuda).find("cluster_attention_merge=on"), std::string::npos);
+  on.wide_attention_blocks = false;
+  EXPECT_FALSE(on.load_options(Device::cuda).cluster_attention_merge);
+  {
+    ScopedEnv env("MERERUN_CLUSTER_ATTENTION_MERGE", "0");
+    EXPECT_FALSE(Levers::from_env().load_options(Device::cuda).cluster_attention_merge);
+  }
+  ScopedEnv bad("MERERUN_CLUSTER_ATTENTION_MERGE", "rarely");
+  EXPECT_THROW(Levers::from_env(), Error);
+}
+
 // A CUDA lever on by default: off in all_off() and on the CPU, switched by
 // `variable` to either value, which the lever line shows.
 void expect_default_cuda_lever(const char* variable, const std::string& name, bool Levers::*lever,

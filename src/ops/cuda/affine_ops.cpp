@@ -90,11 +90,13 @@ bool takes_tensor_cores(const AffineArgs& a, int64_t T, bool formed_input) {
 }
 
 // The tensor-core matvec where lever tensor_core_affine_matvec applies; false
-// where it does not (the caller then runs another kernel).
+// where it does not (the caller then runs another kernel). formed_input: the
+// input needs a kernel before the matvec anyway (its prepare kernel forms it),
+// so the tensor cores pay from smaller matrices.
 bool tensor_core_linear(const AffineArgs& a, int64_t T, AffineMmaInput input, const Tensor& bias, float* y,
-                        bool accumulate) {
+                        bool accumulate, bool formed_input) {
   input.digits = digits_for(T);
-  if (!takes_tensor_cores(a, T, input.kind != AffineMmaInput::Kind::plain) || !aligned16(input.x)) return false;
+  if (!takes_tensor_cores(a, T, formed_input) || !aligned16(input.x)) return false;
   MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
              dtype_name(bias.dtype()));
   Tensor scratch = Tensor::empty({affine_matvec_mma_scratch_bytes(a, T, input.digits)}, DType::u8, Device::cuda);
@@ -143,22 +145,30 @@ bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, co
   const AffineMmaInput input{.kind = AffineMmaInput::Kind::rms_normed, .x = h.data<float>(), .norm_w = norm_w.raw(),
                              .norm_dtype = nd, .eps = eps};
   return tensor_core_linear(affine_args(w, h.dim(1), "rms_norm_linear"), h.dim(0), input, bias, out.data<float>(),
-                            false) ||
+                            false, true) ||
          affine_cuda_core_rms_norm_linear(h, norm_w, eps, w, bias, out, false);
 }
 
 bool affine_linear_add(Tensor& h, const Tensor& x, const AffineWeight& w, const Tensor& bias) {
   return tensor_core_linear(affine_args(w, x.dim(1), "linear_add"), x.dim(0), AffineMmaInput{.x = x.data<float>()},
-                            bias, h.data<float>(), true);
+                            bias, h.data<float>(), true, false);
 }
 
 bool affine_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const AffineWeight& w, const Tensor& bias) {
   const AffineMmaInput input{.kind = AffineMmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
   return tensor_core_linear(affine_args(w, gate_up.dim(1) / 2, "swiglu_linear_add"), gate_up.dim(0), input, bias,
-                            h.data<float>(), true);
+                            h.data<float>(), true, true);
 }
 
 bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const AffineWeight& w, const Tensor& bias) {
+  if (splits.merged.defined()) {
+    // Merged in clusters (lever cluster_attention_merge): the prepare kernel
+    // converts the output as it would have merged the partials, one kernel
+    // either way, so the formed input's smaller matrices still pay.
+    const Tensor& a = splits.merged;  // [T, heads, head_dim]
+    return tensor_core_linear(affine_args(w, a.dim(1) * a.dim(2), "attention_linear_add"), a.dim(0),
+                              AffineMmaInput{.x = a.data<float>()}, bias, h.data<float>(), true, true);
+  }
   const Tensor& o = splits.out;  // [T, heads, splits, head_dim]
   // The prepare kernel merges runs of 8 columns of one head, at most kMaxAttentionSplits splits.
   if (o.dim(3) % 8 != 0 || o.dim(2) > kMaxAttentionSplits) return false;
@@ -166,7 +176,7 @@ bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const
                              .split_max = splits.max.data<float>(), .split_sum = splits.sum.data<float>(),
                              .splits = int(o.dim(2)), .head_dim = int(o.dim(3))};
   return tensor_core_linear(affine_args(w, o.dim(1) * o.dim(3), "attention_linear_add"), o.dim(0), input, bias,
-                            h.data<float>(), true);
+                            h.data<float>(), true, true);
 }
 
 void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out) {
@@ -174,7 +184,7 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
              dtype_name(bias.dtype()));
   const AffineArgs a = affine_args(w, x.dim(1), "linear");
   const int64_t T = x.dim(0);
-  if (tensor_core_linear(a, T, AffineMmaInput{.x = x.data<float>()}, bias, out.data<float>(), false)) return;
+  if (tensor_core_linear(a, T, AffineMmaInput{.x = x.data<float>()}, bias, out.data<float>(), false, false)) return;
   if (affine_matvec_supports(a, T) && aligned16(x.raw())) {
     MERE_CUDA(launch_affine_matvec(a, x.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
                                    out.data<float>(), T, stream()));

@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <cooperative_groups.h>
+
 #include "ops/cuda/attention_split.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kv_quant.cuh"
@@ -179,14 +181,50 @@ __device__ __forceinline__ float norm_weight(const void* norm, DType dtype, int 
   return static_cast<const float*>(norm)[j];
 }
 
+// Lever cluster_attention_merge: the grid's splits of one (kv head, head chunk,
+// row) are one cluster. Each block leaves its partial in its shared memory; after
+// a cluster barrier the blocks share out the HB heads' columns, each reading every
+// split's partial through distributed shared memory, and write the output divided
+// by the sum, so no merge kernel runs. The second barrier keeps every block's
+// shared memory alive until the others have read it.
+template <int NW, int HB, int HD, typename HeadOk>
+__device__ __forceinline__ void merge_in_cluster(const float (&warp_m)[NW][HB], const float (&warp_l)[NW][HB],
+                                                 const float (&warp_o)[NW][HB][HD], int head_dim, HeadOk head_ok,
+                                                 float* out) {
+  __shared__ float block_m[HB], block_l[HB], block_o[HB * HD];
+  write_block_partials(warp_m, warp_l, warp_o, head_dim, head_ok, [](int r) { return int64_t(r); }, block_m,
+                       block_l, block_o);
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  for (int i = rank * int(blockDim.x) + int(threadIdx.x); i < HB * head_dim; i += splits * int(blockDim.x)) {
+    const int r = i / head_dim, d = i % head_dim;
+    if (!head_ok(r)) continue;
+    float m = -INFINITY;
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, cluster.map_shared_rank(block_m, s)[r]);
+    float sum = 0, acc = 0;
+    for (int s = 0; s < splits; ++s) {
+      const float ms = cluster.map_shared_rank(block_m, s)[r];
+      if (ms == -INFINITY) continue;  // a split without keys
+      const float a = __expf(ms - m);
+      sum += cluster.map_shared_rank(block_l, s)[r] * a;
+      acc += cluster.map_shared_rank(block_o, s)[r * head_dim + d] * a;
+    }
+    out[int64_t(r) * head_dim + d] = acc / sum;
+  }
+  cluster.sync();
+}
+
 template <typename KV, int HD, int HB, bool kFresh, int NW>
 __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
     attention_gqa_kernel(const float* __restrict__ q, const typename Storage<KV>::Unit* __restrict__ k,
                          const typename Storage<KV>::Unit* __restrict__ v, const AffineGroups groups,
                          float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
-                         int n_heads, int n_kv_heads, int head_dim, const int32_t* __restrict__ pos_dev,
-                         int64_t pos0, float scale, int n_splits, const __grid_constant__ KvTables tables,
-                         const __grid_constant__ FreshArgs<kFresh> fresh, bool rows_final) {
+                         float* __restrict__ merged, int n_heads, int n_kv_heads, int head_dim,
+                         const int32_t* __restrict__ pos_dev, int64_t pos0, float scale, int n_splits,
+                         const __grid_constant__ KvTables tables, const __grid_constant__ FreshArgs<kFresh> fresh,
+                         bool rows_final) {
   allow_next_kernel();
   // rows_final (a decode step, ops::set_cached_rows_final): the position and
   // the cache rows before it were final before the forward's first kernel
@@ -225,7 +263,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
   // Block `split` marks the partials' splits past the grid, split + j * gridDim.z, empty,
   // and a split with no keys its own (after the wait).
   auto mark_empty_splits = [&] {
-    if (threadIdx.x < HB && head_ok(threadIdx.x)) {
+    if (!merged && threadIdx.x < HB && head_ok(threadIdx.x)) {
       for (int s = split + int(gridDim.z); s < n_splits; s += int(gridDim.z)) {
         part_m[slot_of(threadIdx.x, s)] = -INFINITY;
         part_l[slot_of(threadIdx.x, s)] = 0;
@@ -274,7 +312,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
       const FreshRows& rows = fresh.rows;
       const RopeParams& rope = fresh.rope;
       // Every row's loads in flight before any is used.
-      const int n_rows = HB + (range.end == n_keys ? 2 : 0);
+      const int n_rows = HB + (range.begin < range.end && range.end == n_keys ? 2 : 0);
       auto row_ok = [&](int r) { return r < n_rows && (r >= HB || head_ok(r)); };
       float e[kRowsPerWarp][kPerLane];
 #pragma unroll
@@ -432,7 +470,9 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
   wait_for_previous_kernel();  // a no-op when it already waited
   if (!rows_final) prepare_norm_and_angles();
   mark_empty_splits();
-  if (range.begin >= range.end) return;
+  // A split without keys leaves; in a cluster (lever cluster_attention_merge) it
+  // stays for the merge, with max -inf and sum 0.
+  if (range.begin >= range.end && !merged) return;
   if (rows_final) load_newer(range.begin, rows, k_next, v_next, g_next, old_keys_end);
   if constexpr (kFresh) {
     prepare_fresh();
@@ -546,7 +586,11 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
     }
   }
   __syncthreads();
-  write_block_partials(warp_m, warp_l, warp_o, head_dim, head_ok, slot, part_m, part_l, part_o);
+  if (merged)
+    merge_in_cluster<NW, HB, HD>(warp_m, warp_l, warp_o, head_dim, head_ok,
+                                 merged + (int64_t(t) * n_heads + kv_h * group + head0) * head_dim);
+  else
+    write_block_partials(warp_m, warp_l, warp_o, head_dim, head_ok, slot, part_m, part_l, part_o);
 }
 
 // ---------------------------------------------------------------------------
@@ -768,21 +812,58 @@ WideForm wide_form(int group, int rows_kv, int n_splits) {
   return {};
 }
 
+// launch_kernel, with the grid in clusters of `cluster` blocks unless it is 0
+// (lever cluster_attention_merge: a (kv head, chunk, row)'s splits).
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block,
+                                      cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[2];
+  int n = 0;
+  if (cluster.x > 0) {
+    attribute[n].id = cudaLaunchAttributeClusterDimension;
+    attribute[n].val.clusterDim.x = cluster.x;
+    attribute[n].val.clusterDim.y = cluster.y;
+    attribute[n].val.clusterDim.z = cluster.z;
+    ++n;
+  }
+  if (programmatic_launch_enabled()) {
+    attribute[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  config.attrs = attribute;
+  config.numAttrs = n;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// The portable cluster size: the most splits lever cluster_attention_merge merges.
+constexpr int kMaxClusterSplits = 8;
+
+// merged (lever cluster_attention_merge, attention_merges_in_clusters said yes):
+// the splits merge in clusters and write the output there, no partials.
 template <typename KV, int HD, bool kFresh = false>
-void launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k, const typename Storage<KV>::Unit* v,
-                      const AffineGroups& groups, float* part_m, float* part_l, float* part_o, int T, int n_heads,
-                      int n_kv_heads, int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
-                      const KvTables& tables, cudaStream_t stream, const FreshArgs<kFresh>& fresh = {}) {
+cudaError_t launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k,
+                             const typename Storage<KV>::Unit* v, const AffineGroups& groups, float* part_m,
+                             float* part_l, float* part_o, int T, int n_heads, int n_kv_heads, int head_dim,
+                             const int32_t* pos_dev, int64_t pos0, int n_splits, float scale, const KvTables& tables,
+                             cudaStream_t stream, const FreshArgs<kFresh>& fresh = {}, float* merged = nullptr) {
   const int group = n_heads / n_kv_heads;
   const bool rows_final = pos_dev && cached_rows_final();
   auto go = [&]<int HB, int NW>(int grid_splits) {
     const int chunks = (group + HB - 1) / HB;
-    launch_kernel(attention_gqa_kernel<KV, HD, HB, kFresh, NW>, dim3(n_kv_heads * chunks, T, grid_splits), NW * 32,
-        0, stream, q, k, v, groups, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale,
-        n_splits, tables, fresh, rows_final);
+    return launch_kernel_in_clusters(attention_gqa_kernel<KV, HD, HB, kFresh, NW>,
+                                     dim3(n_kv_heads * chunks, T, grid_splits),
+                                     merged ? dim3(1, 1, grid_splits) : dim3(0, 0, 0), NW * 32, stream, q, k, v,
+                                     groups, part_m, part_l, part_o, merged, n_heads, n_kv_heads, head_dim, pos_dev,
+                                     pos0, scale, n_splits, tables, fresh, rows_final);
   };
   if constexpr (kHasWideForm<KV, HD>) {
     const WideForm wide = wide_form(group, T * n_kv_heads, n_splits);
+    if (merged && wide.splits > kMaxClusterSplits) return cudaErrorInvalidValue;
     switch (wide.heads) {
       case 1: return go.template operator()<1, 8>(wide.splits);
       case 2: return go.template operator()<2, 8>(wide.splits);
@@ -790,12 +871,13 @@ void launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k, const
       case 8: return go.template operator()<8, 8>(wide.splits);
     }
   }
+  if (merged) return cudaErrorInvalidValue;  // only the wide form's few splits merge in clusters
   // Heads per block: the group rounded up to a power of two, at most 8 (larger
   // groups take several blocks per kv head).
-  if (group <= 1) go.template operator()<1, 4>(n_splits);
-  else if (group <= 2) go.template operator()<2, 4>(n_splits);
-  else if (group <= 4) go.template operator()<4, 4>(n_splits);
-  else go.template operator()<8, 4>(n_splits);
+  if (group <= 1) return go.template operator()<1, 4>(n_splits);
+  if (group <= 2) return go.template operator()<2, 4>(n_splits);
+  if (group <= 4) return go.template operator()<4, 4>(n_splits);
+  return go.template operator()<8, 4>(n_splits);
 }
 
 }  // namespace
@@ -811,17 +893,20 @@ int attention_splits(int64_t n_keys, int64_t kv_heads) {
 cudaError_t launch_attention(const float* q, const void* k, const void* v, DType kv_dtype, float* part_m,
                              float* part_l, float* part_o, float* out, int T, int n_heads, int n_kv_heads,
                              int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
-                             const KvTables& tables, cudaStream_t stream) {
+                             const KvTables& tables, cudaStream_t stream, float* merged) {
+  cudaError_t status = cudaSuccess;
   cudaError_t err = visit_float(kv_dtype, [&]<typename KV>() {
     const KV* kp = static_cast<const KV*>(k);
     const KV* vp = static_cast<const KV*>(v);
     const bool wide = (head_dim * sizeof(KV)) % 16 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(v) % 16 == 0;
     auto go = [&]<int HD>() {
-      launch_gqa_heads<KV, HD>(q, kp, vp, AffineGroups{}, part_m, part_l, part_o, T, n_heads, n_kv_heads, head_dim,
-                               pos_dev, pos0, n_splits, scale, tables, stream);
+      status = launch_gqa_heads<KV, HD>(q, kp, vp, AffineGroups{}, part_m, part_l, part_o, T, n_heads, n_kv_heads,
+                                        head_dim, pos_dev, pos0, n_splits, scale, tables, stream, {}, merged);
     };
-    if (!wide)
+    if (!wide && merged)
+      status = cudaErrorInvalidValue;
+    else if (!wide)
       launch_kernel(attention_split_kernel<KV>, dim3(n_heads, T, n_splits), kWarps * 32, 0, stream,
           q, kp, vp, part_m, part_l, part_o, n_heads, n_kv_heads, head_dim, pos_dev, pos0, scale, n_splits, tables);
     else if (head_dim <= 32) go.template operator()<32>();
@@ -829,8 +914,20 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
     else if (head_dim <= 128) go.template operator()<128>();
     else go.template operator()<256>();
   });
-  if (err != cudaSuccess) return err;
+  if (status != cudaSuccess) return status;
+  if (err != cudaSuccess || merged) return err;
   return out ? launch_attention_merge(part_m, part_l, part_o, out, T, n_heads, head_dim, n_splits, stream) : err;
+}
+
+bool attention_merges_in_clusters(int T, int n_heads, int n_kv_heads, int head_dim, DType kv_dtype, const void* k,
+                                  const void* v, int n_splits) {
+  const bool dense = kv_dtype == DType::f32 || kv_dtype == DType::bf16 || kv_dtype == DType::f16;
+  if (!cluster_attention_merge_enabled() || !dense || head_dim <= 0 || head_dim > 128 ||
+      (head_dim * dtype_size(kv_dtype)) % 16 != 0 || reinterpret_cast<uintptr_t>(k) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(v) % 16 != 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+    return false;
+  const WideForm wide = wide_form(n_heads / n_kv_heads, T * n_kv_heads, n_splits);
+  return wide.heads > 0 && wide.splits <= kMaxClusterSplits;
 }
 
 cudaError_t launch_attention_merge(const float* part_m, const float* part_l, const float* part_o, float* out, int T,
@@ -859,22 +956,25 @@ bool rope_in_attention_takes_rows(int rows, int n_heads, int n_kv_heads, int n_s
 cudaError_t launch_rope_in_attention(const FreshRows& fresh, const RopeParams& rope, DType kv_dtype, float* part_m,
                                      float* part_l, float* part_o, int T, int n_heads, int n_kv_heads, int head_dim,
                                      const int32_t* pos_dev, int n_splits, float scale, const KvTables& tables,
-                                     cudaStream_t stream) {
+                                     cudaStream_t stream, float* merged) {
   if (!rope_in_attention_supports(head_dim, n_heads, n_kv_heads, kv_dtype, fresh.k_cache, fresh.v_cache) ||
       !pos_dev || (T > 1 && !tables.rows_are_sequences))
     return cudaErrorInvalidValue;  // one new token per row, at *pos_dev
   const FreshInputs inputs{fresh, rope};
-  return visit_float(kv_dtype, [&]<typename KV>() {
+  cudaError_t status = cudaSuccess;
+  const cudaError_t err = visit_float(kv_dtype, [&]<typename KV>() {
     const KV* k = static_cast<const KV*>(fresh.k_cache);
     const KV* v = static_cast<const KV*>(fresh.v_cache);
     auto go = [&]<int HD>() {
-      launch_gqa_heads<KV, HD, true>(fresh.q, k, v, AffineGroups{}, part_m, part_l, part_o, T, n_heads, n_kv_heads,
-                                     head_dim, pos_dev, 0, n_splits, scale, tables, stream, inputs);
+      status = launch_gqa_heads<KV, HD, true>(fresh.q, k, v, AffineGroups{}, part_m, part_l, part_o, T, n_heads,
+                                              n_kv_heads, head_dim, pos_dev, 0, n_splits, scale, tables, stream,
+                                              inputs, merged);
     };
     if (head_dim <= 32) go.template operator()<32>();
     else if (head_dim <= 64) go.template operator()<64>();
     else go.template operator()<128>();
   });
+  return status != cudaSuccess ? status : err;
 }
 
 bool attention_affine_supports(int head_dim) {

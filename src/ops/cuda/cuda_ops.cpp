@@ -324,7 +324,7 @@ void check_head_dim(int64_t head_dim) {
 AttentionSplits empty_splits(int64_t T, int64_t n_heads, int splits, int64_t head_dim) {
   return {Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda),
           Tensor::empty({T, n_heads, splits}, DType::f32, Device::cuda),
-          Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda)};
+          Tensor::empty({T, n_heads, splits, head_dim}, DType::f32, Device::cuda), Tensor()};
 }
 
 }  // namespace
@@ -345,17 +345,36 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, 
 
 namespace {
 
+// Whether decode attention of T rows over this cache merges its splits in
+// clusters (lever cluster_attention_merge): one launch, the wide form's few splits.
+bool merges_in_clusters(int64_t T, int64_t n_heads, const Tensor& k_cache, const Tensor& v_cache, int splits) {
+  return T <= kMaxPagedSequences &&
+         attention_merges_in_clusters(int(T), int(n_heads), int(k_cache.dim(1)), int(k_cache.dim(2)),
+                                      k_cache.dtype(), k_cache.raw(), v_cache.raw(), splits);
+}
+
+// Split-K's partials, or (merged in clusters) only the output.
+AttentionSplits splits_for(int64_t T, int64_t n_heads, int splits, int64_t head_dim, bool merged) {
+  if (!merged) return empty_splits(T, n_heads, splits, head_dim);
+  AttentionSplits s;
+  s.merged = Tensor::empty({T, n_heads, head_dim}, DType::f32, Device::cuda);
+  return s;
+}
+
 // The split-K graph form over a dense cache (contiguous or through the tables):
-// its partials into s, merged into out unless out is null.
+// its partials into s, merged into out unless out is null; s.merged, where
+// defined, takes the output of splits merged in clusters instead.
 void split_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
-                     const KvPages& pages, const AttentionSplits& s, float* out) {
-  const int n_heads = int(q.dim(1)), head_dim = int(q.dim(2)), splits = int(s.max.dim(2));
+                     const KvPages& pages, const AttentionSplits& s, float* out, int splits) {
+  const int n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
+  const bool merged = s.merged.defined();
+  auto rows = [&](const Tensor& t, int64_t b, int64_t e) { return t.defined() ? t.slice_rows(b, e).data<float>() : nullptr; };
   for_each_launch(pages, q.dim(0), [&](int64_t b, int64_t e, const KvTables& tables) {
-    MERE_CUDA(launch_attention(q.slice_rows(b, e).data<float>(), k.raw(), v.raw(), k.dtype(),
-                               s.max.slice_rows(b, e).data<float>(), s.sum.slice_rows(b, e).data<float>(),
-                               s.out.slice_rows(b, e).data<float>(), out ? out + b * n_heads * head_dim : nullptr,
-                               int(e - b), n_heads, int(k.dim(1)), head_dim, start_pos.data<int32_t>(), 0, splits,
-                               scale, tables, stream()));
+    MERE_CUDA(launch_attention(q.slice_rows(b, e).data<float>(), k.raw(), v.raw(), k.dtype(), rows(s.max, b, e),
+                               rows(s.sum, b, e), rows(s.out, b, e),
+                               out && !merged ? out + b * n_heads * head_dim : nullptr, int(e - b), n_heads,
+                               int(k.dim(1)), head_dim, start_pos.data<int32_t>(), 0, splits, scale, tables, stream(),
+                               merged ? rows(s.merged, b, e) : nullptr));
   });
 }
 
@@ -373,16 +392,24 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   }
   // The split count is fixed at capture: enough shares of the whole cache to keep
   // every SM busy at long contexts, at most 64 so short ones waste few blocks.
-  const AttentionSplits s = empty_splits(T, n_heads, graph_splits(k.dim(0), pages, k.dim(1)), head_dim);
-  split_attention(q, k, v, start_pos, scale, pages, s, out.data<float>());
+  const int splits = graph_splits(k.dim(0), pages, k.dim(1));
+  if (merges_in_clusters(T, n_heads, k, v, splits)) {
+    AttentionSplits s;
+    s.merged = out;
+    split_attention(q, k, v, start_pos, scale, pages, s, nullptr, splits);
+    return;
+  }
+  split_attention(q, k, v, start_pos, scale, pages, empty_splits(T, n_heads, splits, head_dim), out.data<float>(),
+                  splits);
 }
 
 bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& start_pos, float scale,
                         const KvPages& pages, AttentionSplits& out) {
   check_head_dim(q.dim(2));
   if (!pages.paged() && flash_attention_applies(q, k, v)) return false;
-  out = empty_splits(q.dim(0), q.dim(1), graph_splits(k.dim(0), pages, k.dim(1)), q.dim(2));
-  split_attention(q, k, v, start_pos, scale, pages, out, nullptr);
+  const int splits = graph_splits(k.dim(0), pages, k.dim(1));
+  out = splits_for(q.dim(0), q.dim(1), splits, q.dim(2), merges_in_clusters(q.dim(0), q.dim(1), k, v, splits));
+  split_attention(q, k, v, start_pos, scale, pages, out, nullptr, splits);
   return true;
 }
 
@@ -404,7 +431,8 @@ bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& 
       !rope_in_attention_takes_rows(int(T), int(n_heads), int(n_kv_heads), splits))
     return false;
   const RopeParams params = rope_params(rope);
-  out = empty_splits(T, n_heads, splits, head_dim);
+  out = splits_for(T, n_heads, splits, head_dim, merges_in_clusters(T, n_heads, k_cache, v_cache, splits));
+  auto rows = [&](const Tensor& t, int64_t b, int64_t e) { return t.defined() ? t.slice_rows(b, e).data<float>() : nullptr; };
   for_each_launch(pages, T, [&](int64_t b, int64_t e, const KvTables& tables) {
     const FreshRows fresh{q.slice_rows(b, e).data<float>(),
                           k.slice_rows(b, e).data<float>(),
@@ -415,10 +443,10 @@ bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& 
                           eps,
                           k_cache.raw(),
                           v_cache.raw()};
-    MERE_CUDA(launch_rope_in_attention(fresh, params, k_cache.dtype(), out.max.slice_rows(b, e).data<float>(),
-                                       out.sum.slice_rows(b, e).data<float>(), out.out.slice_rows(b, e).data<float>(),
-                                       int(e - b), int(n_heads), int(n_kv_heads), int(head_dim),
-                                       start_pos.data<int32_t>(), int(out.max.dim(2)), scale, tables, stream()));
+    MERE_CUDA(launch_rope_in_attention(fresh, params, k_cache.dtype(), rows(out.max, b, e), rows(out.sum, b, e),
+                                       rows(out.out, b, e), int(e - b), int(n_heads), int(n_kv_heads), int(head_dim),
+                                       start_pos.data<int32_t>(), splits, scale, tables, stream(),
+                                       rows(out.merged, b, e)));
   });
   return true;
 }
@@ -514,6 +542,7 @@ void set_launch_settings(const LaunchSettings& settings) {
   mere::cuda::set_tensor_core_kv_attention(settings.tensor_core_kv_attention);
   mere::cuda::set_rope_in_attention(settings.rope_in_attention);
   mere::cuda::set_wide_attention_blocks(settings.wide_attention_blocks);
+  mere::cuda::set_cluster_attention_merge(settings.cluster_attention_merge);
   mere::cuda::set_tensor_core_affine_matvec(settings.tensor_core_affine_matvec);
   mere::cuda::set_int16_activation_matvec(settings.int16_activation_matvec);
   mere::cuda::set_tensor_core_fp8_matvec(settings.tensor_core_fp8_matvec);

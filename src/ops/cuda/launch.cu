@@ -25,6 +25,7 @@ bool tensor_core_affine_gemm = false;
 bool affine_gemm_every_size = false;
 bool rope_in_attention = false;
 bool wide_attention_blocks = false;
+bool cluster_attention_merge = false;
 bool rows_final = false;
 int64_t step_keys = 0;
 int64_t step_keys_lo = 1, step_keys_hi = INT64_MAX;
@@ -54,6 +55,8 @@ bool rope_in_attention_enabled() { return rope_in_attention; }
 void set_rope_in_attention(bool on) { rope_in_attention = on; }
 bool wide_attention_blocks_enabled() { return wide_attention_blocks; }
 void set_wide_attention_blocks(bool on) { wide_attention_blocks = on; }
+bool cluster_attention_merge_enabled() { return cluster_attention_merge; }
+void set_cluster_attention_merge(bool on) { cluster_attention_merge = on; }
 
 void set_decode_keys(int64_t keys) {
   step_keys = keys;

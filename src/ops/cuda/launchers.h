@@ -45,6 +45,11 @@ bool rope_in_attention_enabled();
 // off: 4 warps always.
 void set_wide_attention_blocks(bool on);
 bool wide_attention_blocks_enabled();
+// Where those 8-warp blocks run over at most 8 splits, the splits of a head
+// merge in a cluster through distributed shared memory and write the output
+// themselves, no merge kernel (lever cluster_attention_merge, attention.cu).
+void set_cluster_attention_merge(bool on);
+bool cluster_attention_merge_enabled();
 // The key count a sequence sees in the decode step launched next (0: unknown,
 // as in prefill), and the key counts over which the launches since it was set
 // keep their form (ops::set_decode_keys): a launcher whose form depends on the
@@ -187,7 +192,13 @@ constexpr int kMaxAttentionHeadDim = 256;
 cudaError_t launch_attention(const float* q, const void* k, const void* v, DType kv_dtype, float* part_m,
                              float* part_l, float* part_o, float* out, int T, int n_heads, int n_kv_heads,
                              int head_dim, const int32_t* pos_dev, int64_t pos0, int n_splits, float scale,
-                             const KvTables& tables, cudaStream_t stream);
+                             const KvTables& tables, cudaStream_t stream, float* merged = nullptr);
+// Whether launch_attention (and launch_rope_in_attention) of these rows, heads
+// and splits merge the splits in clusters (lever cluster_attention_merge): then
+// the caller passes `merged`, [T, n_heads, head_dim] f32, which they write
+// instead of the partials (and out), and no merge kernel runs.
+bool attention_merges_in_clusters(int T, int n_heads, int n_kv_heads, int head_dim, DType kv_dtype, const void* k,
+                                  const void* v, int n_splits);
 cudaError_t launch_attention_merge(const float* part_m, const float* part_l, const float* part_o, float* out, int T,
                                    int n_heads, int head_dim, int n_splits, cudaStream_t stream);
 
@@ -220,7 +231,7 @@ bool rope_in_attention_supports(int head_dim, int n_heads, int n_kv_heads, DType
 cudaError_t launch_rope_in_attention(const FreshRows& fresh, const RopeParams& rope, DType kv_dtype, float* part_m,
                                      float* part_l, float* part_o, int T, int n_heads, int n_kv_heads, int head_dim,
                                      const int32_t* pos_dev, int n_splits, float scale, const KvTables& tables,
-                                     cudaStream_t stream);
+                                     cudaStream_t stream, float* merged = nullptr);
 
 // The same attention for prefill on the tensor cores (flash_attention.cu): q f32
 // [T, n_heads, head_dim], a bf16 K/V cache, head_dim 64, 128 or 256, 16-byte

@@ -1,0 +1,221 @@
+// Lever cluster_attention_merge (ctest label gpu): where the 8-warp decode
+// attention blocks of lever wide_attention_blocks run over at most 8 splits,
+// the splits of a head form a thread-block cluster and merge through
+// distributed shared memory, writing the output themselves. Checked: the output
+// matches the CPU and the partials merged by the merge kernel, for groups of 3
+// to 8 heads, head_dim 32-128, bf16/f16/f32 caches, one sequence and a paged
+// batch, at key counts on both sides of the wide form's edge; where the form
+// does not apply the partials come back as before; no merge kernel runs where
+// it does; rope_in_attention's form gives the same output and caches; and a
+// model's decode is one kernel a layer shorter with the same logits (within
+// f32 reordering) and, graphed, the eager decode's tokens.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "engine/decode_step.h"
+#include "engine/levers.h"
+#include "gpu_test_util.h"
+#include "models/model.h"
+#include "ops/cuda/launchers.h"
+#include "ops/ops.h"
+#include "sampling/device_sampler.h"
+#include "test_util.h"
+
+namespace mere {
+namespace {
+
+using test::device_position;
+using test::gpu;
+using test::random;
+using test::relative_error;
+using test::same_bytes;
+
+class ClusterAttentionMerge : public test::NeedsGpuDefaultLaunch {};
+
+int sm_count() {
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms;
+}
+
+// Whether the splits merge in clusters: the wide form runs (its rule, as in
+// wide_attention_gpu_test.cpp) and its grid holds at most 8 splits.
+bool expect_merged(int64_t B, int64_t heads, int64_t kv_heads, int64_t keys, int64_t splits) {
+  const int64_t group = heads / kv_heads, block = group <= 4 ? 4 : 8;
+  if (group < 3) return false;
+  for (int64_t hb = 1; hb <= block; hb *= 2) {
+    const int64_t in_a_wave = sm_count() / (B * kv_heads * ((group + hb - 1) / hb));
+    if (splits <= in_a_wave) return splits <= 8;
+    if (keys <= in_a_wave * 64) return in_a_wave <= 8;
+  }
+  return false;
+}
+
+bool launches_kernel(const std::function<void()>& run, const std::string& name) {
+  for (const test::KernelLaunch& k : test::kernel_launches_by(run))
+    if (k.name.find(name) != std::string::npos) return true;
+  return false;
+}
+
+TEST_F(ClusterAttentionMerge, MatchesTheMergeKernelAndTheCpu) {
+  struct Case {
+    int64_t heads, kv_heads, head_dim;
+    DType cache;
+  };
+  const Case cases[] = {
+      {32, 8, 128, DType::bf16},  // Llama-3-8B: groups of 4
+      {32, 4, 128, DType::bf16},  // Qwen3-30B-A3B: groups of 8
+      {12, 2, 64, DType::f16},    // a group of 6 in an 8-head block
+      {6, 2, 64, DType::f32},     // a group of 3 in a 4-head block
+      {16, 4, 32, DType::bf16},   // groups of 4, head_dim 32
+  };
+  const int64_t rows = 4096;  // cache rows a sequence: the graph's split count
+  int merged_cases = 0, partial_cases = 0;
+  for (const Case& c : cases)
+    for (int64_t B : {1, 3})
+      for (int64_t keys : {1, 63, 64, 65, 130, 256, 257, 1000}) {
+        const std::string label =
+            fmt::format("{}/{}x{} {} B={} keys={}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache), B, keys);
+        const ops::KvPages pages = test::interleaved_pages(B, rows);
+        const Tensor k_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 1).to(c.cache);
+        const Tensor v_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 2).to(c.cache);
+        const Tensor q = random({B, c.heads, c.head_dim}, DType::f32, uint64_t(keys), 2.0f);
+        const float scale = 1.0f / std::sqrt(float(c.head_dim));
+        Tensor want = Tensor::empty({B, c.heads, c.head_dim}, DType::f32);
+        for (int64_t b = 0; b < B; ++b) {
+          const Tensor got = ops::attention(q.slice_rows(b, b + 1).clone(), test::sequence_rows(k_pool, B, b, keys),
+                                            test::sequence_rows(v_pool, B, b, keys), keys - 1, scale);
+          std::copy_n(got.data<float>(), got.numel(), want.data<float>() + b * c.heads * c.head_dim);
+        }
+
+        const Tensor kc = gpu(k_pool), vc = gpu(v_pool), q_gpu = gpu(q), pos = device_position(keys - 1);
+        auto unmerged = [&](bool lever) {
+          ops::set_launch_settings({.wide_attention_blocks = true, .cluster_attention_merge = lever});
+          ops::set_decode_keys(keys);
+          ops::AttentionSplits s;
+          EXPECT_TRUE(ops::attention_unmerged(q_gpu, kc, vc, pos, scale, pages, s)) << label;
+          return s;
+        };
+        const ops::AttentionSplits partials = unmerged(false);
+        const Tensor merge_kernel = ops::merge_attention(partials).to_device(Device::cpu);
+        const ops::AttentionSplits got = unmerged(true);
+        // The merged-output form of the same op, and whether it launches the merge kernel.
+        const Tensor direct = ops::attention(q_gpu, kc, vc, pos, scale, pages);
+        const bool merge_launched =
+            launches_kernel([&] { ops::attention(q_gpu, kc, vc, pos, scale, pages); }, "attention_merge_kernel");
+        ops::set_decode_keys(0);
+        ops::set_launch_settings({});
+
+        const bool merged = expect_merged(B, c.heads, c.kv_heads, keys, cuda::attention_splits(rows, c.kv_heads));
+        EXPECT_EQ(got.merged.defined(), merged) << label;
+        EXPECT_EQ(got.max.defined(), !merged) << label << ": partials";
+        EXPECT_EQ(merge_launched, !merged) << label << ": merge kernel";
+        (merged ? merged_cases : partial_cases)++;
+        // Only the order of the splits' f32 sums differs from the merge kernel's.
+        EXPECT_LE(relative_error(ops::merge_attention(got), merge_kernel, label + " against the merge kernel", false),
+                  1e-6f)
+            << label;
+        EXPECT_LE(relative_error(direct, merge_kernel, label + " attention()", false), 1e-6f) << label;
+        EXPECT_LE(relative_error(direct, want, label), 1e-5f) << label;
+      }
+  EXPECT_GT(merged_cases, 0);
+  EXPECT_GT(partial_cases, 0);  // long contexts keep the 4-warp form and its merge kernel
+}
+
+// rope_in_attention's kernel (q/k norm, RoPE and the K/V store inside
+// attention) merges in clusters too: the same output as its partials merged,
+// the same cache bytes.
+TEST_F(ClusterAttentionMerge, RopeInAttentionMergesToo) {
+  const int64_t heads = 16, kv_heads = 4, hd = 128, rows = 1024;
+  ops::RopeTable rope;
+  for (int i = 0; i < hd / 2; ++i) rope.inv_freq.push_back(std::pow(500000.0f, -2.0f * i / hd));
+  const Tensor qn = gpu(random({hd}, DType::bf16, 4, 0.2f, 1.0f)), kn = gpu(random({hd}, DType::bf16, 5, 0.2f, 1.0f));
+  const float scale = 1.0f / std::sqrt(float(hd));
+  for (int64_t B : {1, 4})
+    for (int64_t pos : {0, 1, 64, 65, 200}) {
+      const std::string label = fmt::format("B={} pos {}", B, pos);
+      const ops::KvPages pages = test::interleaved_pages(B, rows);
+      const Tensor k_cache = gpu(random({rows * B, kv_heads, hd}, DType::f32, 10).to(DType::bf16));
+      const Tensor v_cache = gpu(random({rows * B, kv_heads, hd}, DType::f32, 11).to(DType::bf16));
+      const Tensor q = gpu(random({B, heads, hd}, DType::f32, 1, 2.0f));
+      const Tensor k = gpu(random({B, kv_heads, hd}, DType::f32, 2, 2.0f));
+      const Tensor v = gpu(random({B, kv_heads, hd}, DType::f32, 3));
+      auto attend = [&](bool lever, Tensor& kc, Tensor& vc) {
+        ops::set_launch_settings({.rope_in_attention = true, .wide_attention_blocks = true,
+                                  .cluster_attention_merge = lever});
+        ops::set_decode_keys(pos + 1);
+        ops::AttentionSplits s;
+        EXPECT_TRUE(ops::rope_in_attention_unmerged(q, k, v, qn, kn, 1e-6f, rope, device_position(pos), kc, vc, scale,
+                                                    pages, s))
+            << label;
+        ops::set_decode_keys(0);
+        ops::set_launch_settings({});
+        return s;
+      };
+      Tensor k_off = k_cache.clone(), v_off = v_cache.clone(), k_on = k_cache.clone(), v_on = v_cache.clone();
+      const ops::AttentionSplits off = attend(false, k_off, v_off);
+      const ops::AttentionSplits on = attend(true, k_on, v_on);
+      EXPECT_TRUE(on.merged.defined()) << label;
+      EXPECT_LE(relative_error(ops::merge_attention(on), ops::merge_attention(off).to_device(Device::cpu), label), 1e-6f)
+          << label;
+      EXPECT_TRUE(same_bytes(k_on, k_off)) << label << " k cache";
+      EXPECT_TRUE(same_bytes(v_on, v_off)) << label << " v cache";
+    }
+}
+
+// A model's decode (the qwen2 fixture: groups of 4 heads, the wide form at its
+// short contexts): one kernel a layer fewer, the logits within f32 reordering.
+TEST_F(ClusterAttentionMerge, DecodeDropsTheMergeKernel) {
+  Levers off;
+  off.cluster_attention_merge = false;
+  const test::FixtureDecode want = test::decode_fixture("qwen2", off);
+  const test::FixtureDecode got = test::decode_fixture("qwen2", Levers{});
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  for (size_t i = 0; i < got.logits.size(); ++i)
+    EXPECT_LE(relative_error(got.logits[i], want.logits[i], fmt::format("qwen2 step {}", i), false), 1e-5f) << i;
+  EXPECT_EQ(got.step_kernels + size_t(got.layers), want.step_kernels);
+}
+
+// Graphed and eager decodes of the demo model (groups of 3) in a batch of 8 with
+// the lever on give the same tokens: the cluster launch is captured and replayed.
+TEST_F(ClusterAttentionMerge, GraphedDecodeMatchesEager) {
+  auto model = load_model(test::model_dir("demo"), Device::cuda, Levers{}.load_options(Device::cuda));
+  ASSERT_TRUE(model->info().options.cluster_attention_merge);
+  const int64_t batch = 8, prompt = 40, steps = 24;
+  auto decode = [&](bool graphs) {
+    std::vector<std::unique_ptr<SeqState>> states;
+    std::vector<SeqState*> raw;
+    std::vector<Tensor> first_logits;
+    auto pool = std::make_shared<BlockPool>(model->kv_layout(), batch * BlockPool::blocks_for_tokens(256));
+    for (int64_t b = 0; b < batch; ++b) {
+      std::vector<int32_t> ids;
+      for (int64_t i = 0; i < prompt; ++i) ids.push_back(int32_t((37 * b + 11 * i + 5) % model->info().vocab));
+      states.push_back(std::make_unique<SeqState>(pool, 256));
+      raw.push_back(states.back().get());
+      first_logits.push_back(model->forward(ids, *states.back(), false));
+    }
+    DeviceSampler sampler(SamplingParams{.temperature = 0}, model->info().vocab, batch);
+    DecodeStep step(*model, raw, sampler, graphs);
+    std::vector<std::vector<int32_t>> tokens;
+    int ticket = step.begin(ops::concat_rows(first_logits));
+    for (int64_t s = 0; s < steps; ++s) {
+      const auto got = step.wait_all(ticket);
+      tokens.emplace_back(got.begin(), got.end());
+      ticket = step.queue();
+    }
+    return tokens;
+  };
+  EXPECT_EQ(decode(true), decode(false));
+}
+
+}  // namespace
+}  // namespace mere
