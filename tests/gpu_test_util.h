@@ -17,11 +17,13 @@
 #include <vector>
 
 #include "core/device.h"
+#include "engine/decode_step.h"
 #include "engine/levers.h"
 #include "models/model.h"
 #include "ops/cuda/affine_launchers.h"
 #include "ops/ops.h"
 #include "ops/weight.h"
+#include "sampling/device_sampler.h"
 #include "test_util.h"
 
 namespace mere::test {
@@ -267,6 +269,45 @@ inline FixtureDecode decode_fixture(const std::string& family, const Levers& lev
   device_synchronize();
   d.step_kernels = kernels_launched_by([&] { model->run(ids_dev, pos_dev, states, false); });
   return d;
+}
+
+// The current GPU's SM count.
+inline int sm_count() {
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms;
+}
+
+// Greedy batched decode through DecodeStep, graphed or eager: `batch`
+// sequences of `prompt` tokens (each its own) on one block pool of `capacity`
+// tokens a sequence, then `steps` steps; each step's tokens, and in `captures`
+// the graphs the step captured.
+inline std::vector<std::vector<int32_t>> decode_batch(const Model& model, int64_t batch, int64_t prompt, int64_t steps,
+                                                      int64_t capacity, bool graphs, int64_t* captures = nullptr) {
+  std::vector<std::unique_ptr<SeqState>> states;
+  std::vector<SeqState*> raw;
+  std::vector<Tensor> first_logits;
+  auto pool = std::make_shared<BlockPool>(model.kv_layout(), batch * BlockPool::blocks_for_tokens(capacity));
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<int32_t> ids;
+    for (int64_t i = 0; i < prompt; ++i) ids.push_back(int32_t((37 * b + 11 * i + 5) % model.info().vocab));
+    states.push_back(std::make_unique<SeqState>(pool, capacity));
+    raw.push_back(states.back().get());
+    first_logits.push_back(model.forward(ids, *states.back(), false));
+  }
+  DeviceSampler sampler(SamplingParams{.temperature = 0}, model.info().vocab, batch);
+  DecodeStep step(model, raw, sampler, graphs);
+  std::vector<std::vector<int32_t>> tokens;
+  int ticket = step.begin(ops::concat_rows(first_logits));
+  for (int64_t s = 0; s < steps; ++s) {
+    const auto got = step.wait_all(ticket);
+    tokens.emplace_back(got.begin(), got.end());
+    ticket = step.queue();
+  }
+  if (captures) *captures = step.captures();
+  EXPECT_EQ(step.length(), prompt + steps);
+  return tokens;
 }
 
 }  // namespace mere::test

@@ -6,9 +6,10 @@
 // to 8 heads, head_dim 32-128, bf16/f16/f32 caches, one sequence and a paged
 // batch, at key counts on both sides of the wide form's edge; where the form
 // does not apply the partials come back as before; no merge kernel runs where
-// it does; rope_in_attention's form gives the same output and caches; and a
-// model's decode is one kernel a layer shorter with the same logits (within
-// f32 reordering) and, graphed, the eager decode's tokens.
+// it does; rope_in_attention's form gives the same output and caches; an MLX
+// affine o_proj takes the merged output on the tensor cores from the formed
+// input's size floor; and a model's decode is one kernel a layer shorter with
+// the same logits (within f32 reordering) and, graphed, the eager decode's tokens.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -20,13 +21,12 @@
 #include <vector>
 
 #include "core/device.h"
-#include "engine/decode_step.h"
 #include "engine/levers.h"
 #include "gpu_test_util.h"
 #include "models/model.h"
 #include "ops/cuda/launchers.h"
 #include "ops/ops.h"
-#include "sampling/device_sampler.h"
+#include "ops/quantized_ops.h"
 #include "test_util.h"
 
 namespace mere {
@@ -37,15 +37,10 @@ using test::gpu;
 using test::random;
 using test::relative_error;
 using test::same_bytes;
+using test::sm_count;
 
 class ClusterAttentionMerge : public test::NeedsGpuDefaultLaunch {};
 
-int sm_count() {
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return sms;
-}
 
 // Whether the splits merge in clusters: the wide form runs (its rule, as in
 // wide_attention_gpu_test.cpp) and its grid holds at most 8 splits.
@@ -172,6 +167,31 @@ TEST_F(ClusterAttentionMerge, RopeInAttentionMergesToo) {
     }
 }
 
+// The merged output into an MLX affine o_proj keeps the formed input's size
+// floor: Qwen3-30B-A3B's o_proj (2^23 weights, below the plain input's 2^24)
+// runs on the tensor cores at one token, as when its prepare kernel merged the
+// partials (through the plain linear_add it took the CUDA cores and an add
+// kernel: 4.7% slower decode).
+TEST_F(ClusterAttentionMerge, MergedOutputKeepsTheFormedInputFloor) {
+  const int64_t heads = 32, hd = 128, in = heads * hd, out = 2048;
+  const Weight w(test::random_affine(out, in, 4, 64, DType::bf16, 7), in);
+  const Weight wg = w.to_device(Device::cuda);
+  const Tensor a = random({1, heads, hd}, DType::f32, 8);
+  const Tensor residual = random({1, out}, DType::f32, 9), bias = random({out}, DType::f32, 10, 0.1f);
+  Tensor want = residual.clone();
+  ops::add_inplace(want, ops::linear(a.reshape({1, in}), w.dequantize(DType::f32), bias));
+  ops::AttentionSplits s;
+  s.merged = gpu(a);
+  ops::set_launch_settings({.tensor_core_affine_matvec = true});
+  EXPECT_FALSE(ops::cuda::affine_one_token_on_tensor_cores(wg.affine(), in, false));  // a plain input: below it
+  Tensor h = gpu(residual), via_ops = gpu(residual);
+  EXPECT_TRUE(ops::cuda::affine_attention_linear_add(h, s, wg.affine(), gpu(bias)));
+  ops::attention_linear_add(via_ops, s, wg, gpu(bias));
+  ops::set_launch_settings({});
+  EXPECT_LE(relative_error(h, want, "o_proj of the merged output"), 1e-5f);
+  EXPECT_TRUE(same_bytes(via_ops, h));
+}
+
 // A model's decode (the qwen2 fixture: groups of 4 heads, the wide form at its
 // short contexts): one kernel a layer fewer, the logits within f32 reordering.
 TEST_F(ClusterAttentionMerge, DecodeDropsTheMergeKernel) {
@@ -191,30 +211,8 @@ TEST_F(ClusterAttentionMerge, GraphedDecodeMatchesEager) {
   auto model = load_model(test::model_dir("demo"), Device::cuda, Levers{}.load_options(Device::cuda));
   ASSERT_TRUE(model->info().options.cluster_attention_merge);
   const int64_t batch = 8, prompt = 40, steps = 24;
-  auto decode = [&](bool graphs) {
-    std::vector<std::unique_ptr<SeqState>> states;
-    std::vector<SeqState*> raw;
-    std::vector<Tensor> first_logits;
-    auto pool = std::make_shared<BlockPool>(model->kv_layout(), batch * BlockPool::blocks_for_tokens(256));
-    for (int64_t b = 0; b < batch; ++b) {
-      std::vector<int32_t> ids;
-      for (int64_t i = 0; i < prompt; ++i) ids.push_back(int32_t((37 * b + 11 * i + 5) % model->info().vocab));
-      states.push_back(std::make_unique<SeqState>(pool, 256));
-      raw.push_back(states.back().get());
-      first_logits.push_back(model->forward(ids, *states.back(), false));
-    }
-    DeviceSampler sampler(SamplingParams{.temperature = 0}, model->info().vocab, batch);
-    DecodeStep step(*model, raw, sampler, graphs);
-    std::vector<std::vector<int32_t>> tokens;
-    int ticket = step.begin(ops::concat_rows(first_logits));
-    for (int64_t s = 0; s < steps; ++s) {
-      const auto got = step.wait_all(ticket);
-      tokens.emplace_back(got.begin(), got.end());
-      ticket = step.queue();
-    }
-    return tokens;
-  };
-  EXPECT_EQ(decode(true), decode(false));
+  EXPECT_EQ(test::decode_batch(*model, batch, prompt, steps, 256, true),
+            test::decode_batch(*model, batch, prompt, steps, 256, false));
 }
 
 }  // namespace

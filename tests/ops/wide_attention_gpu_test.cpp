@@ -17,13 +17,11 @@
 #include <vector>
 
 #include "core/device.h"
-#include "engine/decode_step.h"
 #include "engine/levers.h"
 #include "gpu_test_util.h"
 #include "models/model.h"
 #include "ops/cuda/launchers.h"
 #include "ops/ops.h"
-#include "sampling/device_sampler.h"
 #include "test_util.h"
 
 namespace mere {
@@ -33,6 +31,7 @@ using test::device_position;
 using test::gpu;
 using test::random;
 using test::relative_error;
+using test::sm_count;
 
 class WideAttentionBlocks : public test::NeedsGpuDefaultLaunch {};
 
@@ -44,12 +43,6 @@ test::KernelLaunch gqa_launch(const std::function<void()>& run) {
   return {};
 }
 
-int sm_count() {
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return sms;
-}
 
 TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
   struct Case {
@@ -175,34 +168,9 @@ TEST_F(WideAttentionBlocks, DecodeCapturesAGraphPerForm) {
   auto model = load_model(test::model_dir("demo"), Device::cuda, Levers{}.load_options(Device::cuda));
   ASSERT_TRUE(model->info().options.wide_attention_blocks);
   const int64_t batch = 8, prompt = 500, steps = 24;
-  auto decode = [&](bool graphs, int64_t& captures) {
-    std::vector<std::unique_ptr<SeqState>> states;
-    std::vector<SeqState*> raw;
-    std::vector<Tensor> first_logits;
-    auto pool = std::make_shared<BlockPool>(model->kv_layout(), batch * BlockPool::blocks_for_tokens(1024));
-    for (int64_t b = 0; b < batch; ++b) {
-      std::vector<int32_t> ids;
-      for (int64_t i = 0; i < prompt; ++i) ids.push_back(int32_t((37 * b + 11 * i + 5) % model->info().vocab));
-      states.push_back(std::make_unique<SeqState>(pool, 1024));
-      raw.push_back(states.back().get());
-      first_logits.push_back(model->forward(ids, *states.back(), false));
-    }
-    DeviceSampler sampler(SamplingParams{.temperature = 0}, model->info().vocab, batch);
-    DecodeStep step(*model, raw, sampler, graphs);
-    std::vector<std::vector<int32_t>> tokens;
-    int ticket = step.begin(ops::concat_rows(first_logits));
-    for (int64_t s = 0; s < steps; ++s) {
-      const auto got = step.wait_all(ticket);
-      tokens.emplace_back(got.begin(), got.end());
-      ticket = step.queue();
-    }
-    captures = step.captures();
-    EXPECT_EQ(step.length(), prompt + steps);
-    return tokens;
-  };
   int64_t graphed_captures = 0, eager_captures = 0;
-  const auto graphed = decode(true, graphed_captures);
-  const auto eager = decode(false, eager_captures);
+  const auto graphed = test::decode_batch(*model, batch, prompt, steps, 1024, true, &graphed_captures);
+  const auto eager = test::decode_batch(*model, batch, prompt, steps, 1024, false, &eager_captures);
   EXPECT_EQ(graphed, eager);
   EXPECT_EQ(graphed_captures, 2);  // 501-512 keys, then 513 on
   EXPECT_EQ(eager_captures, 0);
