@@ -353,6 +353,12 @@ bool merges_in_clusters(int64_t T, int64_t n_heads, const Tensor& k_cache, const
                                       k_cache.dtype(), k_cache.raw(), v_cache.raw(), splits);
 }
 
+// Rows [b, e) of a partials or output tensor, or null where it is not there
+// (merged in clusters: no partials; else no output).
+float* rows_of(const Tensor& t, int64_t b, int64_t e) {
+  return t.defined() ? t.slice_rows(b, e).data<float>() : nullptr;
+}
+
 // Split-K's partials, or (merged in clusters) only the output.
 AttentionSplits splits_for(int64_t T, int64_t n_heads, int splits, int64_t head_dim, bool merged) {
   if (!merged) return empty_splits(T, n_heads, splits, head_dim);
@@ -368,13 +374,12 @@ void split_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Te
                      const KvPages& pages, const AttentionSplits& s, float* out, int splits) {
   const int n_heads = int(q.dim(1)), head_dim = int(q.dim(2));
   const bool merged = s.merged.defined();
-  auto rows = [&](const Tensor& t, int64_t b, int64_t e) { return t.defined() ? t.slice_rows(b, e).data<float>() : nullptr; };
   for_each_launch(pages, q.dim(0), [&](int64_t b, int64_t e, const KvTables& tables) {
-    MERE_CUDA(launch_attention(q.slice_rows(b, e).data<float>(), k.raw(), v.raw(), k.dtype(), rows(s.max, b, e),
-                               rows(s.sum, b, e), rows(s.out, b, e),
+    MERE_CUDA(launch_attention(q.slice_rows(b, e).data<float>(), k.raw(), v.raw(), k.dtype(), rows_of(s.max, b, e),
+                               rows_of(s.sum, b, e), rows_of(s.out, b, e),
                                out && !merged ? out + b * n_heads * head_dim : nullptr, int(e - b), n_heads,
                                int(k.dim(1)), head_dim, start_pos.data<int32_t>(), 0, splits, scale, tables, stream(),
-                               merged ? rows(s.merged, b, e) : nullptr));
+                               rows_of(s.merged, b, e)));
   });
 }
 
@@ -432,7 +437,6 @@ bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& 
     return false;
   const RopeParams params = rope_params(rope);
   out = splits_for(T, n_heads, splits, head_dim, merges_in_clusters(T, n_heads, k_cache, v_cache, splits));
-  auto rows = [&](const Tensor& t, int64_t b, int64_t e) { return t.defined() ? t.slice_rows(b, e).data<float>() : nullptr; };
   for_each_launch(pages, T, [&](int64_t b, int64_t e, const KvTables& tables) {
     const FreshRows fresh{q.slice_rows(b, e).data<float>(),
                           k.slice_rows(b, e).data<float>(),
@@ -443,10 +447,10 @@ bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& 
                           eps,
                           k_cache.raw(),
                           v_cache.raw()};
-    MERE_CUDA(launch_rope_in_attention(fresh, params, k_cache.dtype(), rows(out.max, b, e), rows(out.sum, b, e),
-                                       rows(out.out, b, e), int(e - b), int(n_heads), int(n_kv_heads), int(head_dim),
-                                       start_pos.data<int32_t>(), splits, scale, tables, stream(),
-                                       rows(out.merged, b, e)));
+    MERE_CUDA(launch_rope_in_attention(fresh, params, k_cache.dtype(), rows_of(out.max, b, e),
+                                       rows_of(out.sum, b, e), rows_of(out.out, b, e), int(e - b), int(n_heads),
+                                       int(n_kv_heads), int(head_dim), start_pos.data<int32_t>(), splits, scale,
+                                       tables, stream(), rows_of(out.merged, b, e)));
   });
   return true;
 }
