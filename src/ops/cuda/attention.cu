@@ -1,6 +1,8 @@
 // Causal GQA attention as split-K flash decoding, for decode and prefill.
 // Each split of the keys a token sees gives one partial (max, sum, out) per query
-// head; a second kernel merges the splits. A split holds
+// head; a second kernel merges the splits, or, where a head's few splits run as
+// one thread-block cluster (lever cluster_attention_merge), they merge each
+// other's partials through distributed shared memory. A split holds
 // max(kMinKeysPerSplit, ceil(visible keys / n_splits)) keys, worked out in the
 // kernel from the position, so a graph captured with a fixed n_splits stays right
 // as the context grows, short contexts use few splits and long ones spread over
