@@ -271,6 +271,48 @@ inline FixtureDecode decode_fixture(const std::string& family, const Levers& lev
   return d;
 }
 
+// Decode attention's shapes (heads over kv heads, head_dim, cache dtype) that
+// the attention block forms' tests walk: the Llama-3-8B and Qwen3-30B-A3B
+// groups, groups of 6 and 3 in larger blocks, head_dim 32.
+struct AttentionShape {
+  int64_t heads, kv_heads, head_dim;
+  DType cache;
+};
+inline const std::vector<AttentionShape>& attention_shapes() {
+  static const std::vector<AttentionShape> shapes = {
+      {32, 8, 128, DType::bf16},  // Llama-3-8B: groups of 4
+      {32, 4, 128, DType::bf16},  // Qwen3-30B-A3B: groups of 8
+      {12, 2, 64, DType::f16},    // a group of 6 in an 8-head block
+      {6, 2, 64, DType::f32},     // a group of 3 in a 4-head block
+      {16, 4, 32, DType::bf16},   // groups of 4, head_dim 32
+  };
+  return shapes;
+}
+
+// One decode step of B sequences on one pool of `rows` cache rows each (their
+// blocks interleaved), each seeing `keys` keys: the pool, q, the scale, and the
+// CPU's output from each sequence's keys gathered from its blocks.
+struct PagedAttentionStep {
+  ops::KvPages pages;
+  Tensor k_pool, v_pool, q, want;
+  float scale = 0;
+};
+inline PagedAttentionStep paged_attention_step(const AttentionShape& c, int64_t B, int64_t rows, int64_t keys) {
+  PagedAttentionStep s;
+  s.pages = interleaved_pages(B, rows);
+  s.k_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 1).to(c.cache);
+  s.v_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 2).to(c.cache);
+  s.q = random({B, c.heads, c.head_dim}, DType::f32, uint64_t(keys), 2.0f);
+  s.scale = 1.0f / std::sqrt(float(c.head_dim));
+  s.want = Tensor::empty({B, c.heads, c.head_dim}, DType::f32);
+  for (int64_t b = 0; b < B; ++b) {
+    const Tensor got = ops::attention(s.q.slice_rows(b, b + 1).clone(), sequence_rows(s.k_pool, B, b, keys),
+                                      sequence_rows(s.v_pool, B, b, keys), keys - 1, s.scale);
+    std::copy_n(got.data<float>(), got.numel(), s.want.data<float>() + b * c.heads * c.head_dim);
+  }
+  return s;
+}
+
 // The current GPU's SM count.
 inline int sm_count() {
   int device = 0, sms = 0;

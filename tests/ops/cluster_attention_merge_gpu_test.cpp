@@ -62,37 +62,18 @@ bool launches_kernel(const std::function<void()>& run, const std::string& name) 
 }
 
 TEST_F(ClusterAttentionMerge, MatchesTheMergeKernelAndTheCpu) {
-  struct Case {
-    int64_t heads, kv_heads, head_dim;
-    DType cache;
-  };
-  const Case cases[] = {
-      {32, 8, 128, DType::bf16},  // Llama-3-8B: groups of 4
-      {32, 4, 128, DType::bf16},  // Qwen3-30B-A3B: groups of 8
-      {12, 2, 64, DType::f16},    // a group of 6 in an 8-head block
-      {6, 2, 64, DType::f32},     // a group of 3 in a 4-head block
-      {16, 4, 32, DType::bf16},   // groups of 4, head_dim 32
-  };
   const int64_t rows = 4096;  // cache rows a sequence: the graph's split count
   int merged_cases = 0, partial_cases = 0;
-  for (const Case& c : cases)
+  for (const test::AttentionShape& c : test::attention_shapes())
     for (int64_t B : {1, 3})
       for (int64_t keys : {1, 63, 64, 65, 130, 256, 257, 1000}) {
         const std::string label =
             fmt::format("{}/{}x{} {} B={} keys={}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache), B, keys);
-        const ops::KvPages pages = test::interleaved_pages(B, rows);
-        const Tensor k_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 1).to(c.cache);
-        const Tensor v_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 2).to(c.cache);
-        const Tensor q = random({B, c.heads, c.head_dim}, DType::f32, uint64_t(keys), 2.0f);
-        const float scale = 1.0f / std::sqrt(float(c.head_dim));
-        Tensor want = Tensor::empty({B, c.heads, c.head_dim}, DType::f32);
-        for (int64_t b = 0; b < B; ++b) {
-          const Tensor got = ops::attention(q.slice_rows(b, b + 1).clone(), test::sequence_rows(k_pool, B, b, keys),
-                                            test::sequence_rows(v_pool, B, b, keys), keys - 1, scale);
-          std::copy_n(got.data<float>(), got.numel(), want.data<float>() + b * c.heads * c.head_dim);
-        }
+        const test::PagedAttentionStep step = test::paged_attention_step(c, B, rows, keys);
+        const ops::KvPages& pages = step.pages;
+        const float scale = step.scale;
 
-        const Tensor kc = gpu(k_pool), vc = gpu(v_pool), q_gpu = gpu(q), pos = device_position(keys - 1);
+        const Tensor kc = gpu(step.k_pool), vc = gpu(step.v_pool), q_gpu = gpu(step.q), pos = device_position(keys - 1);
         auto unmerged = [&](bool lever) {
           ops::set_launch_settings({.wide_attention_blocks = true, .cluster_attention_merge = lever});
           ops::set_decode_keys(keys);
@@ -120,7 +101,7 @@ TEST_F(ClusterAttentionMerge, MatchesTheMergeKernelAndTheCpu) {
                   1e-6f)
             << label;
         EXPECT_LE(relative_error(direct, merge_kernel, label + " attention()", false), 1e-6f) << label;
-        EXPECT_LE(relative_error(direct, want, label), 1e-5f) << label;
+        EXPECT_LE(relative_error(direct, step.want, label), 1e-5f) << label;
       }
   EXPECT_GT(merged_cases, 0);
   EXPECT_GT(partial_cases, 0);  // long contexts keep the 4-warp form and its merge kernel

@@ -43,41 +43,20 @@ test::KernelLaunch gqa_launch(const std::function<void()>& run) {
   return {};
 }
 
-
 TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
-  struct Case {
-    int64_t heads, kv_heads, head_dim;
-    DType cache;
-  };
-  const Case cases[] = {
-      {32, 8, 128, DType::bf16},  // Llama-3-8B: groups of 4
-      {32, 4, 128, DType::bf16},  // Qwen3-30B-A3B: groups of 8
-      {12, 2, 64, DType::f16},    // a group of 6 in an 8-head block
-      {6, 2, 64, DType::f32},     // a group of 3 in a 4-head block
-      {16, 4, 32, DType::bf16},   // groups of 4, head_dim 32
-  };
   const int64_t rows = 4096;  // cache rows a sequence: the graph's split count
-  for (const Case& c : cases)
+  for (const test::AttentionShape& c : test::attention_shapes())
     for (int64_t B : {1, 3})
       for (int64_t keys : {1, 64, 65, 256, 257, 512, 513, 1024, 1025, 2112, 2113, 2500}) {
         const std::string label =
             fmt::format("{}/{}x{} {} B={} keys={}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache), B, keys);
-        const ops::KvPages pages = test::interleaved_pages(B, rows);  // the batch's sequences on one pool
-        const Tensor k_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 1).to(c.cache);
-        const Tensor v_pool = random({rows * B, c.kv_heads, c.head_dim}, DType::f32, 2).to(c.cache);
-        const Tensor q = random({B, c.heads, c.head_dim}, DType::f32, uint64_t(keys), 2.0f);
-        const float scale = 1.0f / std::sqrt(float(c.head_dim));
+        // The batch's sequences on one pool; the CPU reads each one's keys gathered from its blocks.
+        const test::PagedAttentionStep step = test::paged_attention_step(c, B, rows, keys);
+        const ops::KvPages& pages = step.pages;
+        const Tensor& want = step.want;
+        const float scale = step.scale;
 
-        // CPU: each sequence's keys gathered from its blocks.
-        Tensor want = Tensor::empty({B, c.heads, c.head_dim}, DType::f32);
-        for (int64_t b = 0; b < B; ++b) {
-          const Tensor one = q.slice_rows(b, b + 1).clone();
-          const Tensor got = ops::attention(one, test::sequence_rows(k_pool, B, b, keys),
-                                            test::sequence_rows(v_pool, B, b, keys), keys - 1, scale);
-          std::copy_n(got.data<float>(), got.numel(), want.data<float>() + b * c.heads * c.head_dim);
-        }
-
-        const Tensor kc = gpu(k_pool), vc = gpu(v_pool), q_gpu = gpu(q), pos = device_position(keys - 1);
+        const Tensor kc = gpu(step.k_pool), vc = gpu(step.v_pool), q_gpu = gpu(step.q), pos = device_position(keys - 1);
         auto attend = [&] { return ops::attention(q_gpu, kc, vc, pos, scale, pages); };
         ops::set_launch_settings({});
         const Tensor four = attend();
