@@ -643,7 +643,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
     }
   };
 
-  tiles::issue_first_stages<kStages>(issue, n_stages);
+  // Dense matvecs issue their whole ring before the wait, each iteration
+  // refilling the slot it has just used; the experts' keep one slot back.
+  constexpr bool kWholeRing = kMode == kDense;
+  tiles::issue_first_stages<kWholeRing ? kStages + 1 : kStages>(issue, n_stages);
   allow_next_kernel();
   wait_for_previous_kernel();
   // What a writing lane (part 0, q even with 3 digits, a token below T) adds its rows' sums
@@ -689,9 +692,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   uint32_t slot_addr = ring_addr;
 
   for (int i = 0; i < n_stages; ++i) {
-    if (i + kStages - 1 < n_stages) issue();
-    copy_async_commit();
-    copy_async_wait<kStages - 1>();
+    if constexpr (!kWholeRing) {
+      if (i + kStages - 1 < n_stages) issue();
+      copy_async_commit();
+    }
+    copy_async_wait<kStages - 1>();  // stage i; the ones after it may be in flight
     __syncwarp();
     const uint8_t* slot = ring + (slot_addr - ring_addr);
     slot_addr += Sh::kStageBytes;
@@ -746,7 +751,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
         acc[m][1] = fmaf(sb * f.x, __int2float_rn(sum_bottom), fmaf(bb, f.y, acc[m][1]));
       }
     }
-    __syncwarp();  // the slot is refilled next iteration
+    __syncwarp();  // every lane is done with the slot before it is refilled
+    if constexpr (kWholeRing) {
+      if (i + kStages < n_stages) issue();
+      copy_async_commit();
+    }
     if (++stage != stage_end) continue;
 
     // The tile's last stage: the split warps' sums meet in a fixed order, then
