@@ -98,7 +98,9 @@ Layout layout(int64_t in, int64_t T) {
   Layout l;
   l.x_stride = int(2 * in + 64);  // 2 in is a multiple of 256: rows 64 bytes apart mod 128
   l.x_bytes = 2 * T * l.x_stride;
-  l.staged_bytes = l.x_bytes + (T * (in / kBlock) * 4 + 15) / 16 * 16;
+  // The factors padded so that the rings after them start on 32 bytes (the
+  // affine kernel's rings 16 bytes off cost up to 10%: docs/benchmarks.md).
+  l.staged_bytes = l.x_bytes + (T * (in / kBlock) * 4 + 31) / 32 * 32;
   l.total = l.staged_bytes + int64_t(kWarps) * kStages * kStageBytes + int64_t(kWarps) * mmas_for(int(T)) * 32 * 8;
   return l;
 }
