@@ -238,20 +238,28 @@ __device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, 
   // A group holding inf or NaN gives NaN rows, as the f32 product would give inf or NaN.
   const float down = finite ? ldexpf(1.0f, exponent - kTop) : __int_as_float(0x7fc00000);
   int sum = 0;
-  uint32_t digits[kDigits][2] = {};
+  // Byte d of position k's word is its digit d: the digits below the top are
+  // in [-128, 128) and the top one in [-64, 64], so x' + 0x808080 holds each
+  // digit plus 128 in its own byte (no carries), and the xor makes them signed.
+  uint32_t digit_bytes[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     // Staged position k holds value j: 8 bits in place, 4 bits 0 2 4 6 1 3 5 7.
     const int j = kBits == 8 ? k : (k < 4 ? 2 * k : 2 * (k - 4) + 1);
     const int xq = finite ? __float2int_rn(v[j] * up) : 0;  // |xq| <= 2^kTop
     sum += xq;
-    int rest = xq;
+    digit_bytes[k] = (uint32_t(xq) + 0x808080u) ^ 0x808080u;
+  }
+  // Digit d's row takes byte d of positions 4 h .. 4 h + 3 (word h).
+  uint32_t digits[kDigits][2];
 #pragma unroll
-    for (int d = 0; d < kDigits; ++d) {
-      const int digit = d + 1 < kDigits ? ((rest + 128) & 255) - 128 : rest;  // the top one in [-64, 64]
-      rest = (rest - digit) >> 8;
-      digits[d][k / 4] |= uint32_t(digit & 255) << (8 * (k % 4));
-    }
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t* b = digit_bytes + 4 * h;
+    const uint32_t low01 = __byte_perm(b[0], b[1], 0x5140), low23 = __byte_perm(b[2], b[3], 0x5140);
+    digits[0][h] = __byte_perm(low01, low23, 0x5410);
+    digits[1][h] = __byte_perm(low01, low23, 0x7632);
+    if constexpr (kDigits == 3)
+      digits[2][h] = __byte_perm(__byte_perm(b[0], b[1], 0x7362), __byte_perm(b[2], b[3], 0x7362), 0x5410);
   }
 #pragma unroll
   for (int o = 1; o < kLanes; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
