@@ -229,14 +229,13 @@ __device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, 
   for (int j = 0; j < 8; ++j) amax = fmaxf(amax, isfinite(v[j]) ? fabsf(v[j]) : INFINITY);  // NaN counts as inf
 #pragma unroll
   for (int o = 1; o < kLanes; o *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  int exponent = 0;
-  frexpf(amax, &exponent);  // amax in [2^(exponent-1), 2^exponent)
   const bool finite = amax <= 3.4e38f;
-  exponent = amax > 0 && finite ? max(exponent, -100) : 0;
+  // amax in [2^(exponent-1), 2^exponent)
+  const int exponent = amax > 0 && finite ? max(frexp_exponent(amax), -100) : 0;
   constexpr int kTop = top_bit(kDigits);
-  const float up = ldexpf(1.0f, kTop - exponent);
+  const float up = exp2_int(kTop - exponent);
   // A group holding inf or NaN gives NaN rows, as the f32 product would give inf or NaN.
-  const float down = finite ? ldexpf(1.0f, exponent - kTop) : __int_as_float(0x7fc00000);
+  const float down = finite ? exp2_int(exponent - kTop) : __int_as_float(0x7fc00000);
   int sum = 0;
   // Byte d of position k's word is its digit d: the digits below the top are
   // in [-128, 128) and the top one in [-64, 64], so x' + 0x808080 holds each
@@ -272,7 +271,7 @@ __device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, 
   constexpr int kQuads = 4 / (8 / columns_per_token(kDigits));  // a token's lane quads
   float2* f = token_factors<kDigits>(staged, x_bytes, group, mmas, t);
   f[0] = make_float2(down, float(sum) * down);                // C0 + 256 C1, and the bias term
-  if constexpr (kQuads == 2) f[1] = make_float2(ldexpf(down, 16), 0.0f);  // C2
+  if constexpr (kQuads == 2) f[1] = make_float2(down * 65536.0f, 0.0f);  // C2
   if (t != 0) return;
   for (int u = T; u < mmas * 8 / columns_per_token(kDigits); ++u) {  // tokens past T in the last mma
     float2* past = token_factors<kDigits>(staged, x_bytes, group, mmas, u);

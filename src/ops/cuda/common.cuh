@@ -106,6 +106,14 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// Powers of two from their bits, for the scaled integer images of x (frexpf
+// and ldexpf check their ranges in software, on the path of every prepare).
+// The exponent e of a positive finite x in [2^(e-1), 2^e), as frexpf gives it;
+// x below 2^-126 gives -126 (the callers floor e at -100 anyway).
+__device__ __forceinline__ int frexp_exponent(float x) { return ((__float_as_int(x) >> 23) & 255) - 126; }
+// 2^k for k in [-126, 127].
+__device__ __forceinline__ float exp2_int(int k) { return __int_as_float((k + 127) << 23); }
+
 inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 inline int grid_for(int64_t n) { return ceil_div(n, 256) < 1056 ? (ceil_div(n, 256) > 0 ? ceil_div(n, 256) : 1) : 1056; }
 

@@ -153,12 +153,11 @@ __global__ void __launch_bounds__(256)
   for (int j = 0; j < 4; ++j) amax = fmaxf(amax, isfinite(v[j]) ? fabsf(v[j]) : INFINITY);  // NaN counts as inf
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  int exponent = 0;
-  frexpf(amax, &exponent);  // amax in [2^(exponent-1), 2^exponent)
   const bool finite = amax <= 3.4e38f;
-  exponent = amax > 0 && finite ? max(exponent, -100) : 0;
-  const float up = ldexpf(1.0f, kTop - exponent);
-  const float down = finite ? ldexpf(1.0f, exponent - kTop) : __int_as_float(0x7fc00000);
+  // amax in [2^(exponent-1), 2^exponent)
+  const int exponent = amax > 0 && finite ? max(frexp_exponent(amax), -100) : 0;
+  const float up = exp2_int(kTop - exponent);
+  const float down = finite ? exp2_int(exponent - kTop) : __int_as_float(0x7fc00000);
   uint32_t hi[2] = {}, lo[2] = {};  // f16 pairs, the first value in the low half
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
