@@ -1,4 +1,6 @@
 // mere bench: llama-bench style throughput rows, each against its roofline.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -143,7 +145,7 @@ void add_bench_command(CLI::App& app) {
   auto f = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "Measure prefill and decode throughput against the roofline");
   cmd->add_option("-m,--model", f->model, "Model directory");
-  cmd->add_option("--shape", f->shape, "A published shape with random weights: llama3-8b, qwen3-8b, qwen3-0.6b");
+  cmd->add_option("--shape", f->shape, fmt::format("A published shape with random weights: {}", fmt::join(known_shapes(), ", ")));
   cmd->add_option("--quant", f->quant,
                   "With --shape: store the random matrices as bf16, int8 or int4 (MLX affine) or fp8 (E4M3, "
                   "128x128 block scales)");

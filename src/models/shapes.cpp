@@ -27,6 +27,12 @@ nlohmann::json published(const std::string& name) {
                 {"head_dim", 128}, {"vocab_size", 151936}, {"max_position_embeddings", 40960},
                 {"rms_norm_eps", 1e-6}, {"rope_theta", 1000000.0}, {"tie_word_embeddings", false},
                 {"hidden_act", "silu"}};
+  if (name == "qwen3-4b")  // Qwen/Qwen3-4B: a hidden size (2560) that is no power of two
+    return json{{"model_type", "qwen3"}, {"hidden_size", 2560}, {"intermediate_size", 9728},
+                {"num_hidden_layers", 36}, {"num_attention_heads", 32}, {"num_key_value_heads", 8},
+                {"head_dim", 128}, {"vocab_size", 151936}, {"max_position_embeddings", 40960},
+                {"rms_norm_eps", 1e-6}, {"rope_theta", 1000000.0}, {"tie_word_embeddings", true},
+                {"hidden_act", "silu"}};
   if (name == "qwen3-0.6b")  // Qwen/Qwen3-0.6B
     return json{{"model_type", "qwen3"}, {"hidden_size", 1024}, {"intermediate_size", 3072},
                 {"num_hidden_layers", 28}, {"num_attention_heads", 16}, {"num_key_value_heads", 8},
@@ -108,7 +114,9 @@ std::string RandomQuant::describe() const {
   }
 }
 
-std::vector<std::string> known_shapes() { return {"llama3-8b", "qwen3-8b", "qwen3-0.6b", "qwen3-30b-a3b"}; }
+std::vector<std::string> known_shapes() {
+  return {"llama3-8b", "qwen3-8b", "qwen3-4b", "qwen3-0.6b", "qwen3-30b-a3b"};
+}
 
 nlohmann::json shape_config(const std::string& name) { return published(name); }
 
