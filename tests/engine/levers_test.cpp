@@ -166,5 +166,12 @@ TEST(Levers, DeepMoeRingIsACudaLeverOfTheTensorCoreExperts) {
   EXPECT_FALSE(without_experts.load_options(Device::cuda).deep_moe_ring);
 }
 
+// streamed_weights: on by default, a CUDA lever switched by its variable; the
+// engine's launch settings carry it to the kernels.
+TEST(Levers, StreamedWeightsIsACudaLever) {
+  expect_default_cuda_lever("MERERUN_STREAMED_WEIGHTS", "streamed_weights", &Levers::streamed_weights,
+                            &LoadOptions::streamed_weights);
+}
+
 }  // namespace
 }  // namespace mere

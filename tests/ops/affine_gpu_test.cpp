@@ -198,6 +198,39 @@ TEST_F(Affine, TensorCoreMatvecTakesOneTokenOfALargeMatrix) {
   EXPECT_EQ(std::memcmp(both.raw(), int8_x.raw(), both.size_bytes()), 0);
 }
 
+// Lever streamed_weights: the tensor-core matvec's weight copies take an L2
+// evict-first policy, a cache hint only: ops::linear gives the same bits with
+// the lever on and off, at one token (three digits), two and eight (two
+// digits), for int4 and int8 and a row cut into launches (14336 columns at 8
+// tokens), and the launch settings switch the kernel's flag.
+TEST_F(Affine, StreamedWeightsGiveTheSameBits) {
+  struct Case {
+    int64_t T, out, in;
+    int bits, group;
+  };
+  int n = 0;
+  for (const Case& c : {Case{1, 4096, 4096, 4, 64}, Case{2, 1024, 4096, 8, 64}, Case{8, 512, 2048, 4, 32},
+                        Case{8, 256, 14336, 4, 64}, Case{5, 384, 1024, 8, 128}}) {
+    const std::string label = fmt::format("int{} g{} T={} {}x{}", c.bits, c.group, c.T, c.out, c.in);
+    const Weight wg = Weight(random_affine(c.out, c.in, c.bits, c.group, DType::bf16, uint64_t(3000 + n++)), c.in)
+                          .to_device(Device::cuda);
+    const Tensor xg = gpu(random({c.T, c.in}, DType::f32, uint64_t(n))), bg = gpu(random({c.out}, DType::f32, 7, 0.1f));
+    ops::set_launch_settings({.tensor_core_affine_matvec = true, .int16_activation_matvec = true});
+    EXPECT_FALSE(mere::cuda::streamed_weights_enabled());
+    const Tensor normal = ops::linear(xg, wg, bg).to_device(Device::cpu);
+    ops::set_launch_settings({.tensor_core_affine_matvec = true, .int16_activation_matvec = true,
+                              .streamed_weights = true});
+    EXPECT_TRUE(mere::cuda::streamed_weights_enabled());
+    const auto kernels = test::kernel_launches_by([&] { ops::linear(xg, wg, bg); });
+    const Tensor streamed = ops::linear(xg, wg, bg).to_device(Device::cpu);
+    ops::set_launch_settings({});
+    EXPECT_TRUE(std::any_of(kernels.begin(), kernels.end(),
+                            [](const auto& k) { return k.name.find("affine_matvec_mma_kernel") != std::string::npos; }))
+        << label << ": the tensor-core matvec ran";
+    EXPECT_EQ(std::memcmp(streamed.raw(), normal.raw(), normal.size_bytes()), 0) << label;
+  }
+}
+
 // The query behind lever fused_norm_matvec's auto mode: an affine weight on the
 // GPU at or above the one-token floor (2^24 weights) takes the tensor cores; a
 // smaller one, the same weight on the CPU, or a dense one does not.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -221,6 +222,24 @@ TEST_F(MoeTensorCoreGpu, DecodeMatchesCpuForEveryFormatSlotCountAndBatch) {
         EXPECT_EQ(mma, 2u) << label;
         EXPECT_LE(relative_error(got, ops::moe_experts(x, w, c), label), 1e-5f);
       }
+    }
+}
+
+// Lever streamed_weights on the experts' modes of the same kernel: the same
+// bits with the lever on and off (int4 and int8, one token and eight).
+TEST_F(MoeTensorCoreGpu, StreamedWeightsGiveTheSameBits) {
+  const int64_t E = 12, f = 256, d = 512, k = 8;
+  for (const std::string format : {"int4", "int8"})
+    for (int64_t T : {1, 8}) {
+      const ops::ExpertWeights wg = on_gpu(random_experts(E, f, d, format, false));
+      const Tensor xg = gpu(random({T, d}, DType::f32, 97 + uint64_t(T)));
+      const ops::MoeChoice cg = on_gpu(ops::moe_route(random({T, E}, DType::f32, 98, 2.0f), {.top_k = int(k)}));
+      ops::set_launch_settings({.tensor_core_moe_matvec = true});
+      const Tensor normal = ops::moe_experts(xg, wg, cg).to_device(Device::cpu);
+      ops::set_launch_settings({.tensor_core_moe_matvec = true, .streamed_weights = true});
+      const Tensor streamed = ops::moe_experts(xg, wg, cg).to_device(Device::cpu);
+      ops::set_launch_settings({});
+      EXPECT_EQ(std::memcmp(streamed.raw(), normal.raw(), normal.size_bytes()), 0) << format << " T=" << T;
     }
 }
 

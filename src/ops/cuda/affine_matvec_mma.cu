@@ -84,6 +84,7 @@ using tiles::kWarps;
 // inside the kernel cost 2-4% everywhere, and one kernel holding each depth's
 // loop 6-20% (docs/benchmarks.md, twenty-fifth session).
 bool deep_moe_ring = false;
+bool streamed_weights = false;  // lever streamed_weights
 constexpr int kDeepMoeStages = 5;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight (at least 3 stages)
 constexpr int kMaxParts = 8;          // launches a row may be cut into (x too long for shared memory)
@@ -153,6 +154,7 @@ struct Problem {
   const uint8_t* up_packed;
   const void *up_scales, *up_biases;
   int64_t image_bytes;    // one token's staged image
+  bool streamed_weights;  // the weights' copies evict first from L2 (lever streamed_weights)
   // Gate/up under lever routing_in_experts (route.logits set): each block routes
   // its token before its wait, and column 0's blocks write their pair's choice.
   MoeRouteArgs route;
@@ -190,12 +192,19 @@ Layout layout(int in, int group, int T, int digits, int stage_bytes, int stages)
 }
 
 // 4 to 16 bytes global -> shared address dst (a row's scales or biases of a stage).
+// With `hinted`, the copy carries the L2 cache policy `policy` (lever streamed_weights).
 template <int kBytes>
-__device__ __forceinline__ void copy_async_small(uint32_t dst, const void* src) {
-  if constexpr (kBytes == 16)
-    copy_async_16(dst, src);
-  else
+__device__ __forceinline__ void copy_async_small(uint32_t dst, const void* src, bool hinted, uint64_t policy) {
+  if constexpr (kBytes == 16) {
+    if (hinted) copy_async_16_with_policy(dst, src, policy);
+    else copy_async_16(dst, src);
+  } else if (hinted) {
+    asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(kBytes),
+                 "l"(policy)
+                 : "memory");
+  } else {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(src), "n"(kBytes) : "memory");
+  }
 }
 
 // d += a b: a 16x32 tile of u8 codes, b 32x8 s8 digits, s32 sums. Not
@@ -633,14 +642,22 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   };
   point_at_tile();
   uint32_t issue_addr = ring_addr;
+  // Lever streamed_weights: the weights pass through L2 once a token, so they go
+  // first. Off, the copies carry no hint (an explicit evict-normal one measured
+  // 3-8% slower than none).
+  const bool hinted = p.streamed_weights;
+  const uint64_t streamed = l2_evict_first();
   auto issue = [&]() {
     const int code_at = issue_stage * Sh::kRowBytes;
 #pragma unroll
-    for (int u = 0; u < kCopies; ++u)
-      copy_async_16(issue_addr + copy_dst + u * kCopyRows * Sh::kRowStride, copy_src[u] + code_at);
+    for (int u = 0; u < kCopies; ++u) {
+      const uint32_t dst = issue_addr + copy_dst + u * kCopyRows * Sh::kRowStride;
+      if (hinted) copy_async_16_with_policy(dst, copy_src[u] + code_at, streamed);
+      else copy_async_16(dst, copy_src[u] + code_at);
+    }
 #pragma unroll
     for (int o = 0; o < kSb; o += kSbCopy)
-      copy_async_small<kSbCopy>(issue_addr + scale_dst + o, scale_src + issue_stage * kSb + o);
+      copy_async_small<kSbCopy>(issue_addr + scale_dst + o, scale_src + issue_stage * kSb + o, hinted, streamed);
     issue_addr += Sh::kStageBytes;
     if (issue_addr == ring_end) issue_addr = ring_addr;
     if (++issue_stage == stage_end) {
@@ -901,6 +918,7 @@ struct Variant {
     if (g.per_sm < 1) return cudaErrorInvalidValue;
     const int out = tiles::moe_rows<kMode>(a.d_ff, a.d_model);
     Problem p{};
+    p.streamed_weights = streamed_weights;
     p.packed = static_cast<const uint8_t*>(m.w);
     p.scales = m.scales;
     p.biases = m.biases;
@@ -995,6 +1013,7 @@ struct Variant {
     const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), row_stages = int(in / Sh::kStageValues);
     const int split = tiles::split_for(n_tiles, row_stages, slots, Sh::kStages - 1);
     Problem p{};
+    p.streamed_weights = streamed_weights;
     p.row_bytes = w.in * kBits / 8;
     p.scale_stride = int(w.in / kGroup);
     p.x_stride = l.x_stride;
@@ -1170,6 +1189,8 @@ cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaS
 }
 
 void set_deep_moe_ring(bool on) { deep_moe_ring = on; }
+void set_streamed_weights(bool on) { streamed_weights = on; }
+bool streamed_weights_enabled() { return streamed_weights; }
 bool deep_moe_ring_enabled() { return deep_moe_ring; }
 
 MoeRingStages moe_experts_mma_ring_stages(const MoeExpertsArgs& a) {

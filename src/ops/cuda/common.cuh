@@ -79,6 +79,19 @@ __device__ __forceinline__ void copy_async_16(uint32_t dst, const void* src, boo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 }
+// L2 policies for cp.async's cache hint. Weights stream through L2 once a token
+// (gigabytes against its 50 MB): under lever streamed_weights their copies ask
+// L2 to evict their lines first, so that what a step reads again (activations,
+// norm weights, a short context's K/V rows) stays.
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ void copy_async_16_with_policy(uint32_t dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "l"(policy)
+               : "memory");
+}
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed copy groups are in flight.
 template <int N>
