@@ -145,7 +145,8 @@ void add_bench_command(CLI::App& app) {
   auto f = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "Measure prefill and decode throughput against the roofline");
   cmd->add_option("-m,--model", f->model, "Model directory");
-  cmd->add_option("--shape", f->shape, fmt::format("A published shape with random weights: {}", fmt::join(known_shapes(), ", ")));
+  cmd->add_option("--shape", f->shape,
+                  fmt::format("A published shape with random weights: {}", fmt::join(known_shapes(), ", ")));
   cmd->add_option("--quant", f->quant,
                   "With --shape: store the random matrices as bf16, int8 or int4 (MLX affine) or fp8 (E4M3, "
                   "128x128 block scales)");

@@ -646,18 +646,18 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   // first. Off, the copies carry no hint (an explicit evict-normal one measured
   // 3-8% slower than none).
   const bool hinted = p.streamed_weights;
-  const uint64_t streamed = l2_evict_first();
+  const uint64_t evict_first = l2_evict_first();
   auto issue = [&]() {
     const int code_at = issue_stage * Sh::kRowBytes;
 #pragma unroll
     for (int u = 0; u < kCopies; ++u) {
       const uint32_t dst = issue_addr + copy_dst + u * kCopyRows * Sh::kRowStride;
-      if (hinted) copy_async_16_with_policy(dst, copy_src[u] + code_at, streamed);
+      if (hinted) copy_async_16_with_policy(dst, copy_src[u] + code_at, evict_first);
       else copy_async_16(dst, copy_src[u] + code_at);
     }
 #pragma unroll
     for (int o = 0; o < kSb; o += kSbCopy)
-      copy_async_small<kSbCopy>(issue_addr + scale_dst + o, scale_src + issue_stage * kSb + o, hinted, streamed);
+      copy_async_small<kSbCopy>(issue_addr + scale_dst + o, scale_src + issue_stage * kSb + o, hinted, evict_first);
     issue_addr += Sh::kStageBytes;
     if (issue_addr == ring_end) issue_addr = ring_addr;
     if (++issue_stage == stage_end) {
