@@ -1,0 +1,66 @@
+// The published shapes of `mere bench --shape` (models/shapes.cpp): each one's
+// parameter count, summed over the tensors its config asks for (no weights
+// made), matches its model card, so a mistyped size cannot pass for the model;
+// an unknown name is an error that lists the known ones.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "io/config.h"
+#include "models/llama.h"
+#include "models/qwen3_moe.h"
+#include "models/shapes.h"
+
+namespace mere {
+namespace {
+
+struct Counts {
+  double total = 0, non_embedding = 0;  // parameters
+};
+
+Counts count_parameters(const std::string& name) {
+  const nlohmann::json json = shape_config(name);
+  const ConfigJson config = ConfigJson::from_json(json, name + "/config.json");
+  const auto shapes = json["model_type"] == "qwen3_moe" ? Qwen3MoeConfig::parse(config).tensor_shapes()
+                                                         : LlamaConfig::parse(config).tensor_shapes();
+  Counts c;
+  for (const auto& [tensor, shape] : shapes) {
+    double n = 1;
+    for (int64_t d : shape) n *= double(d);
+    c.total += n;
+    if (tensor != "model.embed_tokens.weight" && tensor != "lm_head.weight") c.non_embedding += n;
+  }
+  return c;
+}
+
+// Model cards (Hugging Face): the Qwen3 cards' "Number of Parameters" and
+// "Non-Embedding"; Meta-Llama-3-8B 8.03B, of which 1.05B are its untied
+// embedding and head. The cards round to two or three digits.
+TEST(Shapes, ParameterCountsMatchTheModelCards) {
+  struct Card {
+    std::string name;
+    double total_b, non_embedding_b;
+  };
+  for (const Card& card : {Card{"llama3-8b", 8.03, 6.98}, Card{"qwen3-8b", 8.2, 6.95}, Card{"qwen3-4b", 4.0, 3.6},
+                           Card{"qwen3-0.6b", 0.6, 0.44}, Card{"qwen3-30b-a3b", 30.5, 29.9}}) {
+    const Counts c = count_parameters(card.name);
+    EXPECT_NEAR(c.total / 1e9, card.total_b, 0.02 * card.total_b) << card.name;
+    EXPECT_NEAR(c.non_embedding / 1e9, card.non_embedding_b, 0.02 * card.non_embedding_b) << card.name;
+  }
+}
+
+TEST(Shapes, EveryKnownShapeIsCountedAndAnUnknownOneListsThem) {
+  for (const std::string& name : known_shapes()) EXPECT_GT(count_parameters(name).total, 1e8) << name;
+  try {
+    shape_config("qwen3-5b");
+    FAIL() << "an unknown shape was accepted";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("qwen3-5b"), std::string::npos) << message;
+    for (const std::string& name : known_shapes()) EXPECT_NE(message.find(name), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace mere
