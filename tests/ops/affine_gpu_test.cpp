@@ -200,9 +200,9 @@ TEST_F(Affine, TensorCoreMatvecTakesOneTokenOfALargeMatrix) {
 
 // Lever streamed_weights: the tensor-core matvec's weight copies take an L2
 // evict-first policy, a cache hint only: ops::linear gives the same bits with
-// the lever on and off, at one token (three digits), two and eight (two
-// digits), for int4 and int8 and a row cut into launches (14336 columns at 8
-// tokens), and the launch settings switch the kernel's flag.
+// the lever on and off, at one token (three digits) and 2, 5 and 8 (two
+// digits), for int4 and int8, groups of 32, 64 and 128, and a row cut into
+// launches (14336 columns at 8 tokens); the launch settings switch the flag.
 TEST_F(Affine, StreamedWeightsGiveTheSameBits) {
   struct Case {
     int64_t T, out, in;

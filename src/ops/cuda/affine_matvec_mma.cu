@@ -196,8 +196,7 @@ Layout layout(int in, int group, int T, int digits, int stage_bytes, int stages)
 template <int kBytes>
 __device__ __forceinline__ void copy_async_small(uint32_t dst, const void* src, bool hinted, uint64_t policy) {
   if constexpr (kBytes == 16) {
-    if (hinted) copy_async_16_with_policy(dst, src, policy);
-    else copy_async_16(dst, src);
+    copy_async_16_hinted(dst, src, hinted, policy);
   } else if (hinted) {
     asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(kBytes),
                  "l"(policy)
@@ -650,11 +649,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   auto issue = [&]() {
     const int code_at = issue_stage * Sh::kRowBytes;
 #pragma unroll
-    for (int u = 0; u < kCopies; ++u) {
-      const uint32_t dst = issue_addr + copy_dst + u * kCopyRows * Sh::kRowStride;
-      if (hinted) copy_async_16_with_policy(dst, copy_src[u] + code_at, evict_first);
-      else copy_async_16(dst, copy_src[u] + code_at);
-    }
+    for (int u = 0; u < kCopies; ++u)
+      copy_async_16_hinted(issue_addr + copy_dst + u * kCopyRows * Sh::kRowStride, copy_src[u] + code_at, hinted,
+                           evict_first);
 #pragma unroll
     for (int o = 0; o < kSb; o += kSbCopy)
       copy_async_small<kSbCopy>(issue_addr + scale_dst + o, scale_src + issue_stage * kSb + o, hinted, evict_first);

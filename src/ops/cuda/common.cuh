@@ -88,9 +88,13 @@ __device__ __forceinline__ uint64_t l2_evict_first() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 }
-__device__ __forceinline__ void copy_async_16_with_policy(uint32_t dst, const void* src, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "l"(policy)
-               : "memory");
+// With `hinted`, the copy carries the L2 policy `policy`; else it is copy_async_16's.
+__device__ __forceinline__ void copy_async_16_hinted(uint32_t dst, const void* src, bool hinted, uint64_t policy) {
+  if (hinted)
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "l"(policy)
+                 : "memory");
+  else
+    copy_async_16(dst, src);
 }
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed copy groups are in flight.
