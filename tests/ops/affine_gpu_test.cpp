@@ -17,6 +17,7 @@
 #include "ops/ops.h"
 #include "ops/quantized_ops.h"
 #include "gpu_test_util.h"
+#include "quant/fp8_test_util.h"
 #include "test_util.h"
 
 namespace mere {
@@ -229,6 +230,28 @@ TEST_F(Affine, StreamedWeightsGiveTheSameBits) {
         << label << ": the tensor-core matvec ran";
     EXPECT_EQ(std::memcmp(streamed.raw(), normal.raw(), normal.size_bytes()), 0) << label;
   }
+}
+
+// The lever's other decode matvecs: bf16 weights (matvec.cu), an affine matrix
+// below the tensor cores' one-token floor (the CUDA-core kernel) and FP8 on
+// the tensor cores give the same bits with the lever on and off.
+TEST_F(Affine, StreamedWeightsGiveTheSameBitsOnEveryDecodeMatvec) {
+  const Weight bf16(random({768, 1024}, DType::bf16, 41, 0.05f));
+  const Weight small(random_affine(256, 1024, 4, 64, DType::bf16, 42), 1024);
+  const Weight fp8(test::random_fp8(512, 1024, 128, 43));
+  int n = 0;
+  for (const Weight* w : {&bf16, &small, &fp8})
+    for (int64_t T : {1, 3, 8}) {
+      const std::string label = fmt::format("weight {} T={}", n++, T);
+      const Weight wg = w->to_device(Device::cuda);
+      const Tensor xg = gpu(random({T, 1024}, DType::f32, uint64_t(50 + n)));
+      ops::set_launch_settings({.tensor_core_fp8_matvec = true});
+      const Tensor normal = ops::linear(xg, wg, Tensor()).to_device(Device::cpu);
+      ops::set_launch_settings({.tensor_core_fp8_matvec = true, .streamed_weights = true});
+      const Tensor streamed = ops::linear(xg, wg, Tensor()).to_device(Device::cpu);
+      ops::set_launch_settings({});
+      EXPECT_EQ(std::memcmp(streamed.raw(), normal.raw(), normal.size_bytes()), 0) << label;
+    }
 }
 
 // The query behind lever fused_norm_matvec's auto mode: an affine weight on the

@@ -75,10 +75,6 @@ bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T, int digits = 3);
 int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T, int digits = 3);
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,
                                      void* scratch, cudaStream_t stream, int digits = 3);
-// Lever streamed_weights: the tensor-core matvec (dense and the experts' modes)
-// copies its weights with an L2 evict-first cache hint, else without a hint.
-void set_streamed_weights(bool on);
-bool streamed_weights_enabled();
 
 // The tensor-core matvec kernel (dense, or an MoE experts' mode) that takes the
 // most local memory a thread (register spills, a stack frame), over every

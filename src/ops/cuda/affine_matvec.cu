@@ -50,15 +50,6 @@ __device__ __forceinline__ float magic_byte(uint32_t v, int k) {
   return __uint_as_float(__byte_perm(v, kMagic, 0x7440 + k));
 }
 
-// Weights are read once: keep them out of L1.
-__device__ __forceinline__ uint4 load_streaming(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 // Where float4 f of a staged row of x lives: XOR-swizzled within 8 (128 bytes).
 __device__ __forceinline__ int swizzle(int f) { return f ^ ((f >> 3) & 7); }
 
@@ -80,6 +71,8 @@ struct Problem {
   // The next kernel may start only after this one's wait, so that it can read
   // what the kernel before this one wrote before its own wait.
   bool allow_after_wait;
+  // The matvec reads its weights with an L2 evict-first hint (lever streamed_weights).
+  bool streamed_weights;
 };
 
 // Norm weights of in <= kNormRuns * 4 * blockDim.x columns are read before the wait.
@@ -378,6 +371,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   };
   uint4 wq[B][R];
   S ws[B][R], wb[B][R];
+  const uint64_t evict_first = l2_evict_first();
   auto load = [&](int64_t c) {
 #pragma unroll
     for (int u = 0; u < B; ++u) {
@@ -386,7 +380,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int64_t g = cc >> p.group_shift;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          wq[u][r] = load_streaming(p.packed + row[r] * p.n_chunks + cc);
+          wq[u][r] = load_streaming(p.packed + row[r] * p.n_chunks + cc, p.streamed_weights, evict_first);
           ws[u][r] = __ldg(scales + row[r] * p.n_groups + g);
           wb[u][r] = __ldg(biases + row[r] * p.n_groups + g);
         }
@@ -499,7 +493,7 @@ template <int kBits, typename S>
 __device__ __forceinline__ void dequantize_chunk(const Problem& p, int64_t o, int64_t c, float (&v)[128 / kBits]) {
   constexpr int kPerWord = 32 / kBits;
   constexpr uint32_t kMask = (1u << kBits) - 1;
-  const uint4 chunk = load_streaming(p.packed + o * p.n_chunks + c);
+  const uint4 chunk = load_streaming(p.packed + o * p.n_chunks + c, false, 0);
   const int64_t g = o * p.n_groups + (c >> p.group_shift);
   const float s = to_float(static_cast<const S*>(p.scales)[g]), b = to_float(static_cast<const S*>(p.biases)[g]);
   const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
@@ -531,7 +525,7 @@ __global__ void affine_dequantize_kernel(const __grid_constant__ Problem p, D* d
   uint32_t words[kWords];
   const uint32_t* src = reinterpret_cast<const uint32_t*>(p.packed) + int64_t(i) * kWords;  // rows are contiguous
   if constexpr (kWords == 4) {
-    const uint4 w = load_streaming(reinterpret_cast<const uint4*>(src));
+    const uint4 w = load_streaming(src, false, 0);
     words[0] = w.x, words[1] = w.y, words[2] = w.z, words[3] = w.w;
   } else {
     const uint2 w = __ldcs(reinterpret_cast<const uint2*>(src));
@@ -622,6 +616,7 @@ Problem problem(const AffineArgs& w, const float* x, const float* bias, float* y
   p.n_chunks = w.in * w.bits / 128;
   p.n_groups = w.in / w.group_size;
   p.group_shift = log2_exact(w.group_size / (128 / w.bits));
+  p.streamed_weights = streamed_weights_enabled();
   return p;
 }
 

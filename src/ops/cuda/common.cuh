@@ -96,6 +96,19 @@ __device__ __forceinline__ void copy_async_16_hinted(uint32_t dst, const void* s
   else
     copy_async_16(dst, src);
 }
+// 16 bytes read once (weights): no L1 line, and with `hinted` the L2 policy `policy`.
+__device__ __forceinline__ uint4 load_streaming(const void* p, bool hinted, uint64_t policy) {
+  uint4 v;
+  if (hinted)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(policy));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  return v;
+}
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed copy groups are in flight.
 template <int N>

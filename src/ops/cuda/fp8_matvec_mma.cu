@@ -72,6 +72,7 @@ struct Problem {
   const float* bias;
   float* y;
   bool accumulate;  // y += the product (a later launch of a cut row), else y =
+  bool streamed_weights;  // the weights' copies evict first from L2 (lever streamed_weights)
   int out, T;
   int n_blocks;  // the launch's 128-column blocks
   int split;     // warps per tile
@@ -222,10 +223,14 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
   };
   point_at_tile();
   uint32_t issue_addr = ring_addr;
+  // Lever streamed_weights (affine_matvec_mma.cu): the weights go first from L2.
+  const bool hinted = p.streamed_weights;
+  const uint64_t evict_first = l2_evict_first();
   auto issue = [&]() {
 #pragma unroll
     for (int u = 0; u < 4; ++u)
-      copy_async_16(issue_addr + copy_dst + u * 4 * kRowStride, copy_src[u] + issue_stage * kBlock);
+      copy_async_16_hinted(issue_addr + copy_dst + u * 4 * kRowStride, copy_src[u] + issue_stage * kBlock, hinted,
+                           evict_first);
     if (lane == 0) copy_async_4(issue_addr + kCodeBytes, scale_src + issue_stage);
     issue_addr += kStageBytes;
     if (issue_addr == ring_end) issue_addr = ring_addr;
@@ -370,6 +375,7 @@ cudaError_t launch_for(const float* x, const Fp8WeightView& w, const float* bias
                                      static_cast<const float*>(nullptr), 1, false);
   if (status != cudaSuccess) return status;
   Problem p{};
+  p.streamed_weights = streamed_weights_enabled();
   p.row_bytes = w.in;
   p.scale_stride = int(w.scale_cols);
   p.x_stride = l.x_stride;
@@ -425,6 +431,7 @@ cudaError_t launch_moe(const MoeExpertsArgs& a, const ExpertMatrix& m, const Exp
   const int out = tiles::moe_rows<kMode>(a.d_ff, a.d_model);
   const int n_tiles = (out + kTileRows - 1) / kTileRows, n_blocks = int(in / kBlock);
   Problem p{};
+  p.streamed_weights = streamed_weights_enabled();
   p.values = static_cast<const uint8_t*>(m.w);
   p.scales = static_cast<const float*>(m.scales);
   p.row_bytes = m.cols;

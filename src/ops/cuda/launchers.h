@@ -103,6 +103,12 @@ enum class MatvecInput {
   rms_normed,  // x' = RMSNorm(x) * norm_w: x is the residual [T, in], norm_w [in] of w's dtype
   silu_gated,  // x' = silu(x[:, :in]) * x[:, in:]: x is a fused gate/up output [T, 2 in]
 };
+// Lever streamed_weights: the decode matvecs (affine on the tensor cores and
+// the CUDA cores, FP8 on the tensor cores, bf16/f16/f32) read their weights
+// with an L2 evict-first cache hint, else without a hint.
+void set_streamed_weights(bool on);
+bool streamed_weights_enabled();
+
 struct MatvecArgs {
   const float* x = nullptr;
   const void* w = nullptr;
@@ -114,6 +120,7 @@ struct MatvecArgs {
   const void* norm_w = nullptr;
   float eps = 0;
   bool accumulate = false;  // y += result (the residual add) instead of y = result
+  bool streamed_weights = false;  // set by launch_matvec (lever streamed_weights)
 };
 cudaError_t launch_matvec(const MatvecArgs& args, cudaStream_t stream);
 // *pos += by: the decode position moves on inside a CUDA graph.

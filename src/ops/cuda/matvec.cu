@@ -120,10 +120,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(const __gri
   // kBatch chunks per lane in flight before their first use. Weights never
   // change during a forward, so the first batch loads before the wait.
   int64_t c = begin + lane;
+  // Lever streamed_weights: the weights go first from L2 (and take no L1 line).
+  const uint64_t evict_first = l2_evict_first();
+  auto load = [&](const uint4* p) { return a.streamed_weights ? load_streaming(p, true, evict_first) : __ldg(p); };
   uint4 chunk[kBatch];
   if (c + 32 * (kBatch - 1) < end)
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) chunk[u] = __ldg(wr + c + 32 * u);
+    for (int u = 0; u < kBatch; ++u) chunk[u] = load(wr + c + 32 * u);
   allow_next_kernel();
   wait_for_previous_kernel();
 
@@ -136,11 +139,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) matvec_kernel(const __gri
   for (bool first = true; c + 32 * (kBatch - 1) < end; c += 32 * kBatch, first = false) {
     if (!first)
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) chunk[u] = __ldg(wr + c + 32 * u);
+      for (int u = 0; u < kBatch; ++u) chunk[u] = load(wr + c + 32 * u);
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) accumulate_chunk<W, T, kInput>(acc, chunk[u], a, (c + 32 * u) * kPerChunk);
   }
-  for (; c < end; c += 32) accumulate_chunk<W, T, kInput>(acc, __ldg(wr + c), a, c * kPerChunk);
+  for (; c < end; c += 32) accumulate_chunk<W, T, kInput>(acc, load(wr + c), a, c * kPerChunk);
   const W* wrow = reinterpret_cast<const W*>(wr);
   if (active && part == split - 1)  // tail: in not a multiple of 16 bytes
     for (int64_t i = n_chunks * kPerChunk + lane; i < a.in; i += 32)
@@ -202,7 +205,9 @@ cudaError_t launch_for(const MatvecArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t launch_matvec(const MatvecArgs& a, cudaStream_t stream) {
+cudaError_t launch_matvec(const MatvecArgs& args, cudaStream_t stream) {
+  MatvecArgs a = args;
+  a.streamed_weights = streamed_weights_enabled();
   cudaError_t status = cudaSuccess;
   cudaError_t dtype_status = visit_float(a.w_dtype, [&]<typename W>() {
     switch (a.input) {
