@@ -236,18 +236,19 @@ inline std::vector<KernelLaunch> kernel_launches_by(const std::function<void()>&
 }
 inline size_t kernels_launched_by(const std::function<void()>& run) { return kernel_launches_by(run).size(); }
 
-// A fixture's 24 greedy decode steps after a 40-token prompt with `levers`: the
-// logits of each step (on the host), and the kernels one decode step launches.
+// A fixture's 24 greedy decode steps after a 40-token prompt with `levers`, in a
+// cache of `cache_rows`: the logits of each step (on the host), and the kernels
+// one decode step launches.
 struct FixtureDecode {
   std::vector<Tensor> logits;
   size_t step_kernels = 0;
   int64_t layers = 0;
 };
-inline FixtureDecode decode_fixture(const std::string& family, const Levers& levers) {
+inline FixtureDecode decode_fixture(const std::string& family, const Levers& levers, int64_t cache_rows = 256) {
   FixtureDecode d;
   auto model = load_model(fixtures_dir() / family, Device::cuda, levers.load_options(Device::cuda));
   d.layers = model->kv_layout().n_layers;
-  auto state = model->make_state(256);
+  auto state = model->make_state(cache_rows);
   std::vector<int32_t> prompt;
   for (int i = 0; i < 40; ++i) prompt.push_back(int32_t((31 * i + 7) % model->info().vocab));
   Tensor last = model->forward(prompt, *state, false);

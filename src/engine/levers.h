@@ -36,7 +36,7 @@ struct Levers {
   // quality (demo KL 2e-8), Qwen3-30B-A3B int4 B = 1 +18%, Llama-3-8B +7.5%
   // (docs/levers.md).
   bool wide_attention_blocks = true;
-  // Where those 8-warp blocks run over at most 8 splits (short contexts), the
+  // Where those 8-warp blocks run over at most 2 splits (short contexts), the
   // splits of a head are one thread-block cluster: they merge through
   // distributed shared memory and write the output, so no merge kernel runs.
   // Default: the output within f32 reordering of the merge kernel's (1e-6),

@@ -1,5 +1,5 @@
 // Lever cluster_attention_merge (ctest label gpu): where the 8-warp decode
-// attention blocks of lever wide_attention_blocks run over at most 8 splits,
+// attention blocks of lever wide_attention_blocks run over at most 2 splits,
 // the splits of a head form a thread-block cluster and merge through
 // distributed shared memory, writing the output themselves. Checked: the output
 // matches the CPU and the partials merged by the merge kernel, for groups of 3
@@ -43,14 +43,15 @@ class ClusterAttentionMerge : public test::NeedsGpuDefaultLaunch {};
 
 
 // Whether the splits merge in clusters: the wide form runs (its rule, as in
-// wide_attention_gpu_test.cpp) and its grid holds at most 8 splits.
+// wide_attention_gpu_test.cpp) and its grid holds at most 2 splits (wider
+// clusters lost to the merge kernel: attention.cu's kMaxClusterSplits).
 bool expect_merged(int64_t B, int64_t heads, int64_t kv_heads, int64_t keys, int64_t splits) {
   const int64_t group = heads / kv_heads, block = group <= 4 ? 4 : 8;
   if (group < 3) return false;
   for (int64_t hb = 1; hb <= block; hb *= 2) {
     const int64_t in_a_wave = sm_count() / (B * kv_heads * ((group + hb - 1) / hb));
-    if (splits <= in_a_wave) return splits <= 8;
-    if (keys <= in_a_wave * 64) return in_a_wave <= 8;
+    if (splits <= in_a_wave) return splits <= 2;
+    if (keys <= in_a_wave * 64) return in_a_wave <= 2;
   }
   return false;
 }
@@ -62,47 +63,50 @@ bool launches_kernel(const std::function<void()>& run, const std::string& name) 
 }
 
 TEST_F(ClusterAttentionMerge, MatchesTheMergeKernelAndTheCpu) {
-  const int64_t rows = 4096;  // cache rows a sequence: the graph's split count
   int merged_cases = 0, partial_cases = 0;
   for (const test::AttentionShape& c : test::attention_shapes())
-    for (int64_t B : {1, 3})
-      for (int64_t keys : {1, 63, 64, 65, 130, 256, 257, 1000}) {
-        const std::string label =
-            fmt::format("{}/{}x{} {} B={} keys={}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache), B, keys);
-        const test::PagedAttentionStep step = test::paged_attention_step(c, B, rows, keys);
-        const ops::KvPages& pages = step.pages;
-        const float scale = step.scale;
+    // Cache rows a sequence, which set the graph's split count: 2 splits, or more than a wave holds.
+    for (int64_t rows : {128, 4096})
+      for (int64_t B : {1, 3})
+        for (int64_t keys : {1, 63, 64, 65, 128, 130, 256, 257, 1000}) {
+          if (keys > rows) continue;
+          const std::string label = fmt::format("{}/{}x{} {} rows={} B={} keys={}", c.heads, c.kv_heads, c.head_dim,
+                                                dtype_name(c.cache), rows, B, keys);
+          const test::PagedAttentionStep step = test::paged_attention_step(c, B, rows, keys);
+          const ops::KvPages& pages = step.pages;
+          const float scale = step.scale;
 
-        const Tensor kc = gpu(step.k_pool), vc = gpu(step.v_pool), q_gpu = gpu(step.q), pos = device_position(keys - 1);
-        auto unmerged = [&](bool lever) {
-          ops::set_launch_settings({.wide_attention_blocks = true, .cluster_attention_merge = lever});
-          ops::set_decode_keys(keys);
-          ops::AttentionSplits s;
-          EXPECT_TRUE(ops::attention_unmerged(q_gpu, kc, vc, pos, scale, pages, s)) << label;
-          return s;
-        };
-        const ops::AttentionSplits partials = unmerged(false);
-        const Tensor merge_kernel = ops::merge_attention(partials).to_device(Device::cpu);
-        const ops::AttentionSplits got = unmerged(true);
-        // The merged-output form of the same op, and whether it launches the merge kernel.
-        const Tensor direct = ops::attention(q_gpu, kc, vc, pos, scale, pages);
-        const bool merge_launched =
-            launches_kernel([&] { ops::attention(q_gpu, kc, vc, pos, scale, pages); }, "attention_merge_kernel");
-        ops::set_decode_keys(0);
-        ops::set_launch_settings({});
+          const Tensor kc = gpu(step.k_pool), vc = gpu(step.v_pool), q_gpu = gpu(step.q);
+          const Tensor pos = device_position(keys - 1);
+          auto unmerged = [&](bool lever) {
+            ops::set_launch_settings({.wide_attention_blocks = true, .cluster_attention_merge = lever});
+            ops::set_decode_keys(keys);
+            ops::AttentionSplits s;
+            EXPECT_TRUE(ops::attention_unmerged(q_gpu, kc, vc, pos, scale, pages, s)) << label;
+            return s;
+          };
+          const ops::AttentionSplits partials = unmerged(false);
+          const Tensor merge_kernel = ops::merge_attention(partials).to_device(Device::cpu);
+          const ops::AttentionSplits got = unmerged(true);
+          // The merged-output form of the same op, and whether it launches the merge kernel.
+          const Tensor direct = ops::attention(q_gpu, kc, vc, pos, scale, pages);
+          const bool merge_launched =
+              launches_kernel([&] { ops::attention(q_gpu, kc, vc, pos, scale, pages); }, "attention_merge_kernel");
+          ops::set_decode_keys(0);
+          ops::set_launch_settings({});
 
-        const bool merged = expect_merged(B, c.heads, c.kv_heads, keys, cuda::attention_splits(rows, c.kv_heads));
-        EXPECT_EQ(got.merged.defined(), merged) << label;
-        EXPECT_EQ(got.max.defined(), !merged) << label << ": partials";
-        EXPECT_EQ(merge_launched, !merged) << label << ": merge kernel";
-        (merged ? merged_cases : partial_cases)++;
-        // Only the order of the splits' f32 sums differs from the merge kernel's.
-        EXPECT_LE(relative_error(ops::merge_attention(got), merge_kernel, label + " against the merge kernel", false),
-                  1e-6f)
-            << label;
-        EXPECT_LE(relative_error(direct, merge_kernel, label + " attention()", false), 1e-6f) << label;
-        EXPECT_LE(relative_error(direct, step.want, label), 1e-5f) << label;
-      }
+          const bool merged = expect_merged(B, c.heads, c.kv_heads, keys, cuda::attention_splits(rows, c.kv_heads));
+          EXPECT_EQ(got.merged.defined(), merged) << label;
+          EXPECT_EQ(got.max.defined(), !merged) << label << ": partials";
+          EXPECT_EQ(merge_launched, !merged) << label << ": merge kernel";
+          (merged ? merged_cases : partial_cases)++;
+          // Only the order of the splits' f32 sums differs from the merge kernel's.
+          EXPECT_LE(relative_error(ops::merge_attention(got), merge_kernel, label + " against the merge kernel", false),
+                    1e-6f)
+              << label;
+          EXPECT_LE(relative_error(direct, merge_kernel, label + " attention()", false), 1e-6f) << label;
+          EXPECT_LE(relative_error(direct, step.want, label), 1e-5f) << label;
+        }
   EXPECT_GT(merged_cases, 0);
   EXPECT_GT(partial_cases, 0);  // long contexts keep the 4-warp form and its merge kernel
 }
@@ -111,13 +115,13 @@ TEST_F(ClusterAttentionMerge, MatchesTheMergeKernelAndTheCpu) {
 // attention) merges in clusters too: the same output as its partials merged,
 // the same cache bytes.
 TEST_F(ClusterAttentionMerge, RopeInAttentionMergesToo) {
-  const int64_t heads = 16, kv_heads = 4, hd = 128, rows = 1024;
+  const int64_t heads = 16, kv_heads = 4, hd = 128, rows = 128;  // 2 splits: they merge in a cluster
   ops::RopeTable rope;
   for (int i = 0; i < hd / 2; ++i) rope.inv_freq.push_back(std::pow(500000.0f, -2.0f * i / hd));
   const Tensor qn = gpu(random({hd}, DType::bf16, 4, 0.2f, 1.0f)), kn = gpu(random({hd}, DType::bf16, 5, 0.2f, 1.0f));
   const float scale = 1.0f / std::sqrt(float(hd));
   for (int64_t B : {1, 4})
-    for (int64_t pos : {0, 1, 64, 65, 200}) {
+    for (int64_t pos : {0, 1, 64, 65, 127}) {
       const std::string label = fmt::format("B={} pos {}", B, pos);
       const ops::KvPages pages = test::interleaved_pages(B, rows);
       const Tensor k_cache = gpu(random({rows * B, kv_heads, hd}, DType::f32, 10).to(DType::bf16));
@@ -174,12 +178,13 @@ TEST_F(ClusterAttentionMerge, MergedOutputKeepsTheFormedInputFloor) {
 }
 
 // A model's decode (the qwen2 fixture: groups of 4 heads, the wide form at its
-// short contexts): one kernel a layer fewer, the logits within f32 reordering.
+// short contexts, a cache of 128 rows: two splits): one kernel a layer fewer,
+// the logits within f32 reordering.
 TEST_F(ClusterAttentionMerge, DecodeDropsTheMergeKernel) {
   Levers off;
   off.cluster_attention_merge = false;
-  const test::FixtureDecode want = test::decode_fixture("qwen2", off);
-  const test::FixtureDecode got = test::decode_fixture("qwen2", Levers{});
+  const test::FixtureDecode want = test::decode_fixture("qwen2", off, 128);
+  const test::FixtureDecode got = test::decode_fixture("qwen2", Levers{}, 128);
   ASSERT_EQ(got.logits.size(), want.logits.size());
   for (size_t i = 0; i < got.logits.size(); ++i)
     EXPECT_LE(relative_error(got.logits[i], want.logits[i], fmt::format("qwen2 step {}", i), false), 1e-5f) << i;

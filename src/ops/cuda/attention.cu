@@ -842,8 +842,14 @@ cudaError_t launch_kernel_in_clusters(void (*kernel)(Params...), dim3 grid, dim3
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// The portable cluster size: the most splits lever cluster_attention_merge merges.
-constexpr int kMaxClusterSplits = 8;
+// The most splits lever cluster_attention_merge merges in a cluster. Clusters
+// of 3-8 splits lost 1-16% of a decode step against the merge kernel: a cluster
+// starts only once that many SMs of one GPC have room, which the matvec before
+// it holds (Llama-3-8B int4, 7 splits: attention 8.7 -> 16.6 us a layer; H200,
+// docs/benchmarks.md, twenty-ninth session). 1-2 splits gained up to 4.5%. (Where
+// o_proj runs on the CUDA cores, a cluster also saves a merge kernel: qwen3-4b
+// lost 1-4% at 3-4 splits with this cap.)
+constexpr int kMaxClusterSplits = 2;
 
 // merged (lever cluster_attention_merge, attention_merges_in_clusters said yes):
 // the splits merge in clusters and write the output there, no partials.

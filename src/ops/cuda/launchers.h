@@ -45,7 +45,7 @@ bool rope_in_attention_enabled();
 // off: 4 warps always.
 void set_wide_attention_blocks(bool on);
 bool wide_attention_blocks_enabled();
-// Where those 8-warp blocks run over at most 8 splits, the splits of a head
+// Where those 8-warp blocks run over at most 2 splits, the splits of a head
 // merge in a cluster through distributed shared memory and write the output
 // themselves, no merge kernel (lever cluster_attention_merge, attention.cu).
 void set_cluster_attention_merge(bool on);
