@@ -247,6 +247,9 @@ struct AttentionSplits {
   // Instead of the three above, where the splits merged in clusters (lever
   // cluster_attention_merge): the output, f32 [T, n_heads, head_dim].
   Tensor merged;
+  // Said by the caller: it merges the partials with merge_attention (a kernel
+  // of its own, not o_proj's prepare), so wider clusters that save it pay.
+  bool merged_by_kernel = false;
 };
 // The graph forms of attention (position on the device, dense or quantized
 // cache, paged or not) without the merge, where they run split-K on the GPU;

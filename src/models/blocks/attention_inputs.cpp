@@ -69,6 +69,7 @@ Tensor attend_cached(Tensor q, const Tensor& k, const Tensor& v, const Tensor& q
   auto in_attention = [&](KvCache& cache, const ops::KvPages& pages, Tensor& result) {
     if (!fused_rope_store || cache.quantized()) return false;
     ops::AttentionSplits own;
+    own.merged_by_kernel = true;  // merge_attention below
     ops::AttentionSplits& splits = unmerged ? *unmerged : own;
     if (!ops::rope_in_attention_unmerged(q, k, v, q_norm, k_norm, eps, rope, pos, cache.keys_for_write(),
                                          cache.values_for_write(), scale, pages, splits))

@@ -843,13 +843,15 @@ cudaError_t launch_kernel_in_clusters(void (*kernel)(Params...), dim3 grid, dim3
 }
 
 // The most splits lever cluster_attention_merge merges in a cluster. Clusters
-// of 3-8 splits lost 1-16% of a decode step against the merge kernel: a cluster
-// starts only once that many SMs of one GPC have room, which the matvec before
-// it holds (Llama-3-8B int4, 7 splits: attention 8.7 -> 16.6 us a layer; H200,
-// docs/benchmarks.md, twenty-ninth session). 1-2 splits gained up to 4.5%. (Where
-// o_proj runs on the CUDA cores, a cluster also saves a merge kernel: qwen3-4b
-// lost 1-4% at 3-4 splits with this cap.)
+// of 3-8 splits lost 1-16% of a decode step against merging the partials in
+// o_proj's prepare kernel: a cluster starts only once that many SMs of one GPC
+// have room, which the matvec before it holds (Llama-3-8B int4, 7 splits:
+// attention 8.7 -> 16.6 us a layer; H200, docs/benchmarks.md, twenty-ninth
+// session); 1-2 splits gained up to 4.5%. Where the partials would take a merge
+// kernel of their own, one row's clusters of 3-4 splits pay for that kernel
+// (qwen3-4b, whose o_proj runs on the CUDA cores: +2-4%); 5 and more lost there too.
 constexpr int kMaxClusterSplits = 2;
+constexpr int kMaxClusterSplitsSavingAKernel = 4;
 
 // merged (lever cluster_attention_merge, attention_merges_in_clusters said yes):
 // the splits merge in clusters and write the output there, no partials.
@@ -871,7 +873,7 @@ cudaError_t launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k
   };
   if constexpr (kHasWideForm<KV, HD>) {
     const WideForm wide = wide_form(group, T * n_kv_heads, n_splits);
-    if (merged && wide.splits > kMaxClusterSplits) return cudaErrorInvalidValue;
+    if (merged && wide.splits > kMaxClusterSplitsSavingAKernel) return cudaErrorInvalidValue;
     switch (wide.heads) {
       case 1: return go.template operator()<1, 8>(wide.splits);
       case 2: return go.template operator()<2, 8>(wide.splits);
@@ -928,14 +930,15 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
 }
 
 bool attention_merges_in_clusters(int T, int n_heads, int n_kv_heads, int head_dim, DType kv_dtype, const void* k,
-                                  const void* v, int n_splits) {
+                                  const void* v, int n_splits, bool saves_merge_kernel) {
   const bool dense = kv_dtype == DType::f32 || kv_dtype == DType::bf16 || kv_dtype == DType::f16;
   if (!cluster_attention_merge_enabled() || !dense || head_dim <= 0 || head_dim > 128 ||
       (head_dim * dtype_size(kv_dtype)) % 16 != 0 || reinterpret_cast<uintptr_t>(k) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(v) % 16 != 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
     return false;
   const WideForm wide = wide_form(n_heads / n_kv_heads, T * n_kv_heads, n_splits);
-  return wide.heads > 0 && wide.splits <= kMaxClusterSplits;
+  const int most = T == 1 && saves_merge_kernel ? kMaxClusterSplitsSavingAKernel : kMaxClusterSplits;
+  return wide.heads > 0 && wide.splits <= most;
 }
 
 cudaError_t launch_attention_merge(const float* part_m, const float* part_l, const float* part_o, float* out, int T,

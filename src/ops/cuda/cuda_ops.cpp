@@ -347,10 +347,11 @@ namespace {
 
 // Whether decode attention of T rows over this cache merges its splits in
 // clusters (lever cluster_attention_merge): one launch, the wide form's few splits.
-bool merges_in_clusters(int64_t T, int64_t n_heads, const Tensor& k_cache, const Tensor& v_cache, int splits) {
+bool merges_in_clusters(int64_t T, int64_t n_heads, const Tensor& k_cache, const Tensor& v_cache, int splits,
+                        bool saves_merge_kernel) {
   return T <= kMaxPagedSequences &&
          attention_merges_in_clusters(int(T), int(n_heads), int(k_cache.dim(1)), int(k_cache.dim(2)),
-                                      k_cache.dtype(), k_cache.raw(), v_cache.raw(), splits);
+                                      k_cache.dtype(), k_cache.raw(), v_cache.raw(), splits, saves_merge_kernel);
 }
 
 // Rows [b, e) of a partials or output tensor, or null where it is not there
@@ -398,7 +399,7 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   // The split count is fixed at capture: enough shares of the whole cache to keep
   // every SM busy at long contexts, at most 64 so short ones waste few blocks.
   const int splits = graph_splits(k.dim(0), pages, k.dim(1));
-  if (merges_in_clusters(T, n_heads, k, v, splits)) {
+  if (merges_in_clusters(T, n_heads, k, v, splits, /*saves_merge_kernel=*/true)) {
     AttentionSplits s;
     s.merged = out;
     split_attention(q, k, v, start_pos, scale, pages, s, nullptr, splits);
@@ -413,7 +414,10 @@ bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const
   check_head_dim(q.dim(2));
   if (!pages.paged() && flash_attention_applies(q, k, v)) return false;
   const int splits = graph_splits(k.dim(0), pages, k.dim(1));
-  out = splits_for(q.dim(0), q.dim(1), splits, q.dim(2), merges_in_clusters(q.dim(0), q.dim(1), k, v, splits));
+  const bool by_kernel = out.merged_by_kernel;
+  const bool merged = merges_in_clusters(q.dim(0), q.dim(1), k, v, splits, by_kernel);
+  out = splits_for(q.dim(0), q.dim(1), splits, q.dim(2), merged);
+  out.merged_by_kernel = by_kernel;
   split_attention(q, k, v, start_pos, scale, pages, out, nullptr, splits);
   return true;
 }
@@ -436,7 +440,9 @@ bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& 
       !rope_in_attention_takes_rows(int(T), int(n_heads), int(n_kv_heads), splits))
     return false;
   const RopeParams params = rope_params(rope);
-  out = splits_for(T, n_heads, splits, head_dim, merges_in_clusters(T, n_heads, k_cache, v_cache, splits));
+  const bool by_kernel = out.merged_by_kernel;
+  out = splits_for(T, n_heads, splits, head_dim, merges_in_clusters(T, n_heads, k_cache, v_cache, splits, by_kernel));
+  out.merged_by_kernel = by_kernel;
   for_each_launch(pages, T, [&](int64_t b, int64_t e, const KvTables& tables) {
     const FreshRows fresh{q.slice_rows(b, e).data<float>(),
                           k.slice_rows(b, e).data<float>(),

@@ -204,8 +204,10 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
 // and splits merge the splits in clusters (lever cluster_attention_merge): then
 // the caller passes `merged`, [T, n_heads, head_dim] f32, which they write
 // instead of the partials (and out), and no merge kernel runs.
+// `saves_merge_kernel`: the partials would otherwise be merged by the merge
+// kernel (not inside the next matvec's prepare), so wider clusters pay.
 bool attention_merges_in_clusters(int T, int n_heads, int n_kv_heads, int head_dim, DType kv_dtype, const void* k,
-                                  const void* v, int n_splits);
+                                  const void* v, int n_splits, bool saves_merge_kernel);
 cudaError_t launch_attention_merge(const float* part_m, const float* part_l, const float* part_o, float* out, int T,
                                    int n_heads, int head_dim, int n_splits, cudaStream_t stream);
 
