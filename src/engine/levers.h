@@ -127,12 +127,14 @@ struct Levers {
   // +2.5%); int4 lost with a deeper ring and keeps three; batches of 2-8
   // unchanged (docs/levers.md).
   bool deep_moe_ring = true;
-  // The tensor-core affine matvecs (dense and experts) copy their weights with
+  // The decode matvecs (affine and FP8 on the tensor cores, affine and
+  // bf16/f16/f32 on the CUDA cores, dense and experts) read their weights with
   // an L2 evict-first policy: a token streams gigabytes of weights through
   // L2's 50 MB once, so what a step reads again (activations, norm weights, a
   // short context's K/V rows) stays. A cache hint only: the same bits. Default:
   // tg64 from an empty cache, batch 1, Llama-3-8B int4 +1.2%, int8 +1.0%,
-  // Qwen3-30B-A3B int4 +1.7%, int8 +2.5%; batch 8 -0.1% to +2.9% (docs/levers.md).
+  // bf16 +2.7%, Qwen3-30B-A3B int4 +1.7%, int8 +2.5%; batch 8 -0.1% to +3.8%
+  // (docs/levers.md).
   bool streamed_weights = true;
   // Prefill of MLX affine (int8/int4) weights on a GEMM that dequantizes its
   // tiles in registers (wgmma) instead of writing a bf16 copy of each weight

@@ -54,7 +54,7 @@ struct LoadOptions {
   bool routing_in_experts = false;
   // Those experts' one-token int8 matvecs with a deeper ring (lever deep_moe_ring).
   bool deep_moe_ring = false;
-  // The tensor-core affine matvecs' weight copies evict first from L2 (lever streamed_weights).
+  // The decode matvecs' weight reads evict first from L2 (lever streamed_weights).
   bool streamed_weights = false;
   // MLX affine prefill GEMMs that dequantize their tiles (lever tensor_core_affine_gemm);
   // automatic: where they measured faster (prompts up to 384 tokens, matrices of 2^24 weights).
