@@ -36,13 +36,15 @@ struct Levers {
   // quality (demo KL 2e-8), Qwen3-30B-A3B int4 B = 1 +18%, Llama-3-8B +7.5%
   // (docs/levers.md).
   bool wide_attention_blocks = true;
-  // Where those 8-warp blocks run over at most 2 splits (short contexts), the
-  // splits of a head are one thread-block cluster: they merge through
-  // distributed shared memory and write the output, so no merge kernel runs.
-  // Default: the output within f32 reordering of the merge kernel's (1e-6),
-  // Qwen3-30B-A3B int4 batch 1 +6.8% over tg64 (+1.4% over tg128), int8 +3.7%,
-  // bf16 +6.1%, Llama-3-8B level to +2.7% at 1-4 sequences; 8 sequences -0.4%
-  // to -1.1% (docs/levers.md).
+  // Where those 8-warp blocks run over at most 2 splits (short contexts; 4 for
+  // one sequence whose partials would take the merge kernel), the splits of a
+  // head are one thread-block cluster: they merge through distributed shared
+  // memory and write the output, so no merge kernel runs. Default: the output
+  // within f32 reordering of the merge kernel's (1e-6), Qwen3-30B-A3B int4
+  // batch 1 +6.8% over tg64 (+1.4% over tg128), int8 +3.7%, bf16 +6.1%,
+  // Llama-3-8B level to +2.7% at 1-4 sequences; 8 sequences -0.4% to -1.1%.
+  // Wider clusters (up to 8 splits, the first form) lost up to 16% at 300-500
+  // cached tokens (docs/levers.md).
   bool cluster_attention_merge = true;
   // RMSNorm, SwiGLU, attention's split merge and the residual add folded into
   // the decode matvecs' input and output: four kernels fewer per layer and no

@@ -45,9 +45,10 @@ bool rope_in_attention_enabled();
 // off: 4 warps always.
 void set_wide_attention_blocks(bool on);
 bool wide_attention_blocks_enabled();
-// Where those 8-warp blocks run over at most 2 splits, the splits of a head
-// merge in a cluster through distributed shared memory and write the output
-// themselves, no merge kernel (lever cluster_attention_merge, attention.cu).
+// Where those 8-warp blocks run over at most 2 splits (4 for one row whose
+// partials would take the merge kernel), the splits of a head merge in a
+// cluster through distributed shared memory and write the output themselves,
+// no merge kernel (lever cluster_attention_merge, attention.cu).
 void set_cluster_attention_merge(bool on);
 bool cluster_attention_merge_enabled();
 // The key count a sequence sees in the decode step launched next (0: unknown,
