@@ -183,17 +183,23 @@ TEST_F(ClusterAttentionMerge, MergedOutputKeepsTheFormedInputFloor) {
 }
 
 // A model's decode (the qwen2 fixture: groups of 4 heads, the wide form at its
-// short contexts, a cache of 128 rows: two splits): one kernel a layer fewer,
-// the logits within f32 reordering.
+// short contexts): one kernel a layer fewer, the logits within f32 reordering.
+// A cache of 128 rows gives two splits; 256 rows four, which merge in a cluster
+// only because this unfolded decode would otherwise merge them with a kernel
+// (attend_cached's merged_by_kernel).
 TEST_F(ClusterAttentionMerge, DecodeDropsTheMergeKernel) {
   Levers off;
   off.cluster_attention_merge = false;
-  const test::FixtureDecode want = test::decode_fixture("qwen2", off, 128);
-  const test::FixtureDecode got = test::decode_fixture("qwen2", Levers{}, 128);
-  ASSERT_EQ(got.logits.size(), want.logits.size());
-  for (size_t i = 0; i < got.logits.size(); ++i)
-    EXPECT_LE(relative_error(got.logits[i], want.logits[i], fmt::format("qwen2 step {}", i), false), 1e-5f) << i;
-  EXPECT_EQ(got.step_kernels + size_t(got.layers), want.step_kernels);
+  for (int64_t rows : {128, 256}) {
+    const test::FixtureDecode want = test::decode_fixture("qwen2", off, rows);
+    const test::FixtureDecode got = test::decode_fixture("qwen2", Levers{}, rows);
+    ASSERT_EQ(got.logits.size(), want.logits.size()) << rows;
+    for (size_t i = 0; i < got.logits.size(); ++i)
+      EXPECT_LE(relative_error(got.logits[i], want.logits[i], fmt::format("qwen2 rows {} step {}", rows, i), false),
+                1e-5f)
+          << i;
+    EXPECT_EQ(got.step_kernels + size_t(got.layers), want.step_kernels) << rows;
+  }
 }
 
 // Graphed and eager decodes of the demo model (groups of 3) in a batch of 8 with
