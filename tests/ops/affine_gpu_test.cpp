@@ -711,7 +711,9 @@ TEST_F(Affine, TimingOnLlama3Matrices) {
                              {"qwen_qkv", 2048, 5120}, {"qwen_o", 4096, 2048},     {"qwen_router", 2048, 128}};
   constexpr double kCopyBytesPerS = 4.2e12;
   cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
-  ops::set_launch_settings({.programmatic = true, .matvec_split_k = true});
+  // The decode defaults these kernels run under (streamed_weights: the L2 evict-first hint).
+  const ops::LaunchSettings timed{.programmatic = true, .matvec_split_k = true, .streamed_weights = true};
+  ops::set_launch_settings(timed);
   auto report = [&](const std::string& label, double bytes, double s) {
     std::printf("[ timing   ] %-58s %8.1f us %7.0f GB/s %5.3f of 4.2 TB/s\n", label.c_str(), s * 1e6, bytes / s / 1e9,
                 bytes / s / kCopyBytesPerS);
@@ -787,10 +789,12 @@ TEST_F(Affine, TimingOnLlama3Matrices) {
         for (mere::cuda::AffineMatvecPlan hint : {mere::cuda::AffineMatvecPlan{4, 1, 0, 2}, {2, 2, 0, 2}, {2, 4, 0, 2},
                                                    {8, 1, 0, 2}, {0, 0, 1, 2}, {0, 0, 2, 2}})
           run(1, hint);
-        ops::set_launch_settings({.programmatic = false, .matvec_split_k = true});
+        ops::LaunchSettings serial = timed;
+        serial.programmatic = false;
+        ops::set_launch_settings(serial);
         std::printf("[ timing   ] programmatic launch off:\n");
         run(1, {});
-        ops::set_launch_settings({.programmatic = true, .matvec_split_k = true});
+        ops::set_launch_settings(timed);
       }
     }
     // The prefill path's dequantization (bf16 out), for its share of a prefill.
