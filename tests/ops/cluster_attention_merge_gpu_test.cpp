@@ -1,6 +1,7 @@
 // Lever cluster_attention_merge (ctest label gpu): where the 8-warp decode
-// attention blocks of lever wide_attention_blocks run over at most 2 splits,
-// the splits of a head form a thread-block cluster and merge through
+// attention blocks of lever wide_attention_blocks run over at most 2 splits
+// (4 for one row whose partials would otherwise take the merge kernel), the
+// splits of a head form a thread-block cluster and merge through
 // distributed shared memory, writing the output themselves. Checked: the output
 // matches the CPU and the partials merged by the merge kernel, for groups of 3
 // to 8 heads, head_dim 32-128, bf16/f16/f32 caches, one sequence and a paged
@@ -44,7 +45,8 @@ class ClusterAttentionMerge : public test::NeedsGpuDefaultLaunch {};
 
 // Whether the splits merge in clusters: the wide form runs (its rule, as in
 // wide_attention_gpu_test.cpp) and its grid holds at most 2 splits, or 4 for
-// one row where a cluster saves the merge kernel (attention.cu's kMaxClusterSplits).
+// one row where a cluster saves the merge kernel (attention.cu's kMaxClusterSplits
+// and kMaxClusterSplitsSavingAKernel).
 bool expect_merged(int64_t B, int64_t heads, int64_t kv_heads, int64_t keys, int64_t splits,
                    bool saves_merge_kernel = false) {
   const int64_t group = heads / kv_heads, block = group <= 4 ? 4 : 8;
