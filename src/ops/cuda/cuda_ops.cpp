@@ -361,11 +361,17 @@ float* rows_of(const Tensor& t, int64_t b, int64_t e) {
 }
 
 // Split-K's partials, or (merged in clusters) only the output.
-AttentionSplits splits_for(int64_t T, int64_t n_heads, int splits, int64_t head_dim, bool merged) {
-  if (!merged) return empty_splits(T, n_heads, splits, head_dim);
-  AttentionSplits s;
-  s.merged = Tensor::empty({T, n_heads, head_dim}, DType::f32, Device::cuda);
-  return s;
+// Allocates out's partials for a launch, or its output where the splits merge in
+// clusters; the caller's merged_by_kernel stays as it said.
+void allocate_splits(AttentionSplits& out, int64_t T, int64_t n_heads, int splits, int64_t head_dim, bool merged) {
+  const bool by_kernel = out.merged_by_kernel;
+  if (merged) {
+    out = AttentionSplits{};
+    out.merged = Tensor::empty({T, n_heads, head_dim}, DType::f32, Device::cuda);
+  } else {
+    out = empty_splits(T, n_heads, splits, head_dim);
+  }
+  out.merged_by_kernel = by_kernel;
 }
 
 // The split-K graph form over a dense cache (contiguous or through the tables):
@@ -414,10 +420,8 @@ bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const
   check_head_dim(q.dim(2));
   if (!pages.paged() && flash_attention_applies(q, k, v)) return false;
   const int splits = graph_splits(k.dim(0), pages, k.dim(1));
-  const bool by_kernel = out.merged_by_kernel;
-  const bool merged = merges_in_clusters(q.dim(0), q.dim(1), k, v, splits, by_kernel);
-  out = splits_for(q.dim(0), q.dim(1), splits, q.dim(2), merged);
-  out.merged_by_kernel = by_kernel;
+  const bool merged = merges_in_clusters(q.dim(0), q.dim(1), k, v, splits, out.merged_by_kernel);
+  allocate_splits(out, q.dim(0), q.dim(1), splits, q.dim(2), merged);
   split_attention(q, k, v, start_pos, scale, pages, out, nullptr, splits);
   return true;
 }
@@ -440,9 +444,8 @@ bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& 
       !rope_in_attention_takes_rows(int(T), int(n_heads), int(n_kv_heads), splits))
     return false;
   const RopeParams params = rope_params(rope);
-  const bool by_kernel = out.merged_by_kernel;
-  out = splits_for(T, n_heads, splits, head_dim, merges_in_clusters(T, n_heads, k_cache, v_cache, splits, by_kernel));
-  out.merged_by_kernel = by_kernel;
+  allocate_splits(out, T, n_heads, splits, head_dim,
+                  merges_in_clusters(T, n_heads, k_cache, v_cache, splits, out.merged_by_kernel));
   for_each_launch(pages, T, [&](int64_t b, int64_t e, const KvTables& tables) {
     const FreshRows fresh{q.slice_rows(b, e).data<float>(),
                           k.slice_rows(b, e).data<float>(),
