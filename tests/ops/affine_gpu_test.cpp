@@ -175,6 +175,31 @@ TEST_F(Affine, TensorCoreMatvecSplitsLongRowsIntoLaunches) {
   }
 }
 
+// A large matrix at one token: its 4,096 tiles fill the slots as well at split 1
+// as at any (two waves of units), but two blocks an SM leave L1 too small for
+// the factor lines of 16 tiles at once, so split-K takes more warps a tile
+// (matvec_split.h); the product is still the reference's.
+TEST_F(Affine, LargeMatrixSplitsForItsFactorLinesAndMatchesTheReference) {
+  const int64_t in = 4096, out = 65536;
+  for (int bits : {4, 8}) {
+    const std::string label = fmt::format("int{} g64 T=1 {}x{}", bits, out, in);
+    Weight w(random_affine(out, in, bits, 64, DType::bf16, uint64_t(31 + bits)), in);
+    const Tensor x = random({1, in}, DType::f32, 32);
+    const Tensor want = ops::linear(x, w.dequantize(DType::f32), Tensor());
+    const Weight wg = w.to_device(Device::cuda);
+    const mere::cuda::AffineArgs a = args_of(wg);
+    EXPECT_GE(mere::cuda::affine_matvec_mma_split(a, 1), 2) << label;
+    Tensor y = Tensor::empty({1, out}, DType::f32, Device::cuda);
+    Tensor scratch = Tensor::empty({mere::cuda::affine_matvec_mma_scratch_bytes(a, 1)}, DType::u8, Device::cuda);
+    const Tensor xg = gpu(x);
+    ASSERT_EQ(mere::cuda::launch_affine_matvec_mma(a, xg.data<float>(), nullptr, y.data<float>(), 1,
+                                                   scratch.raw(), static_cast<cudaStream_t>(cuda_stream())),
+              cudaSuccess)
+        << label;
+    EXPECT_LE(relative_error(y.to_device(Device::cpu), want, "tensor-core " + label), 1e-5f);
+  }
+}
+
 // One token of a matrix of 2^24 weights or more goes to the tensor cores under
 // the lever (one of fewer stays on the CUDA cores: the test above), unless
 // int8_activation_matvec is on.
@@ -772,8 +797,9 @@ TEST_F(Affine, TimingOnLlama3Matrices) {
         for (int64_t T : {1, 2, 4, 8})  // lever tensor_core_affine_matvec, where x fits in shared memory
           for (int digits : {3, 2})          // 2: lever int16_activation_matvec
             if ((T == 1 || group == 64) && mere::cuda::affine_matvec_mma_supports(a, T, digits))
-              report(fmt::format("{:8s} {}x{} int{} g{} T={} tensor cores{}", m.name, m.out, m.in, bits, group, T,
-                                 digits == 2 ? ", int16 x" : ""),
+              report(fmt::format("{:8s} {}x{} int{} g{} T={} tensor cores{} split{}", m.name, m.out, m.in, bits,
+                                 group, T, digits == 2 ? ", int16 x" : "",
+                                 mere::cuda::affine_matvec_mma_split(a, T, digits)),
                      bytes, seconds_per_launch([&] {
                        mere::cuda::launch_affine_matvec_mma(a, x.data<float>(), nullptr, y.data<float>(), T,
                                                             scratch.raw(), stream, digits);

@@ -73,6 +73,9 @@ cudaError_t launch_affine_matvec_normed(const AffineArgs& w, const float* h, con
 // columns, all written by one first kernel; two calls on one stream may share it.
 bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T, int digits = 3);
 int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T, int digits = 3);
+// Warps a tile (split-K) of its launch, or of the first where the row is cut; 0
+// where the kernel does not run.
+int affine_matvec_mma_split(const AffineArgs& w, int64_t T, int digits = 3);
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const float* x, const float* bias, float* y, int64_t T,
                                      void* scratch, cudaStream_t stream, int digits = 3);
 

@@ -998,6 +998,24 @@ struct Variant {
     return visited != cudaSuccess ? visited : status;
   }
 
+  // Warps a tile for launches of `in` columns (tiles::split_for, minding the
+  // factors' lines in L1).
+  static int split_of(const AffineArgs& w, int64_t in, int64_t T, int per_sm, const Layout& l) {
+    const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), row_stages = int(in / Sh::kStageValues);
+    const int64_t factor_row_bytes = in / kGroup * int64_t(sizeof(S));
+    const tiles::FactorLines factors{per_sm, int((factor_row_bytes + 127) / 128),
+                                     tiles::l1_bytes_beside(per_sm, l.total)};
+    return tiles::split_for(n_tiles, row_stages, int64_t(per_sm) * sm_count(), Sh::kStages - 1, &factors);
+  }
+  // The split of the first launch, for tests; 0 where the kernel does not run.
+  static int first_split(const AffineArgs& w, int64_t T) {
+    if (!fits(w, T)) return 0;
+    const int64_t in = w.in / parts_for(w, T);
+    const Layout l = layout_for(in, T);
+    const int per_sm = blocks_per_sm(l.total);
+    return per_sm < 1 ? 0 : split_of(w, in, T, per_sm, l);
+  }
+
   static cudaError_t launch(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y, int64_t T,
                             void* scratch, bool accumulate, cudaStream_t stream) {
     if (!fits(w, T)) return cudaErrorInvalidValue;
@@ -1007,8 +1025,8 @@ struct Variant {
     const int per_sm = blocks_per_sm(l.total);
     if (per_sm < 1) return cudaErrorInvalidValue;
     const int64_t slots = int64_t(per_sm) * sm_count();
-    const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), row_stages = int(in / Sh::kStageValues);
-    const int split = tiles::split_for(n_tiles, row_stages, slots, Sh::kStages - 1);
+    const int n_tiles = int((w.out + kTileRows - 1) / kTileRows);
+    const int split = split_of(w, in, T, per_sm, l);
     Problem p{};
     p.streamed_weights = streamed_weights;
     p.row_bytes = w.in * kBits / 8;
@@ -1239,6 +1257,13 @@ bool affine_matvec_mma_supports(const AffineArgs& w, int64_t T, int digits) {
   bool fits = false;
   visit_variant(w, T, digits, [&](auto variant) { fits = decltype(variant)::fits(w, T); });
   return fits;
+}
+
+int affine_matvec_mma_split(const AffineArgs& w, int64_t T, int digits) {
+  int split = 0;
+  if (shape_supported(w, T, digits))
+    visit_variant(w, T, digits, [&](auto variant) { split = decltype(variant)::first_split(w, T); });
+  return split;
 }
 
 int64_t affine_matvec_mma_scratch_bytes(const AffineArgs& w, int64_t T, int digits) {

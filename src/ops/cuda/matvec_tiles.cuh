@@ -1,7 +1,7 @@
 // What the tensor-core decode matvecs (affine_matvec_mma.cu, fp8_matvec_mma.cu)
 // share: tiles of 16 rows in blocks of 8 warps, `split` warps of a block per
-// tile (split-K) adding their sums in a fixed order, and the choice of split;
-// the ring's first stages and x's staged image. (Each kernel reads what its
+// tile (split-K) adding their sums in a fixed order (the choice of split:
+// matvec_split.h); the ring's first stages and x's staged image. (Each kernel reads what its
 // sums are added to itself: a shared form of that changed the int4 eight-token
 // kernel's code and cost it 3%, H200, 2026-11-30.)
 #pragma once
@@ -9,31 +9,14 @@
 #include <cstdint>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/matvec_split.h"
 
 namespace mere::cuda::tiles {
-
-constexpr int kWarps = 8;
-constexpr int kTileRows = 16;
 
 // The most dynamic shared memory a block may take on this device (opt-in).
 inline int max_smem() {
   static const int bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   return bytes;
-}
-
-// Split-K: the fewest warps per tile (1 to kWarps) whose units of kWarps / split
-// tiles fill the slots (resident blocks) as well as any, each warp keeping at
-// least `min_stages` of the row's `row_stages` so that its ring stays full.
-inline int split_for(int n_tiles, int row_stages, int64_t slots, int min_stages) {
-  int split = 1;
-  double best = 0;
-  for (int s = 1; s <= kWarps && row_stages / s >= 1; s *= 2) {
-    const int64_t units = (n_tiles + kWarps / s - 1) / (kWarps / s);
-    const double waves = double((units + slots - 1) / slots);
-    const double fill = double(units) / (waves * double(slots));
-    if (fill > best * 1.05 && (s == 1 || row_stages / s >= min_stages)) best = fill, split = s;
-  }
-  return split;
 }
 
 // At a tile's last stage: the split warps' sums (rows g and g + 8 of each mma's
