@@ -11,7 +11,7 @@ namespace {
 constexpr int64_t kKb = 1024;
 
 TEST(MatvecSplit, L1IsWhatTheSharedMemoryCarveoutLeaves) {
-  EXPECT_EQ(l1_bytes_beside(2, 84160), 60 * kKb);   // int4 at one token: 2 x 83.2 KB, the 196 KB carveout
+  EXPECT_EQ(l1_bytes_beside(2, 84160), 60 * kKb);   // int4 at one token: 2 x 82 KB, the 196 KB carveout
   EXPECT_EQ(l1_bytes_beside(2, 104960), 28 * kKb);  // 4 tokens in two digits: 2 x 103 KB, 228 KB
   EXPECT_EQ(l1_bytes_beside(1, 142336), 92 * kKb);  // 8 tokens in two digits: one block, 164 KB
   EXPECT_EQ(l1_bytes_beside(1, 0), 248 * kKb);      // the 1 KB a block reserves takes the 8 KB carveout

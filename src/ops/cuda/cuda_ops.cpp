@@ -360,7 +360,6 @@ float* rows_of(const Tensor& t, int64_t b, int64_t e) {
   return t.defined() ? t.slice_rows(b, e).data<float>() : nullptr;
 }
 
-// Split-K's partials, or (merged in clusters) only the output.
 // Allocates out's partials for a launch, or its output where the splits merge in
 // clusters; the caller's merged_by_kernel stays as it said.
 void allocate_splits(AttentionSplits& out, int64_t T, int64_t n_heads, int splits, int64_t head_dim, bool merged) {

@@ -1,9 +1,9 @@
 // What the tensor-core decode matvecs (affine_matvec_mma.cu, fp8_matvec_mma.cu)
 // share: tiles of 16 rows in blocks of 8 warps, `split` warps of a block per
 // tile (split-K) adding their sums in a fixed order (the choice of split:
-// matvec_split.h); the ring's first stages and x's staged image. (Each kernel reads what its
-// sums are added to itself: a shared form of that changed the int4 eight-token
-// kernel's code and cost it 3%, H200, 2026-11-30.)
+// matvec_split.h); the ring's first stages and x's staged image. (Each kernel
+// reads what its sums are added to itself: a shared form of that changed the
+// int4 eight-token kernel's code and cost it 3%, H200, 2026-11-30.)
 #pragma once
 
 #include <cstdint>
