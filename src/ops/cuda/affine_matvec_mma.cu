@@ -1000,7 +1000,7 @@ struct Variant {
 
   // Warps a tile for launches of `in` columns (tiles::split_for, minding the
   // factors' lines in L1).
-  static int split_of(const AffineArgs& w, int64_t in, int64_t T, int per_sm, const Layout& l) {
+  static int split_of(const AffineArgs& w, int64_t in, int per_sm, const Layout& l) {
     const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), row_stages = int(in / Sh::kStageValues);
     const int64_t factor_row_bytes = in / kGroup * int64_t(sizeof(S));
     const tiles::FactorLines factors{per_sm, int((factor_row_bytes + 127) / 128),
@@ -1013,7 +1013,7 @@ struct Variant {
     const int64_t in = w.in / parts_for(w, T);
     const Layout l = layout_for(in, T);
     const int per_sm = blocks_per_sm(l.total);
-    return per_sm < 1 ? 0 : split_of(w, in, T, per_sm, l);
+    return per_sm < 1 ? 0 : split_of(w, in, per_sm, l);
   }
 
   static cudaError_t launch(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y, int64_t T,
@@ -1026,7 +1026,7 @@ struct Variant {
     if (per_sm < 1) return cudaErrorInvalidValue;
     const int64_t slots = int64_t(per_sm) * sm_count();
     const int n_tiles = int((w.out + kTileRows - 1) / kTileRows);
-    const int split = split_of(w, in, T, per_sm, l);
+    const int split = split_of(w, in, per_sm, l);
     Problem p{};
     p.streamed_weights = streamed_weights;
     p.row_bytes = w.in * kBits / 8;
