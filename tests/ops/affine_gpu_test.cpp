@@ -516,6 +516,31 @@ TEST_F(Affine, Int16ActivationsMatchTheRoundedReference) {
   }
 }
 
+// int8 down_proj at four tokens (x in two digits, as a decode step of four
+// sequences runs it): one block an SM of about 198 KB leaves 28 KB of L1, where
+// no split's factor lines fit; the rule then takes the most warps a tile its
+// guard allows (8; the fill alone gives 4 on 132 SMs), and the split sums
+// still equal the f32 product on x rounded to two digits.
+TEST_F(Affine, DownProjWithNoSplitFittingL1TakesTheMostWarpsAndMatchesTheReference) {
+  const int64_t in = 14336, out = 4096, T = 4;
+  Weight w(random_affine(out, in, 8, 64, DType::bf16, 4101), in);
+  const Tensor x = random({T, in}, DType::f32, 4102);
+  const Tensor want = ops::linear(int16_rounded(x, 64), w.dequantize(DType::f32), Tensor());
+  const Weight wg = w.to_device(Device::cuda);
+  const mere::cuda::AffineArgs a = args_of(wg);
+  ASSERT_TRUE(mere::cuda::affine_matvec_mma_supports(a, T, 2));
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  if (sms == 132) EXPECT_EQ(mere::cuda::affine_matvec_mma_split(a, T, 2), 8);
+  Tensor y = Tensor::empty({T, out}, DType::f32, Device::cuda);
+  Tensor scratch = Tensor::empty({mere::cuda::affine_matvec_mma_scratch_bytes(a, T, 2)}, DType::u8, Device::cuda);
+  const Tensor xg = gpu(x);
+  ASSERT_EQ(mere::cuda::launch_affine_matvec_mma(a, xg.data<float>(), nullptr, y.data<float>(), T, scratch.raw(),
+                                                 static_cast<cudaStream_t>(cuda_stream()), 2),
+            cudaSuccess);
+  EXPECT_LE(relative_error(y.to_device(Device::cpu), want, "int8 g64 T=4 4096x14336, int16 x"), 1e-5f);
+}
+
 // More rows than one wave of blocks: staged blocks loop over row blocks, also
 // with a forced split (the partial sums' buffers alternate).
 // One token of a matrix of at most one row an SM (a MoE router's 128 rows) takes

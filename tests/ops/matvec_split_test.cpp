@@ -34,17 +34,24 @@ TEST(MatvecSplit, LargeMatricesSplitUntilTheirFactorLinesFitInL1) {
   EXPECT_EQ(split_for(4096 / kTileRows, stages, 264, min_stages, &one_token), 8);
   EXPECT_EQ(split_for(6144 / kTileRows, stages, 264, min_stages, &one_token), 4);
   EXPECT_EQ(split_for(6144 / kTileRows, stages, 264, min_stages, &four_tokens), 8);
-  // down_proj's rows hold 4 lines of factors each: at 4 tokens (one block an SM,
-  // 60 KB of L1) split 4's 32 KB do not fit, split 8's 16 KB do; in two-block
-  // launches (28 KB) none fits, and the fill's split stays.
-  const FactorLines down_four_tokens{1, 4, 60 * kKb}, down_two_blocks{2, 4, 28 * kKb};
+  // down_proj's rows hold 4 lines of factors each: at 4 tokens (int4: one block
+  // an SM, 60 KB of L1) split 4's 32 KB do not fit, split 8's 16 KB do. int8's
+  // one block of 198 KB leaves 28 KB, where no split fits: the most warps a
+  // tile (8: 16 KB, the least overflow) rather than the fill's 4. In two-block
+  // launches (28 KB) the fill already takes 8.
+  const FactorLines down_four_tokens{1, 4, 60 * kKb}, down_int8_four_tokens{1, 4, 28 * kKb},
+      down_two_blocks{2, 4, 28 * kKb};
   EXPECT_EQ(split_for(4096 / kTileRows, 56, 132, min_stages), 4);
   EXPECT_EQ(split_for(4096 / kTileRows, 56, 132, min_stages, &down_four_tokens), 8);
+  EXPECT_EQ(split_for(4096 / kTileRows, 56, 132, min_stages, &down_int8_four_tokens), 8);
   EXPECT_EQ(split_for(4096 / kTileRows, 56, 264, min_stages, &down_two_blocks), 8);
   // A warp keeps at least min_stages of a row: 8 stages allow split 4 at most,
-  // which fits 60 KB but not 28; there the fill's split stays.
+  // which fits 60 KB; in 28 KB no allowed split fits, and split 4 overflows the
+  // least.
   EXPECT_EQ(split_for(lm_head_tiles, 8, 264, min_stages, &one_token), 4);
-  EXPECT_EQ(split_for(lm_head_tiles, 8, 264, min_stages, &four_tokens), 1);
+  EXPECT_EQ(split_for(lm_head_tiles, 8, 264, min_stages, &four_tokens), 4);
+  // Where the guard allows no more warps than the fill's, the fill's split stays.
+  EXPECT_EQ(split_for(lm_head_tiles, 3, 264, min_stages, &four_tokens), 1);
 }
 
 }  // namespace

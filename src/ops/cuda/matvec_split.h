@@ -45,8 +45,10 @@ struct FactorLines {
 // that leave L1 small (lm_head at 4 tokens ran at 0.67 of 4.2 TB/s, 0.90 at
 // split 8), and at 3-4 tokens Llama-3-8B's qkv and down (the decode step 4%
 // faster, though each alone ran 3-11% slower: docs/benchmarks.md, thirty-first
-// session). More warps a tile never fill the slots worse (twice the units take
-// at most twice the waves).
+// session). Where no split's lines fit, the most warps the min-stages guard
+// allows, whose lines overflow L1 the least (int8 down_proj at 4 tokens: the
+// decode step 3% faster, thirty-second session). More warps a tile never fill
+// the slots worse (twice the units take at most twice the waves).
 inline int split_for(int n_tiles, int row_stages, int64_t slots, int min_stages, const FactorLines* factors = nullptr) {
   int split = 1;
   double best = 0;
@@ -57,9 +59,12 @@ inline int split_for(int n_tiles, int row_stages, int64_t slots, int min_stages,
     if (fill > best * 1.05 && (s == 1 || row_stages / s >= min_stages)) best = fill, split = s;
   }
   if (!factors || factors->fit(split)) return split;
-  for (int s = split * 2; s <= kWarps && row_stages / s >= min_stages; s *= 2)
+  int most = split;
+  for (int s = split * 2; s <= kWarps && row_stages / s >= min_stages; s *= 2) {
     if (factors->fit(s)) return s;
-  return split;
+    most = s;
+  }
+  return most;
 }
 
 }  // namespace mere::cuda::tiles
