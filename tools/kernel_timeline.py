@@ -13,7 +13,11 @@ before the step's latest end so far pale (overlapped, or waiting), the share dar
 
 usage: kernel_timeline.py TIMELINE.csv [--steps N] [--show K] [--min-launches L]
                           [--svg OUT.svg [--graph G] [--svg-from K] [--svg-kernels N] [--title T]
-                           [--labels NAME,NAME,...]]
+                           [--labels NAME,NAME,...]] [--roles NAME,NAME,...]
+
+With --roles, the matvec launches of a step (kernels named *matvec*) are named in order by the
+roles, repeated (a decode layer's matvecs), the step's last one `lm_head`, and each role's mean
+share is printed: what a layer's matrices cost inside the step, against their bytes.
 """
 import argparse
 import collections
@@ -39,6 +43,7 @@ def main():
     ap.add_argument("--title", default="", help="the chart's title")
     ap.add_argument("--labels", default="", help="names for the drawn kernels, comma-separated, repeated")
     ap.add_argument("--show", type=int, default=24, help="kernels of one step to list in order")
+    ap.add_argument("--roles", default="", help="names for a layer's matvec launches in order, comma-separated")
     a = ap.parse_args()
     launches = collections.defaultdict(list)
     with open(a.csv) as f:
@@ -108,6 +113,32 @@ def draw(kernels, path, title, labels):
         f.write("\n".join(out) + "\n")
 
 
+def roles_report(steps, roles):
+    """Each role's mean share a layer (a role named twice adds its launches), the last lm_head's a step."""
+    share = collections.defaultdict(float)
+    layers = 0
+    for step in steps:  # sorted by start (report)
+        latest = step[0][0]
+        matvecs = []
+        for start, end, name, *_ in step:
+            if "matvec" in name:
+                matvecs.append(max(0, end - latest) / 1e3)
+            latest = max(latest, end)
+        if (len(matvecs) - 1) % len(roles):
+            print(f"roles: {len(matvecs)} matvecs a step are not layers of {len(roles)} and an lm_head")
+            return
+        layers = (len(matvecs) - 1) // len(roles)
+        for i, s in enumerate(matvecs[:-1]):
+            share[roles[i % len(roles)]] += s
+        share["lm_head"] += matvecs[-1]
+    n = len(steps)
+    print(f"matvec shares ({layers} layers), us a layer (lm_head: a step):")
+    for role in dict.fromkeys(roles):
+        print(f"  {role:>10} {share[role] / n / layers:7.2f}")
+    print(f"  {'lm_head':>10} {share['lm_head'] / n:7.2f}")
+    print(f"  {'a layer':>10} {sum(share[r] for r in dict.fromkeys(roles)) / n / layers:7.2f}")
+
+
 def report(graph, steps, a):
     """Prints a graph's shares; returns its last step's kernels, sorted by start."""
     steps = sorted(steps, key=lambda v: min(k[0] for k in v))[-a.steps:]
@@ -131,6 +162,8 @@ def report(graph, steps, a):
     for name, s in sorted(share.items(), key=lambda kv: -kv[1]):
         per = count[name] / n
         print(f"{s / n:13.1f} {100 * s / n / span:5.1f} {per:8.0f} {s / count[name]:18.2f} {duration[name] / count[name]:9.2f}  {name}")
+    if a.roles:
+        roles_report(steps, [x.strip() for x in a.roles.split(",")])
     step = steps[-1]
     t0 = step[0][0]
     print(f"\nthe last step's first {a.show} kernels (us from the step's start):")
