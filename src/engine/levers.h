@@ -129,6 +129,14 @@ struct Levers {
   // +2.5%); int4 lost with a deeper ring and keeps three; batches of 2-8
   // unchanged (docs/levers.md).
   bool deep_moe_ring = true;
+  // The tensor-core affine dense matvec at one token of int8 weights keeps five
+  // ring stages a warp in flight instead of three, where its blocks an SM stay
+  // the same (down_proj's long row holds one block an SM either way). The same
+  // arithmetic (the split-K rule may take more warps a tile in the smaller L1
+  // it leaves: f32 sums regroup). Default: Llama-3-8B int8 batch 1 +1.0% (d512
+  // +1.1-1.5%), Qwen3-8B int8 +0.4%; int4 lost with a deeper ring and keeps three
+  // (docs/levers.md).
+  bool deep_dense_ring = true;
   // The decode matvecs (affine and FP8 on the tensor cores, affine and
   // bf16/f16/f32 on the CUDA cores, dense and experts) read their weights with
   // an L2 evict-first policy: a token streams gigabytes of weights through
@@ -166,7 +174,7 @@ struct Levers {
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_FP8_MATVEC, MERERUN_TENSOR_CORE_MOE_MATVEC, MERERUN_ROUTING_IN_EXPERTS,
-  // MERERUN_DEEP_MOE_RING, MERERUN_STREAMED_WEIGHTS,
+  // MERERUN_DEEP_MOE_RING, MERERUN_DEEP_DENSE_RING, MERERUN_STREAMED_WEIGHTS,
   // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto),
   // MERERUN_PSI_FUSED_MOE,
   // MERERUN_PREFIX_CACHE (0|1)
@@ -179,7 +187,8 @@ struct Levers {
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,
                   .tensor_core_affine_matvec = false, .int16_activation_matvec = false,
                   .tensor_core_fp8_matvec = false, .tensor_core_moe_matvec = false,
-                  .routing_in_experts = false, .deep_moe_ring = false, .streamed_weights = false,
+                  .routing_in_experts = false, .deep_moe_ring = false, .deep_dense_ring = false,
+                  .streamed_weights = false,
                   .tensor_core_affine_gemm = LeverMode::off,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false};

@@ -25,6 +25,7 @@ void apply_launch_settings(const LoadOptions& o) {
                             .tensor_core_moe_matvec = o.tensor_core_moe_matvec,
                             .routing_in_experts = o.routing_in_experts,
                             .deep_moe_ring = o.deep_moe_ring,
+                            .deep_dense_ring = o.deep_dense_ring,
                             .streamed_weights = o.streamed_weights,
                             .tensor_core_affine_gemm = o.tensor_core_affine_gemm != LeverMode::off,
                             .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on});

@@ -54,6 +54,8 @@ struct LoadOptions {
   bool routing_in_experts = false;
   // Those experts' one-token int8 matvecs with a deeper ring (lever deep_moe_ring).
   bool deep_moe_ring = false;
+  // The one-token int8 dense matvecs on the tensor cores with a deeper ring (lever deep_dense_ring).
+  bool deep_dense_ring = false;
   // The decode matvecs' weight reads evict first from L2 (lever streamed_weights).
   bool streamed_weights = false;
   // MLX affine prefill GEMMs that dequantize their tiles (lever tensor_core_affine_gemm);

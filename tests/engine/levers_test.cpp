@@ -166,6 +166,16 @@ TEST(Levers, DeepMoeRingIsACudaLeverOfTheTensorCoreExperts) {
   EXPECT_FALSE(without_experts.load_options(Device::cuda).deep_moe_ring);
 }
 
+// deep_dense_ring: on by default, a CUDA lever switched by its variable, in
+// effect only with the tensor-core affine matvec whose ring it deepens.
+TEST(Levers, DeepDenseRingIsACudaLeverOfTheTensorCoreAffineMatvec) {
+  expect_default_cuda_lever("MERERUN_DEEP_DENSE_RING", "deep_dense_ring", &Levers::deep_dense_ring,
+                            &LoadOptions::deep_dense_ring);
+  Levers without_tensor_cores;
+  without_tensor_cores.tensor_core_affine_matvec = false;
+  EXPECT_FALSE(without_tensor_cores.load_options(Device::cuda).deep_dense_ring);
+}
+
 // streamed_weights: on by default, a CUDA lever switched by its variable; the
 // engine's launch settings carry it to the kernels.
 TEST(Levers, StreamedWeightsIsACudaLever) {

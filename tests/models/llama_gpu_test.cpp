@@ -344,6 +344,26 @@ TEST(MoeGpu, DeepMoeRingMovesOnlyTheRoundingOnTheQwen3_30B_A3B_Shape) {
   std::printf("[ gpu      ] int8: the deep MoE ring's 16 greedy tokens the same\n");
 }
 
+// Lever deep_dense_ring on the Llama-3-8B shape (random int8 weights, the
+// default levers otherwise): at one token down_proj (one block an SM either
+// way) keeps five ring stages a warp, and the split-K rule may give its tiles
+// more warps in the L1 left beside them, whose sums meet in another grouping:
+// a decode step of 1 token keeps the argmax and its logits within 1e-4, a step
+// of 2 (not the lever's) is the same bits, and 16 greedy tokens are the same.
+TEST(LlamaGpu, DeepDenseRingMovesOnlyTheRoundingOnTheLlama3_8B_Shape) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  LoadOptions deep = Levers{}.load_options(Device::cuda), shallow = deep;
+  ASSERT_TRUE(deep.deep_dense_ring);
+  shallow.deep_dense_ring = false;
+  auto off = random_model("llama3-8b", Device::cuda, shallow, 1, RandomQuant::parse("int8"));
+  auto on = random_model("llama3-8b", Device::cuda, deep, 1, RandomQuant::parse("int8"));
+  EXPECT_FALSE(step_moved_past(*off, *on, 1, 1e-4f, "int8 deep dense ring, one step of 1 token"));
+  const auto [want, got] = one_decode_step(*off, *on, 2);
+  EXPECT_EQ(test::max_abs_diff(got, want).diff, 0.0f) << "one step of 2 tokens";
+  EXPECT_EQ(greedy_moe_tokens(*on), greedy_moe_tokens(*off));
+  std::printf("[ gpu      ] int8: the deep dense ring's 16 greedy tokens the same\n");
+}
+
 // Lever fused_norm_matvec, auto, on the Qwen3-30B-A3B shape (random int4 and
 // int8): its attention matrices (2^23 weights and up) fold, so q/k/v take h
 // through their RMSNorm'd prepare, attention's splits merge on their way into

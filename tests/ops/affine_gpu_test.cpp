@@ -541,6 +541,67 @@ TEST_F(Affine, DownProjWithNoSplitFittingL1TakesTheMostWarpsAndMatchesTheReferen
   EXPECT_LE(relative_error(y.to_device(Device::cpu), want, "int8 g64 T=4 4096x14336, int16 x"), 1e-5f);
 }
 
+// Lever deep_dense_ring: one token of int8 weights on the tensor cores keeps
+// five ring stages a warp (its own kernel: the matvec's name changes, the
+// prepare's does not); int4, two tokens and rows cut into launches keep three
+// (the same kernels and bits), as do launches whose blocks an SM five stages
+// would lower. Where the split stays, the bits are the same;
+// the smaller L1 beside the deeper ring may raise the split (the f32 sums
+// regroup): within 1e-5 of the f32 reference either way.
+TEST_F(Affine, DeepDenseRingAtOneTokenOfInt8MovesOnlyTheRounding) {
+  struct Case {
+    int64_t T, out, in;
+    int bits, group;
+    DType dt;
+    bool deep;
+  };
+  int n = 0;
+  // down_proj's long row (x's image leaves one block an SM at three stages as
+  // at five) and g128 take it; 4,096 columns at g32/g64 hold two blocks an SM
+  // at three stages and one at five, so they keep three.
+  for (const Case& c : {Case{1, 4096, 14336, 8, 64, DType::bf16, true}, Case{1, 32768, 4096, 8, 128, DType::f32, true},
+                        Case{1, 4096, 4096, 8, 64, DType::bf16, false}, Case{1, 6144, 4096, 8, 32, DType::f16, false},
+                        Case{1, 4096, 4096, 4, 64, DType::bf16, false}, Case{2, 4096, 14336, 8, 64, DType::bf16, false}}) {
+    const std::string label = fmt::format("int{} g{} {} T={} {}x{}", c.bits, c.group, dtype_name(c.dt), c.T, c.out, c.in);
+    Weight w(random_affine(c.out, c.in, c.bits, c.group, c.dt, uint64_t(5100 + n++)), c.in);
+    const Tensor x = random({c.T, c.in}, DType::f32, uint64_t(5200 + n));
+    const Tensor want = ops::linear(x, w.dequantize(DType::f32), Tensor());
+    const Weight wg = w.to_device(Device::cuda);
+    const Tensor xg = gpu(x);
+    const mere::cuda::AffineArgs a = args_of(wg);
+    struct Run {
+      Tensor y;
+      std::vector<std::string> names;
+      int split;
+    };
+    auto run_with = [&](bool deep) {
+      ops::set_launch_settings({.tensor_core_affine_matvec = true, .deep_dense_ring = deep});
+      Run r;
+      for (const auto& launch : test::kernel_launches_by([&] { (void)ops::linear(xg, wg, Tensor()); }))
+        r.names.push_back(launch.name);
+      r.y = ops::linear(xg, wg, Tensor()).to_device(Device::cpu);
+      r.split = mere::cuda::affine_matvec_mma_split(a, c.T, c.T == 1 ? 3 : 2);
+      ops::set_launch_settings({});
+      return r;
+    };
+    const Run off = run_with(false), on = run_with(true);
+    ASSERT_EQ(off.names.size(), 2u) << label << ": the prepare and the matvec";
+    ASSERT_EQ(on.names.size(), 2u) << label;
+    EXPECT_EQ(on.names[0], off.names[0]) << label << ": the prepare kernel";
+    if (c.deep) {
+      EXPECT_NE(on.names[1], off.names[1]) << label << ": the deep ring is its own kernel";
+    } else {
+      EXPECT_EQ(on.names[1], off.names[1]) << label;
+      EXPECT_EQ(std::memcmp(on.y.raw(), off.y.raw(), on.y.size_bytes()), 0) << label;
+    }
+    if (on.split == off.split)
+      EXPECT_EQ(std::memcmp(on.y.raw(), off.y.raw(), on.y.size_bytes()), 0) << label << ": the same split";
+    EXPECT_GE(on.split, off.split) << label;
+    EXPECT_LE(relative_error(off.y, want, label + ", three stages"), 1e-5f);
+    EXPECT_LE(relative_error(on.y, want, label + ", deep ring"), 1e-5f);
+  }
+}
+
 // More rows than one wave of blocks: staged blocks loop over row blocks, also
 // with a forced split (the partial sums' buffers alternate).
 // One token of a matrix of at most one row an SM (a MoE router's 128 rows) takes

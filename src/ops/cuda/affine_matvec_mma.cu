@@ -84,8 +84,15 @@ using tiles::kWarps;
 // inside the kernel cost 2-4% everywhere, and one kernel holding each depth's
 // loop 6-20% (docs/benchmarks.md, twenty-fifth session).
 bool deep_moe_ring = false;
+// Lever deep_dense_ring: the same five stages for the dense matvec at one token
+// of int8 weights, where its blocks an SM stay those of three stages (a long
+// row's x leaves one block an SM either way: Llama-3-8B's down_proj; g128): a
+// warp's share of a tile has more of its stages on the way from HBM
+// (Llama-3-8B int8 decode +1%; int4 lost with a deeper ring: docs/benchmarks.md,
+// twenty-fifth and thirty-second sessions).
+bool deep_dense_ring = false;
 bool streamed_weights = false;  // lever streamed_weights
-constexpr int kDeepMoeStages = 5;
+constexpr int kDeepRingStages = 5;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight (at least 3 stages)
 constexpr int kMaxParts = 8;          // launches a row may be cut into (x too long for shared memory)
 
@@ -815,6 +822,8 @@ template <int kBits, int kGroup, typename S, int kMmas, int kDigits>
 struct Variant {
   using Sh = Shape<kBits, kGroup, S>;
   static constexpr int kWeightBits = kBits;
+  static constexpr int kMmaCount = kMmas;
+  static constexpr int kDigitCount = kDigits;
   template <int kMode, int kStages = Sh::kStages>
   static constexpr auto kernel_for = affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits, kMode, kStages>;
   static constexpr auto kernel = kernel_for<kDense>;
@@ -871,8 +880,8 @@ struct Variant {
   static cudaError_t launch_moe(const MoeExpertsArgs& a, const ExpertMatrix& m, const ExpertMatrix& up, int64_t in,
                                 const uint8_t* staged, float* y, cudaStream_t stream) {
     if constexpr (kBits == 8)
-      if (moe_ring_stages<kMode>(a, in) == kDeepMoeStages)
-        return launch_moe_with<kMode, kDeepMoeStages>(a, m, up, in, staged, y, stream);
+      if (moe_ring_stages<kMode>(a, in) == kDeepRingStages)
+        return launch_moe_with<kMode, kDeepRingStages>(a, m, up, in, staged, y, stream);
     return launch_moe_with<kMode, Sh::kStages>(a, m, up, in, staged, y, stream);
   }
   // How a launch of `kStages` stages a warp deals its work: blocks an SM (0 if
@@ -903,9 +912,9 @@ struct Variant {
   template <int kMode>
   static int moe_ring_stages(const MoeExpertsArgs& a, int64_t in) {
     const bool deep = deep_moe_ring && kBits == 8 && a.T == 1 &&
-                      layout_for(in, 1, kDeepMoeStages).total <= max_smem() &&
-                      moe_grid_for<kMode, kDeepMoeStages>(a, in).per_sm > 0;
-    return deep ? kDeepMoeStages : Sh::kStages;
+                      layout_for(in, 1, kDeepRingStages).total <= max_smem() &&
+                      moe_grid_for<kMode, kDeepRingStages>(a, in).per_sm > 0;
+    return deep ? kDeepRingStages : Sh::kStages;
   }
   template <int kMode, int kStages>
   static cudaError_t launch_moe_with(const MoeExpertsArgs& a, const ExpertMatrix& m, const ExpertMatrix& up,
@@ -998,6 +1007,27 @@ struct Variant {
     return visited != cudaSuccess ? visited : status;
   }
 
+  // The ring stages a warp of a dense launch of `in` columns keeps (lever
+  // deep_dense_ring), and that launch's layout, blocks an SM and kernel.
+  struct DenseLaunch {
+    Layout l;
+    int per_sm;
+    decltype(kernel) kernel_used;
+  };
+  static DenseLaunch dense_launch(int64_t in, int64_t T, int parts) {
+    if constexpr (kBits == 8 && kMmas == 1 && kDigits == 3) {
+      if (deep_dense_ring && T == 1 && parts == 1) {
+        const Layout deep = layout_for(in, T, kDeepRingStages);
+        const int shallow_per_sm = blocks_per_sm(layout_for(in, T).total);
+        if (deep.total <= max_smem() && shallow_per_sm > 0 &&
+            blocks_per_sm<kDense, kDeepRingStages>(deep.total) == shallow_per_sm)
+          return {deep, shallow_per_sm, kernel_for<kDense, kDeepRingStages>};
+      }
+    }
+    const Layout l = layout_for(in, T);
+    return {l, blocks_per_sm(l.total), kernel};
+  }
+
   // Warps a tile for launches of `in` columns (tiles::split_for, minding the
   // factors' lines in L1).
   static int split_of(const AffineArgs& w, int64_t in, int per_sm, const Layout& l) {
@@ -1010,10 +1040,10 @@ struct Variant {
   // The split of the first launch, for tests; 0 where the kernel does not run.
   static int first_split(const AffineArgs& w, int64_t T) {
     if (!fits(w, T)) return 0;
-    const int64_t in = w.in / parts_for(w, T);
-    const Layout l = layout_for(in, T);
-    const int per_sm = blocks_per_sm(l.total);
-    return per_sm < 1 ? 0 : split_of(w, in, per_sm, l);
+    const int parts = parts_for(w, T);
+    const int64_t in = w.in / parts;
+    const DenseLaunch d = dense_launch(in, T, parts);
+    return d.per_sm < 1 ? 0 : split_of(w, in, d.per_sm, d.l);
   }
 
   static cudaError_t launch(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y, int64_t T,
@@ -1021,8 +1051,9 @@ struct Variant {
     if (!fits(w, T)) return cudaErrorInvalidValue;
     const int parts = parts_for(w, T);
     const int64_t in = w.in / parts;
-    const Layout l = layout_for(in, T);
-    const int per_sm = blocks_per_sm(l.total);
+    const DenseLaunch d = dense_launch(in, T, parts);
+    const Layout& l = d.l;
+    const int per_sm = d.per_sm;
     if (per_sm < 1) return cudaErrorInvalidValue;
     const int64_t slots = int64_t(per_sm) * sm_count();
     const int n_tiles = int((w.out + kTileRows - 1) / kTileRows);
@@ -1081,7 +1112,7 @@ struct Variant {
       p.staged = static_cast<const uint8_t*>(scratch) + part * part_bytes;
       p.bias = part == 0 ? bias : nullptr;
       p.accumulate = accumulate || part > 0;
-      status = launch_kernel(kernel, dim3(grid), dim3(kWarps * 32), size_t(l.total), stream, p);
+      status = launch_kernel(d.kernel_used, dim3(grid), dim3(kWarps * 32), size_t(l.total), stream, p);
       if (status != cudaSuccess) return status;
     }
     return cudaSuccess;
@@ -1204,6 +1235,7 @@ cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaS
 }
 
 void set_deep_moe_ring(bool on) { deep_moe_ring = on; }
+void set_deep_dense_ring(bool on) { deep_dense_ring = on; }
 void set_streamed_weights(bool on) { streamed_weights = on; }
 bool streamed_weights_enabled() { return streamed_weights; }
 bool deep_moe_ring_enabled() { return deep_moe_ring; }
@@ -1234,7 +1266,11 @@ MmaKernelLocal affine_matvec_mma_most_local() {
         for (const int digits : {2, 3})
           for (int T = 1; T <= 8; ++T)
             visit_variant(w, T, digits, [&](auto v) {
-              check(reinterpret_cast<const void*>(decltype(v)::kernel), w, mmas_for(T, digits), digits, "dense");
+              using V = decltype(v);
+              check(reinterpret_cast<const void*>(V::kernel), w, mmas_for(T, digits), digits, "dense");
+              if constexpr (V::kWeightBits == 8 && V::kMmaCount == 1 && V::kDigitCount == 3)  // deep_dense_ring's
+                check(reinterpret_cast<const void*>(V::template kernel_for<kDense, kDeepRingStages>), w, 1, 3,
+                      "dense, deep ring");
             });
         const ExpertMatrix m{.dtype = dtype, .bits = bits, .group_size = group};
         visit_expert_variant(m, [&](auto v) {
@@ -1242,9 +1278,9 @@ MmaKernelLocal affine_matvec_mma_most_local() {
           check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp>), w, 1, 3, "gate/up");
           check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown>), w, 1, 3, "down");
           if constexpr (V::kWeightBits == 8) {  // lever deep_moe_ring's
-            check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp, kDeepMoeStages>), w, 1, 3,
+            check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp, kDeepRingStages>), w, 1, 3,
                   "gate/up, deep ring");
-            check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown, kDeepMoeStages>), w, 1, 3,
+            check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown, kDeepRingStages>), w, 1, 3,
                   "down, deep ring");
           }
         });

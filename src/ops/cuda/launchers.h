@@ -67,6 +67,9 @@ void decode_keys_range(int64_t& lo, int64_t& hi);
 // MLX affine decode matvecs (T <= 8) on the tensor cores (lever
 // tensor_core_affine_matvec, affine_matvec_mma.cu); off: the CUDA-core kernels.
 void set_tensor_core_affine_matvec(bool on);
+// Lever deep_dense_ring: that matvec at one token of int8 weights keeps five
+// ring stages a warp in flight instead of three (affine_matvec_mma.cu).
+void set_deep_dense_ring(bool on);
 // The tensor-core decode matvecs (affine and FP8) take one token only of a
 // matrix this large: a smaller one pays more for their extra launch, which
 // converts x, than it gains (docs/levers.md).
