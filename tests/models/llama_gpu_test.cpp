@@ -324,44 +324,37 @@ TEST(MoeGpu, RoutingInExpertsIsBitIdenticalOnTheQwen3_30B_A3B_Shape) {
   }
 }
 
-// Lever deep_moe_ring on the Qwen3-30B-A3B shape (random int8 experts, the
-// default levers otherwise): one token's gate/up and down keep five ring stages
-// a warp in flight instead of three, and gate/up's tiles split over more warps,
-// whose sums meet in another grouping: a decode step of 1 token (the lever's)
-// keeps the argmax and its logits within 1e-4, a step of 2 (not its) is the
-// same bits, and 16 greedy tokens are the same.
-TEST(MoeGpu, DeepMoeRingMovesOnlyTheRoundingOnTheQwen3_30B_A3B_Shape) {
-  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+// A deep-ring lever (`lever`, on by default) on a shape in random int8 weights,
+// the default levers otherwise: one token's matvecs keep five ring stages a
+// warp in flight instead of three, and split-K may give their tiles more
+// warps, whose sums meet in another grouping: a decode step of 1 token (the
+// lever's) keeps the argmax and its logits within 1e-4, a step of 2 (not its)
+// is the same bits, and 16 greedy tokens are the same.
+void expect_deep_ring_moves_only_the_rounding(const char* shape, bool LoadOptions::*lever, const std::string& label) {
   LoadOptions deep = Levers{}.load_options(Device::cuda), shallow = deep;
-  ASSERT_TRUE(deep.deep_moe_ring);
-  shallow.deep_moe_ring = false;
-  auto off = random_model("qwen3-30b-a3b", Device::cuda, shallow, 1, RandomQuant::parse("int8"));
-  auto on = random_model("qwen3-30b-a3b", Device::cuda, deep, 1, RandomQuant::parse("int8"));
-  EXPECT_FALSE(step_moved_past(*off, *on, 1, 1e-4f, "int8 deep ring, one step of 1 token"));
+  ASSERT_TRUE(deep.*lever) << label;
+  shallow.*lever = false;
+  auto off = random_model(shape, Device::cuda, shallow, 1, RandomQuant::parse("int8"));
+  auto on = random_model(shape, Device::cuda, deep, 1, RandomQuant::parse("int8"));
+  EXPECT_FALSE(step_moved_past(*off, *on, 1, 1e-4f, label + ", one step of 1 token"));
   const auto [want, got] = one_decode_step(*off, *on, 2);
-  EXPECT_EQ(test::max_abs_diff(got, want).diff, 0.0f) << "one step of 2 tokens";
-  EXPECT_EQ(greedy_moe_tokens(*on), greedy_moe_tokens(*off));
-  std::printf("[ gpu      ] int8: the deep MoE ring's 16 greedy tokens the same\n");
+  EXPECT_EQ(test::max_abs_diff(got, want).diff, 0.0f) << label << ", one step of 2 tokens";
+  EXPECT_EQ(greedy_moe_tokens(*on), greedy_moe_tokens(*off)) << label;
+  std::printf("[ gpu      ] %s: 16 greedy tokens the same\n", label.c_str());
 }
 
-// Lever deep_dense_ring on the Llama-3-8B shape (random int8 weights, the
-// default levers otherwise): at one token down_proj (one block an SM either
-// way) keeps five ring stages a warp, and the split-K rule may give its tiles
-// more warps in the L1 left beside them, whose sums meet in another grouping:
-// a decode step of 1 token keeps the argmax and its logits within 1e-4, a step
-// of 2 (not the lever's) is the same bits, and 16 greedy tokens are the same.
+// Lever deep_moe_ring on the Qwen3-30B-A3B shape: the experts' gate/up and down.
+TEST(MoeGpu, DeepMoeRingMovesOnlyTheRoundingOnTheQwen3_30B_A3B_Shape) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  expect_deep_ring_moves_only_the_rounding("qwen3-30b-a3b", &LoadOptions::deep_moe_ring, "int8 deep MoE ring");
+}
+
+// Lever deep_dense_ring on the Llama-3-8B shape: down_proj (one block an SM
+// either way; the other matrices would lose half their blocks an SM and keep
+// three stages).
 TEST(LlamaGpu, DeepDenseRingMovesOnlyTheRoundingOnTheLlama3_8B_Shape) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  LoadOptions deep = Levers{}.load_options(Device::cuda), shallow = deep;
-  ASSERT_TRUE(deep.deep_dense_ring);
-  shallow.deep_dense_ring = false;
-  auto off = random_model("llama3-8b", Device::cuda, shallow, 1, RandomQuant::parse("int8"));
-  auto on = random_model("llama3-8b", Device::cuda, deep, 1, RandomQuant::parse("int8"));
-  EXPECT_FALSE(step_moved_past(*off, *on, 1, 1e-4f, "int8 deep dense ring, one step of 1 token"));
-  const auto [want, got] = one_decode_step(*off, *on, 2);
-  EXPECT_EQ(test::max_abs_diff(got, want).diff, 0.0f) << "one step of 2 tokens";
-  EXPECT_EQ(greedy_moe_tokens(*on), greedy_moe_tokens(*off));
-  std::printf("[ gpu      ] int8: the deep dense ring's 16 greedy tokens the same\n");
+  expect_deep_ring_moves_only_the_rounding("llama3-8b", &LoadOptions::deep_dense_ring, "int8 deep dense ring");
 }
 
 // Lever fused_norm_matvec, auto, on the Qwen3-30B-A3B shape (random int4 and
