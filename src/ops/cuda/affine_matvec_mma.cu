@@ -1015,17 +1015,16 @@ struct Variant {
     decltype(kernel) kernel_used;
   };
   static DenseLaunch dense_launch(int64_t in, int64_t T, int parts) {
+    const Layout l = layout_for(in, T);
+    const int per_sm = blocks_per_sm(l.total);
     if constexpr (kBits == 8 && kMmas == 1 && kDigits == 3) {
-      if (deep_dense_ring && T == 1 && parts == 1) {
+      if (deep_dense_ring && T == 1 && parts == 1 && per_sm > 0) {
         const Layout deep = layout_for(in, T, kDeepRingStages);
-        const int shallow_per_sm = blocks_per_sm(layout_for(in, T).total);
-        if (deep.total <= max_smem() && shallow_per_sm > 0 &&
-            blocks_per_sm<kDense, kDeepRingStages>(deep.total) == shallow_per_sm)
-          return {deep, shallow_per_sm, kernel_for<kDense, kDeepRingStages>};
+        if (deep.total <= max_smem() && blocks_per_sm<kDense, kDeepRingStages>(deep.total) == per_sm)
+          return {deep, per_sm, kernel_for<kDense, kDeepRingStages>};
       }
     }
-    const Layout l = layout_for(in, T);
-    return {l, blocks_per_sm(l.total), kernel};
+    return {l, per_sm, kernel};
   }
 
   // Warps a tile for launches of `in` columns (tiles::split_for, minding the
