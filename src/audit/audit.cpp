@@ -90,6 +90,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "routing_in_experts" ? &l.routing_in_experts
                 : name == "deep_moe_ring" ? &l.deep_moe_ring
                 : name == "deep_dense_ring" ? &l.deep_dense_ring
+                : name == "wide_batch_stages" ? &l.wide_batch_stages
                 : name == "streamed_weights" ? &l.streamed_weights
                                                 : nullptr;
   MERE_CHECK(field != nullptr, "--lever {}=...: unknown engine lever", name);
@@ -189,7 +190,7 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
+    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
                                         lo.fuse_rope_store, lo.rope_in_attention, lo.wide_attention_blocks,
                                         lo.cluster_attention_merge,
                                         int(lo.fuse_norm_matvec), lo.programmatic_launch,
@@ -197,7 +198,8 @@ class Auditor {
                                         lo.tensor_core_kv_attention, lo.tensor_core_affine_matvec,
                                         lo.int16_activation_matvec, lo.tensor_core_fp8_matvec,
                                         int(lo.tensor_core_affine_gemm), lo.routing_in_experts,
-                                        lo.deep_moe_ring, lo.deep_dense_ring, lo.streamed_weights);
+                                        lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages,
+                                        lo.streamed_weights);
     auto it = models_.find(key);
     if (it == models_.end()) {
       std::fprintf(stderr, "loading %s\n", dir.c_str());

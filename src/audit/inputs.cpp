@@ -15,7 +15,8 @@ std::vector<std::string> engine_lever_names() {
           "int8_activation_matvec", "tensor_core_kv_attention", "tensor_core_affine_matvec",
           "int16_activation_matvec", "tensor_core_fp8_matvec", "tensor_core_affine_gemm",
           "rope_in_attention", "wide_attention_blocks", "cluster_attention_merge",
-          "routing_in_experts", "deep_moe_ring", "deep_dense_ring", "streamed_weights"};
+          "routing_in_experts", "deep_moe_ring", "deep_dense_ring", "wide_batch_stages",
+          "streamed_weights"};
 }
 
 LeverSpec parse_lever(const std::string& text) {

@@ -137,6 +137,15 @@ struct Levers {
   // +1.1-1.5%), Qwen3-8B int8 +0.4%; int4 lost with a deeper ring and keeps three
   // (docs/levers.md).
   bool deep_dense_ring = true;
+  // The tensor-core affine dense matvec at 5-8 tokens of int8 weights (two
+  // digits of x), where x's image leaves one block an SM either way, reads 256
+  // bytes of each row a stage instead of 128: half the stages for the same
+  // weights, so half the per-stage work a warp, and more bytes in flight. The
+  // same arithmetic (the split-K rule may choose another split for the fewer,
+  // longer stages: f32 sums regroup). Default: Llama-3-8B tg16 int8 +3.0-3.6%
+  // at batches of 5-8; int4 measured level and keeps 128 bytes; batches of 1-4
+  // untouched (docs/levers.md).
+  bool wide_batch_stages = true;
   // The decode matvecs (affine and FP8 on the tensor cores, affine and
   // bf16/f16/f32 on the CUDA cores, dense and experts) read their weights with
   // an L2 evict-first policy: a token streams gigabytes of weights through
@@ -174,7 +183,7 @@ struct Levers {
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_FP8_MATVEC, MERERUN_TENSOR_CORE_MOE_MATVEC, MERERUN_ROUTING_IN_EXPERTS,
-  // MERERUN_DEEP_MOE_RING, MERERUN_DEEP_DENSE_RING, MERERUN_STREAMED_WEIGHTS,
+  // MERERUN_DEEP_MOE_RING, MERERUN_DEEP_DENSE_RING, MERERUN_WIDE_BATCH_STAGES, MERERUN_STREAMED_WEIGHTS,
   // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto),
   // MERERUN_PSI_FUSED_MOE,
   // MERERUN_PREFIX_CACHE (0|1)
@@ -188,7 +197,7 @@ struct Levers {
                   .tensor_core_affine_matvec = false, .int16_activation_matvec = false,
                   .tensor_core_fp8_matvec = false, .tensor_core_moe_matvec = false,
                   .routing_in_experts = false, .deep_moe_ring = false, .deep_dense_ring = false,
-                  .streamed_weights = false,
+                  .wide_batch_stages = false, .streamed_weights = false,
                   .tensor_core_affine_gemm = LeverMode::off,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false};

@@ -56,6 +56,8 @@ struct LoadOptions {
   bool deep_moe_ring = false;
   // The one-token int8 dense matvecs on the tensor cores with a deeper ring (lever deep_dense_ring).
   bool deep_dense_ring = false;
+  // Those matvecs at 5-8 tokens read 256-byte stages (lever wide_batch_stages).
+  bool wide_batch_stages = false;
   // The decode matvecs' weight reads evict first from L2 (lever streamed_weights).
   bool streamed_weights = false;
   // MLX affine prefill GEMMs that dequantize their tiles (lever tensor_core_affine_gemm);

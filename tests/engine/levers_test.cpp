@@ -176,6 +176,16 @@ TEST(Levers, DeepDenseRingIsACudaLeverOfTheTensorCoreAffineMatvec) {
   EXPECT_FALSE(without_tensor_cores.load_options(Device::cuda).deep_dense_ring);
 }
 
+// wide_batch_stages: on by default, a CUDA lever switched by its variable, in
+// effect only with the tensor-core affine matvec whose stages it widens.
+TEST(Levers, WideBatchStagesIsACudaLeverOfTheTensorCoreAffineMatvec) {
+  expect_default_cuda_lever("MERERUN_WIDE_BATCH_STAGES", "wide_batch_stages", &Levers::wide_batch_stages,
+                            &LoadOptions::wide_batch_stages);
+  Levers without_tensor_cores;
+  without_tensor_cores.tensor_core_affine_matvec = false;
+  EXPECT_FALSE(without_tensor_cores.load_options(Device::cuda).wide_batch_stages);
+}
+
 // streamed_weights: on by default, a CUDA lever switched by its variable; the
 // engine's launch settings carry it to the kernels.
 TEST(Levers, StreamedWeightsIsACudaLever) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "core/device.h"
 #include "engine/generate.h"
@@ -355,6 +356,32 @@ TEST(MoeGpu, DeepMoeRingMovesOnlyTheRoundingOnTheQwen3_30B_A3B_Shape) {
 TEST(LlamaGpu, DeepDenseRingMovesOnlyTheRoundingOnTheLlama3_8B_Shape) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
   expect_deep_ring_moves_only_the_rounding("llama3-8b", &LoadOptions::deep_dense_ring, "int8 deep dense ring");
+}
+
+// Lever wide_batch_stages on the Llama-3-8B shape in random int8: at 5 and 8
+// tokens q/k/v, o and gate/up read 256-byte stages (down_proj's row, cut into
+// two launches, keeps 128). The split-K rule may regroup a matrix's f32 sums
+// (the op test: within 3e-7), and x's two-digit rounding in the next layers
+// carries such a last-bit change on, so one decode step's logits stay within
+// 1e-3 of the lever off (measured 4.7e-7 to 3.6e-4) with the same argmax. Two
+// tokens, and int4 at eight, are untouched: the same bits.
+TEST(LlamaGpu, WideBatchStagesMoveOnlyTheRoundingOnTheLlama3_8B_Shape) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  LoadOptions wide = Levers{}.load_options(Device::cuda), narrow = wide;
+  ASSERT_TRUE(wide.wide_batch_stages);
+  narrow.wide_batch_stages = false;
+  for (const char* quant : {"int8", "int4"}) {
+    auto off = random_model("llama3-8b", Device::cuda, narrow, 1, RandomQuant::parse(quant));
+    auto on = random_model("llama3-8b", Device::cuda, wide, 1, RandomQuant::parse(quant));
+    const bool takes_it = std::string(quant) == "int8";
+    if (takes_it)
+      for (int n : {5, 8})
+        EXPECT_FALSE(step_moved_past(*off, *on, n, 1e-3f, "int8 wide stages, one step of " + std::to_string(n) + " tokens"));
+    for (int n : takes_it ? std::vector<int>{2} : std::vector<int>{2, 8}) {
+      const auto [want, got] = one_decode_step(*off, *on, n);
+      EXPECT_EQ(test::max_abs_diff(got, want).diff, 0.0f) << quant << ", one step of " << n << " tokens";
+    }
+  }
 }
 
 // Lever fused_norm_matvec, auto, on the Qwen3-30B-A3B shape (random int4 and

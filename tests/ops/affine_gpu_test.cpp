@@ -541,6 +541,71 @@ TEST_F(Affine, DownProjWithNoSplitFittingL1TakesTheMostWarpsAndMatchesTheReferen
   EXPECT_LE(relative_error(y.to_device(Device::cpu), want, "int8 g64 T=4 4096x14336, int16 x"), 1e-5f);
 }
 
+// Lever wide_batch_stages: at 5-8 tokens (two digits of x) of int8 weights the
+// tensor-core matvec reads 256 bytes of each row a stage (its own kernel: the
+// matvec's name changes, the prepare's does not) where its blocks an SM stay:
+// 4,096 columns, whose image leaves one block an SM at 128-byte stages too.
+// Not: int4, f32 scales, four tokens (one mma), a short row (two blocks an SM
+// at 128 bytes, one at 256), down_proj's row at 8 tokens (two launches whose
+// image and wider rings would not fit), g128 (its stages already take 256
+// bytes). The same group sums; where the split stays the same bits, else the
+// f32 sums regroup: within 1e-5 of the lever off, and both within 1e-3 of the
+// f32 product on x itself.
+TEST_F(Affine, WideBatchStagesMoveOnlyTheRounding) {
+  struct Case {
+    int64_t T, out, in;
+    int bits, group;
+    DType dt;
+    bool wide;
+  };
+  int n = 0;
+  for (const Case& c : {Case{8, 6144, 4096, 8, 64, DType::bf16, true}, Case{5, 4096, 4096, 8, 64, DType::f16, true},
+                        Case{7, 2056, 4096, 8, 32, DType::bf16, true}, Case{8, 28672, 4096, 8, 64, DType::bf16, true},
+                        Case{6, 4096, 4096, 4, 64, DType::bf16, false}, Case{8, 4096, 4096, 8, 64, DType::f32, false},
+                        Case{4, 4096, 4096, 8, 64, DType::bf16, false}, Case{8, 1024, 1024, 8, 64, DType::bf16, false},
+                        Case{8, 4096, 14336, 8, 64, DType::bf16, false},
+                        Case{8, 4096, 4096, 8, 128, DType::bf16, false}}) {
+    const std::string label = fmt::format("int{} g{} {} T={} {}x{}", c.bits, c.group, dtype_name(c.dt), c.T, c.out, c.in);
+    Weight w(random_affine(c.out, c.in, c.bits, c.group, c.dt, uint64_t(5300 + n++)), c.in);
+    const Tensor x = random({c.T, c.in}, DType::f32, uint64_t(5400 + n));
+    const Tensor want = ops::linear(x, w.dequantize(DType::f32), Tensor());
+    const Weight wg = w.to_device(Device::cuda);
+    const Tensor xg = gpu(x);
+    const mere::cuda::AffineArgs a = args_of(wg);
+    struct Run {
+      Tensor y;
+      std::vector<std::string> names;
+      int split;
+    };
+    auto run_with = [&](bool wide) {
+      ops::set_launch_settings(
+          {.tensor_core_affine_matvec = true, .int16_activation_matvec = true, .wide_batch_stages = wide});
+      Run r;
+      for (const auto& launch : test::kernel_launches_by([&] { (void)ops::linear(xg, wg, Tensor()); }))
+        r.names.push_back(launch.name);
+      r.y = ops::linear(xg, wg, Tensor()).to_device(Device::cpu);
+      r.split = mere::cuda::affine_matvec_mma_split(a, c.T, 2);
+      ops::set_launch_settings({});
+      return r;
+    };
+    const Run off = run_with(false), on = run_with(true);
+    ASSERT_GE(off.names.size(), 2u) << label << ": the prepare and the matvec";
+    ASSERT_EQ(on.names.size(), off.names.size()) << label;
+    EXPECT_EQ(on.names[0], off.names[0]) << label << ": the prepare kernel";
+    if (c.wide) {
+      EXPECT_NE(on.names[1], off.names[1]) << label << ": the wide stages are their own kernel";
+    } else {
+      EXPECT_EQ(on.names, off.names) << label;
+      EXPECT_EQ(std::memcmp(on.y.raw(), off.y.raw(), on.y.size_bytes()), 0) << label;
+    }
+    if (on.split == off.split)
+      EXPECT_EQ(std::memcmp(on.y.raw(), off.y.raw(), on.y.size_bytes()), 0) << label << ": the same split";
+    EXPECT_LE(relative_error(on.y, off.y, label + ", wide against 128-byte stages"), 1e-5f);
+    EXPECT_LE(relative_error(on.y, want, label + ", wide stages"), 1e-3f);
+    EXPECT_LE(relative_error(off.y, want, label + ", 128-byte stages"), 1e-3f);
+  }
+}
+
 // Lever deep_dense_ring: one token of int8 weights on the tensor cores keeps
 // five ring stages a warp (its own kernel: the matvec's name changes, the
 // prepare's does not); int4, two tokens and rows cut into launches keep three

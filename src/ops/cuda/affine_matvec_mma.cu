@@ -92,6 +92,14 @@ bool deep_moe_ring = false;
 // twenty-fifth and thirty-second sessions).
 bool deep_dense_ring = false;
 bool streamed_weights = false;  // lever streamed_weights
+// Lever wide_batch_stages: at 5-8 tokens of int8 (two digits of x), where x's
+// image leaves one block an SM anyway, a stage takes 256 bytes of each row
+// instead of 128: half the stages, so half the per-stage work (the wait, the
+// copies' addresses, the scales' loads) for the same weights, and more of them
+// in flight a warp (docs/benchmarks.md, thirty-fourth session: Llama-3-8B int8
+// +3% at 5-8 tokens). Stages of 64 bytes, which let two blocks share an SM at
+// 5-8 tokens of int4, measured 11-12% slower.
+bool wide_batch_stages = false;
 constexpr int kDeepRingStages = 5;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight (at least 3 stages)
 constexpr int kMaxParts = 8;          // launches a row may be cut into (x too long for shared memory)
@@ -102,12 +110,14 @@ constexpr int kMaxParts = 8;          // launches a row may be cut into (x too l
 // given rows a multiple of 128 bytes long.
 constexpr int row_pad(int lane_bytes) { return lane_bytes >= 32 ? 16 : 4 * lane_bytes; }
 
-template <int kBits, int kGroup, typename S>
+// kRowBytesAtLeast: the contiguous bytes of each row a stage takes at least
+// (256 under lever wide_batch_stages).
+template <int kBits, int kGroup, typename S, int kRowBytesAtLeast = 128>
 struct Shape {
   static constexpr int kGroupBytes = kGroup * kBits / 8;
   // A stage takes at least 128 contiguous bytes (whole sectors, and fewer
   // stages) of each row of its tile, and at least two groups.
-  static constexpr int kStageGroups = std::max(2, 128 / kGroupBytes);
+  static constexpr int kStageGroups = std::max(2, kRowBytesAtLeast / kGroupBytes);
   static constexpr int kStageValues = kStageGroups * kGroup;
   static constexpr int kRowBytes = kStageGroups * kGroupBytes;
   static constexpr int kLaneBytes = kGroupBytes / 4;  // a lane's codes of one group of a row
@@ -575,10 +585,10 @@ constexpr int kMinBlocksPerSm = kMmas <= 2 ? 2 : 1;
 
 // Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
 // 16 rows, warp w its tile w / split and the share w % split of its stages.
-template <int kBits, int kGroup, typename S, int kMmas, int kDigits, int kMode, int kStages>
+template <int kBits, int kGroup, typename S, int kMmas, int kDigits, int kMode, int kStages, int kRowBytesAtLeast>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
     affine_matvec_mma_kernel(const __grid_constant__ Problem p) {
-  using Sh = Shape<kBits, kGroup, S>;
+  using Sh = Shape<kBits, kGroup, S, kRowBytesAtLeast>;
   // 3 digits: lane quads q and q + 1 hold token 2 m + q / 2, q even its digits
   // 0 and 1, q odd digit 2 (and an unused column); 2 digits: quad q holds token
   // 4 m + q, both digits.
@@ -825,8 +835,18 @@ struct Variant {
   static constexpr int kMmaCount = kMmas;
   static constexpr int kDigitCount = kDigits;
   template <int kMode, int kStages = Sh::kStages>
-  static constexpr auto kernel_for = affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits, kMode, kStages>;
+  static constexpr auto kernel_for = affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits, kMode, kStages, 128>;
   static constexpr auto kernel = kernel_for<kDense>;
+  // Lever wide_batch_stages: 256 bytes of each row a stage at 5-8 tokens (two
+  // digits) of int8 weights with 16-bit scales (g32 and g64: g128's stages
+  // take 256 bytes already). int4 measured level in the model (+1% at 5
+  // tokens, -0.4% at 8), and its g128 kernel spilled, as did f32 scales'.
+  using Wide = Shape<kBits, kGroup, S, 256>;
+  static constexpr bool kHasWide =
+      kBits == 8 && kMmas == 2 && kDigits == 2 && sizeof(S) == 2 && Wide::kStageGroups > Sh::kStageGroups;
+  static constexpr auto wide_kernel() {  // instantiated only where called (kHasWide)
+    return affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits, kDense, Wide::kStages, 256>;
+  }
 
   static Layout layout_for(int64_t in, int64_t T, int stages = Sh::kStages) {
     return layout(int(in), kGroup, int(T), kDigits, Sh::kStageBytes, stages);
@@ -856,14 +876,18 @@ struct Variant {
     const int parts = parts_for(w, T);
     return parts > 0 ? parts * part_image_bytes(w.in / parts, T) : 0;
   }
-  template <int kMode = kDense, int kStages = Sh::kStages>
-  static int blocks_per_sm(int64_t smem) {
-    static const cudaError_t raised = cudaFuncSetAttribute(kernel_for<kMode, kStages>,
-                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
+  template <auto kKernel>
+  static int occupancy(int64_t smem) {
+    static const cudaError_t raised =
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
     (void)raised;
     int blocks = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel_for<kMode, kStages>, kWarps * 32, size_t(smem));
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, kWarps * 32, size_t(smem));
     return blocks;
+  }
+  template <int kMode = kDense, int kStages = Sh::kStages>
+  static int blocks_per_sm(int64_t smem) {
+    return occupancy<kernel_for<kMode, kStages>>(smem);
   }
 
   // The experts' decode matvecs, one token's image (T = 1 layout) per block.
@@ -1013,6 +1037,7 @@ struct Variant {
     Layout l;
     int per_sm;
     decltype(kernel) kernel_used;
+    int stage_values, stages;  // the kernel's Shape
   };
   static DenseLaunch dense_launch(int64_t in, int64_t T, int parts) {
     const Layout l = layout_for(in, T);
@@ -1021,20 +1046,28 @@ struct Variant {
       if (deep_dense_ring && T == 1 && parts == 1 && per_sm > 0) {
         const Layout deep = layout_for(in, T, kDeepRingStages);
         if (deep.total <= max_smem() && blocks_per_sm<kDense, kDeepRingStages>(deep.total) == per_sm)
-          return {deep, per_sm, kernel_for<kDense, kDeepRingStages>};
+          return {deep, per_sm, kernel_for<kDense, kDeepRingStages>, Sh::kStageValues, kDeepRingStages};
       }
     }
-    return {l, per_sm, kernel};
+    if constexpr (kHasWide) {
+      // Only where the blocks an SM stay (one: x's image at 5-8 tokens).
+      if (wide_batch_stages && per_sm > 0 && in % Wide::kStageValues == 0) {
+        const Layout wide = layout(int(in), kGroup, int(T), kDigits, Wide::kStageBytes, Wide::kStages);
+        if (wide.total <= max_smem() && occupancy<wide_kernel()>(wide.total) == per_sm)
+          return {wide, per_sm, wide_kernel(), Wide::kStageValues, Wide::kStages};
+      }
+    }
+    return {l, per_sm, kernel, Sh::kStageValues, Sh::kStages};
   }
 
   // Warps a tile for launches of `in` columns (tiles::split_for, minding the
   // factors' lines in L1).
-  static int split_of(const AffineArgs& w, int64_t in, int per_sm, const Layout& l) {
-    const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), row_stages = int(in / Sh::kStageValues);
+  static int split_of(const AffineArgs& w, int64_t in, const DenseLaunch& d) {
+    const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), row_stages = int(in / d.stage_values);
     const int64_t factor_row_bytes = in / kGroup * int64_t(sizeof(S));
-    const tiles::FactorLines factors{per_sm, int((factor_row_bytes + 127) / 128),
-                                     tiles::l1_bytes_beside(per_sm, l.total)};
-    return tiles::split_for(n_tiles, row_stages, int64_t(per_sm) * sm_count(), Sh::kStages - 1, &factors);
+    const tiles::FactorLines factors{d.per_sm, int((factor_row_bytes + 127) / 128),
+                                     tiles::l1_bytes_beside(d.per_sm, d.l.total)};
+    return tiles::split_for(n_tiles, row_stages, int64_t(d.per_sm) * sm_count(), d.stages - 1, &factors);
   }
   // The split of the first launch, for tests; 0 where the kernel does not run.
   static int first_split(const AffineArgs& w, int64_t T) {
@@ -1042,7 +1075,7 @@ struct Variant {
     const int parts = parts_for(w, T);
     const int64_t in = w.in / parts;
     const DenseLaunch d = dense_launch(in, T, parts);
-    return d.per_sm < 1 ? 0 : split_of(w, in, d.per_sm, d.l);
+    return d.per_sm < 1 ? 0 : split_of(w, in, d);
   }
 
   static cudaError_t launch(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y, int64_t T,
@@ -1056,7 +1089,7 @@ struct Variant {
     if (per_sm < 1) return cudaErrorInvalidValue;
     const int64_t slots = int64_t(per_sm) * sm_count();
     const int n_tiles = int((w.out + kTileRows - 1) / kTileRows);
-    const int split = split_of(w, in, per_sm, l);
+    const int split = split_of(w, in, d);
     Problem p{};
     p.streamed_weights = streamed_weights;
     p.row_bytes = w.in * kBits / 8;
@@ -1236,6 +1269,7 @@ cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaS
 void set_deep_moe_ring(bool on) { deep_moe_ring = on; }
 void set_deep_dense_ring(bool on) { deep_dense_ring = on; }
 void set_streamed_weights(bool on) { streamed_weights = on; }
+void set_wide_batch_stages(bool on) { wide_batch_stages = on; }
 bool streamed_weights_enabled() { return streamed_weights; }
 bool deep_moe_ring_enabled() { return deep_moe_ring; }
 
@@ -1270,6 +1304,9 @@ MmaKernelLocal affine_matvec_mma_most_local() {
               if constexpr (V::kWeightBits == 8 && V::kMmaCount == 1 && V::kDigitCount == 3)  // deep_dense_ring's
                 check(reinterpret_cast<const void*>(V::template kernel_for<kDense, kDeepRingStages>), w, 1, 3,
                       "dense, deep ring");
+              if constexpr (V::kHasWide)  // wide_batch_stages'
+                check(reinterpret_cast<const void*>(V::wide_kernel()), w, mmas_for(T, digits), digits,
+                      "dense, wide stages");
             });
         const ExpertMatrix m{.dtype = dtype, .bits = bits, .group_size = group};
         visit_expert_variant(m, [&](auto v) {

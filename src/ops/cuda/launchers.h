@@ -70,6 +70,10 @@ void set_tensor_core_affine_matvec(bool on);
 // Lever deep_dense_ring: that matvec at one token of int8 weights keeps five
 // ring stages a warp in flight instead of three (affine_matvec_mma.cu).
 void set_deep_dense_ring(bool on);
+// Lever wide_batch_stages: that matvec at 5-8 tokens of int8 weights reads 256
+// bytes of each row a stage instead of 128 where its blocks an SM stay
+// (affine_matvec_mma.cu).
+void set_wide_batch_stages(bool on);
 // The tensor-core decode matvecs (affine and FP8) take one token only of a
 // matrix this large: a smaller one pays more for their extra launch, which
 // converts x, than it gains (docs/levers.md).
