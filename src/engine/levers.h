@@ -142,7 +142,7 @@ struct Levers {
   // bytes of each row a stage instead of 128: half the stages for the same
   // weights, so half the per-stage work a warp, and more bytes in flight. The
   // same arithmetic (the split-K rule may choose another split for the fewer,
-  // longer stages: f32 sums regroup). Default: Llama-3-8B tg16 int8 +3.0-3.6%
+  // longer stages: f32 sums regroup). Default: Llama-3-8B tg16 int8 +2.8-3.6%
   // at batches of 5-8; int4 measured level and keeps 128 bytes; batches of 1-4
   // untouched (docs/levers.md).
   bool wide_batch_stages = true;
