@@ -541,6 +541,25 @@ TEST_F(Affine, DownProjWithNoSplitFittingL1TakesTheMostWarpsAndMatchesTheReferen
   EXPECT_LE(relative_error(y.to_device(Device::cpu), want, "int8 g64 T=4 4096x14336, int16 x"), 1e-5f);
 }
 
+// ops::linear of x [T, in] on the tensor-core matvec under `settings` (reset
+// after): the kernels it launches, its output on the CPU, and the split the
+// matvec takes with x in `digits` digits.
+struct LinearRun {
+  Tensor y;
+  std::vector<std::string> names;
+  int split;
+};
+LinearRun run_linear_with(const ops::LaunchSettings& settings, const Tensor& xg, const Weight& wg, int digits) {
+  ops::set_launch_settings(settings);
+  LinearRun r;
+  for (const auto& launch : test::kernel_launches_by([&] { (void)ops::linear(xg, wg, Tensor()); }))
+    r.names.push_back(launch.name);
+  r.y = ops::linear(xg, wg, Tensor()).to_device(Device::cpu);
+  r.split = mere::cuda::affine_matvec_mma_split(args_of(wg), xg.dim(0), digits);
+  ops::set_launch_settings({});
+  return r;
+}
+
 // Lever wide_batch_stages: at 5-8 tokens (two digits of x) of int8 weights the
 // tensor-core matvec reads 256 bytes of each row a stage (its own kernel: the
 // matvec's name changes, the prepare's does not) where its blocks an SM stay:
@@ -571,24 +590,11 @@ TEST_F(Affine, WideBatchStagesMoveOnlyTheRounding) {
     const Tensor want = ops::linear(x, w.dequantize(DType::f32), Tensor());
     const Weight wg = w.to_device(Device::cuda);
     const Tensor xg = gpu(x);
-    const mere::cuda::AffineArgs a = args_of(wg);
-    struct Run {
-      Tensor y;
-      std::vector<std::string> names;
-      int split;
-    };
     auto run_with = [&](bool wide) {
-      ops::set_launch_settings(
-          {.tensor_core_affine_matvec = true, .int16_activation_matvec = true, .wide_batch_stages = wide});
-      Run r;
-      for (const auto& launch : test::kernel_launches_by([&] { (void)ops::linear(xg, wg, Tensor()); }))
-        r.names.push_back(launch.name);
-      r.y = ops::linear(xg, wg, Tensor()).to_device(Device::cpu);
-      r.split = mere::cuda::affine_matvec_mma_split(a, c.T, 2);
-      ops::set_launch_settings({});
-      return r;
+      return run_linear_with(
+          {.tensor_core_affine_matvec = true, .int16_activation_matvec = true, .wide_batch_stages = wide}, xg, wg, 2);
     };
-    const Run off = run_with(false), on = run_with(true);
+    const LinearRun off = run_with(false), on = run_with(true);
     ASSERT_GE(off.names.size(), 2u) << label << ": the prepare and the matvec";
     ASSERT_EQ(on.names.size(), off.names.size()) << label;
     EXPECT_EQ(on.names[0], off.names[0]) << label << ": the prepare kernel";
@@ -633,23 +639,10 @@ TEST_F(Affine, DeepDenseRingAtOneTokenOfInt8MovesOnlyTheRounding) {
     const Tensor want = ops::linear(x, w.dequantize(DType::f32), Tensor());
     const Weight wg = w.to_device(Device::cuda);
     const Tensor xg = gpu(x);
-    const mere::cuda::AffineArgs a = args_of(wg);
-    struct Run {
-      Tensor y;
-      std::vector<std::string> names;
-      int split;
-    };
     auto run_with = [&](bool deep) {
-      ops::set_launch_settings({.tensor_core_affine_matvec = true, .deep_dense_ring = deep});
-      Run r;
-      for (const auto& launch : test::kernel_launches_by([&] { (void)ops::linear(xg, wg, Tensor()); }))
-        r.names.push_back(launch.name);
-      r.y = ops::linear(xg, wg, Tensor()).to_device(Device::cpu);
-      r.split = mere::cuda::affine_matvec_mma_split(a, c.T, c.T == 1 ? 3 : 2);
-      ops::set_launch_settings({});
-      return r;
+      return run_linear_with({.tensor_core_affine_matvec = true, .deep_dense_ring = deep}, xg, wg, c.T == 1 ? 3 : 2);
     };
-    const Run off = run_with(false), on = run_with(true);
+    const LinearRun off = run_with(false), on = run_with(true);
     ASSERT_EQ(off.names.size(), 2u) << label << ": the prepare and the matvec";
     ASSERT_EQ(on.names.size(), 2u) << label;
     EXPECT_EQ(on.names[0], off.names[0]) << label << ": the prepare kernel";
