@@ -133,6 +133,14 @@ void expect_default_cuda_lever(const char* variable, const std::string& name, bo
   }
 }
 
+// A lever that acts through another (`needed`) is off in the CUDA load
+// options when that one is off, its own default left on.
+void expect_off_without(bool Levers::*needed, bool LoadOptions::*option) {
+  Levers levers;
+  levers.*needed = false;
+  EXPECT_FALSE(levers.load_options(Device::cuda).*option);
+}
+
 // tensor_core_fp8_matvec: on by default, a CUDA lever switched by its variable.
 TEST(Levers, TensorCoreFp8MatvecIsACudaLever) {
   expect_default_cuda_lever("MERERUN_TENSOR_CORE_FP8_MATVEC", "tensor_core_fp8_matvec", &Levers::tensor_core_fp8_matvec,
@@ -150,10 +158,7 @@ TEST(Levers, TensorCoreMoeMatvecIsACudaLever) {
 TEST(Levers, RoutingInExpertsIsACudaLeverOfTheTensorCoreExperts) {
   expect_default_cuda_lever("MERERUN_ROUTING_IN_EXPERTS", "routing_in_experts", &Levers::routing_in_experts,
                             &LoadOptions::routing_in_experts);
-  Levers without_experts;
-  without_experts.routing_in_experts = true;
-  without_experts.tensor_core_moe_matvec = false;
-  EXPECT_FALSE(without_experts.load_options(Device::cuda).routing_in_experts);
+  expect_off_without(&Levers::tensor_core_moe_matvec, &LoadOptions::routing_in_experts);
 }
 
 // deep_moe_ring: on by default, a CUDA lever switched by its variable, in
@@ -161,9 +166,7 @@ TEST(Levers, RoutingInExpertsIsACudaLeverOfTheTensorCoreExperts) {
 TEST(Levers, DeepMoeRingIsACudaLeverOfTheTensorCoreExperts) {
   expect_default_cuda_lever("MERERUN_DEEP_MOE_RING", "deep_moe_ring", &Levers::deep_moe_ring,
                             &LoadOptions::deep_moe_ring);
-  Levers without_experts;
-  without_experts.tensor_core_moe_matvec = false;
-  EXPECT_FALSE(without_experts.load_options(Device::cuda).deep_moe_ring);
+  expect_off_without(&Levers::tensor_core_moe_matvec, &LoadOptions::deep_moe_ring);
 }
 
 // deep_dense_ring: on by default, a CUDA lever switched by its variable, in
@@ -171,9 +174,7 @@ TEST(Levers, DeepMoeRingIsACudaLeverOfTheTensorCoreExperts) {
 TEST(Levers, DeepDenseRingIsACudaLeverOfTheTensorCoreAffineMatvec) {
   expect_default_cuda_lever("MERERUN_DEEP_DENSE_RING", "deep_dense_ring", &Levers::deep_dense_ring,
                             &LoadOptions::deep_dense_ring);
-  Levers without_tensor_cores;
-  without_tensor_cores.tensor_core_affine_matvec = false;
-  EXPECT_FALSE(without_tensor_cores.load_options(Device::cuda).deep_dense_ring);
+  expect_off_without(&Levers::tensor_core_affine_matvec, &LoadOptions::deep_dense_ring);
 }
 
 // wide_batch_stages: on by default, a CUDA lever switched by its variable, in
@@ -181,9 +182,7 @@ TEST(Levers, DeepDenseRingIsACudaLeverOfTheTensorCoreAffineMatvec) {
 TEST(Levers, WideBatchStagesIsACudaLeverOfTheTensorCoreAffineMatvec) {
   expect_default_cuda_lever("MERERUN_WIDE_BATCH_STAGES", "wide_batch_stages", &Levers::wide_batch_stages,
                             &LoadOptions::wide_batch_stages);
-  Levers without_tensor_cores;
-  without_tensor_cores.tensor_core_affine_matvec = false;
-  EXPECT_FALSE(without_tensor_cores.load_options(Device::cuda).wide_batch_stages);
+  expect_off_without(&Levers::tensor_core_affine_matvec, &LoadOptions::wide_batch_stages);
 }
 
 // streamed_weights: on by default, a CUDA lever switched by its variable; the
