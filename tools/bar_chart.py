@@ -5,22 +5,17 @@ in column order. Usage: bar_chart.py data.csv out.svg "title" "x label"."""
 import csv
 import sys
 
+from line_chart import nice_step
+
 COLOURS = ["#1f77b4", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#8c564b"]
 W, LEFT, RIGHT, TOP, BAR, GAP, LEGEND = 820, 230, 30, 40, 26, 14, 24
-
-
-def nice_step(span):
-    for step in (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000):
-        if span / step <= 10:
-            return step
-    return 2000
 
 
 def main(data, out, title, x_label):
     rows = list(csv.reader(open(data)))
     parts, bars = rows[0][1:], [(r[0], [float(v) for v in r[1:]]) for r in rows[1:] if r]
     total = max(sum(values) for _, values in bars)
-    step = nice_step(total)
+    step = nice_step(total, most_ticks=10)
     x1 = (total // step + 1) * step
     px = lambda x: LEFT + x / x1 * (W - LEFT - RIGHT)
     bottom = TOP + len(bars) * (BAR + GAP)

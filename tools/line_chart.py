@@ -9,9 +9,10 @@ COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 W, H, LEFT, RIGHT, TOP, BOTTOM = 760, 420, 70, 210, 40, 50
 
 
-def nice_step(span):
+def nice_step(span, most_ticks=8):
+    """The smallest round step that cuts span into at most most_ticks ticks."""
     for step in (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000):
-        if span / step <= 8:
+        if span / step <= most_ticks:
             return step
     return 2000
 
