@@ -8,7 +8,9 @@ For each case in CASES it reads the dense fixture tests/fixtures/<source> (made 
 scripts/make_fixtures.py), quantizes every 2-D `<module>.weight` whose input dimension
 divides by the group size, and writes <name>/ into DIR/quant_fixtures.tar:
   config.json           the source's, plus "quantization" and "quantization_config"
-                        = {"group_size": g, "bits": b}, as mlx-lm writes them
+                        = {"group_size": g, "bits": b}, as mlx-lm writes them, with an
+                        entry {"group_size": g', "bits": b'} for each module the case
+                        quantizes otherwise (mlx-lm's per-module overrides)
   model.safetensors     `<module>.weight` packed u32, `<module>.scales`, `<module>.biases`
                         in the model dtype; every other tensor unchanged
   generation_config.json
@@ -41,10 +43,13 @@ from transformers import AutoModelForCausalLM
 
 GREEDY_TOKENS = 32
 
-# name: (source fixture, bits, group size)
+# name: (source fixture, bits, group size, {module: (bits, group size)} overrides)
 CASES = {
-    "qwen3-mlx4": ("qwen3", 4, 32),   # f32 weights: f32 scales and biases
-    "llama-mlx8": ("llama", 8, 32),   # bf16 weights: bf16 scales and biases
+    "qwen3-mlx4": ("qwen3", 4, 32, {}),   # f32 weights: f32 scales and biases
+    "llama-mlx8": ("llama", 8, 32, {}),   # bf16 weights: bf16 scales and biases
+    # f16 weights, q/k/v biases, and tied embeddings: the quantized embedding is
+    # also lm_head, here at 8 bits in groups of 32 while the rest is int4 g64.
+    "qwen2-mlx4": ("qwen2", 4, 64, {"model.embed_tokens": (8, 32)}),
 }
 
 F32 = np.float32
@@ -116,7 +121,7 @@ def to_dtype(x, dtype):
     return torch.from_numpy(np.ascontiguousarray(x)).to(dtype)
 
 
-def make_case(name, source, bits, group_size, fixtures, root):
+def make_case(name, source, bits, group_size, overrides, fixtures, root):
     src = os.path.join(fixtures, source)
     path = os.path.join(root, name)
     os.makedirs(path)
@@ -127,27 +132,28 @@ def make_case(name, source, bits, group_size, fixtures, root):
     with safe_open(os.path.join(src, "model.safetensors"), framework="pt") as f:
         for key in sorted(f.keys()):
             t = f.get_tensor(key)
-            if not (key.endswith(".weight") and t.dim() == 2 and t.shape[1] % group_size == 0):
+            module = key[: -len(".weight")]
+            m_bits, m_group = overrides.get(module, (bits, group_size))
+            if not (key.endswith(".weight") and t.dim() == 2 and t.shape[1] % m_group == 0):
                 tensors[key] = t
                 continue
-            module = key[: -len(".weight")]
             w = t.float().numpy()
-            codes, scale, bias = affine_quantize(w, bits, group_size)
-            packed = pack(codes, bits)
-            assert np.array_equal(unpack(packed, bits, w.shape[1]), codes)
+            codes, scale, bias = affine_quantize(w, m_bits, m_group)
+            packed = pack(codes, m_bits)
+            assert np.array_equal(unpack(packed, m_bits, w.shape[1]), codes)
             scales, biases = to_dtype(scale, t.dtype), to_dtype(bias, t.dtype)
             tensors[key] = as_torch_u32(packed)
             tensors[module + ".scales"] = scales
             tensors[module + ".biases"] = biases
-            s = scales.float().numpy().repeat(group_size, axis=1)
-            b = biases.float().numpy().repeat(group_size, axis=1)
+            s = scales.float().numpy().repeat(m_group, axis=1)
+            b = biases.float().numpy().repeat(m_group, axis=1)
             deq = (s * codes.astype(F32) + b).astype(F32)
             # Each weight lies within half a step of its code (a whole step at the top code:
             # pinning the edge to a code can shorten the span), plus what rounding the
             # scale and bias to the model dtype moved it.
-            slack = np.abs(scale - scales.float().numpy()) * F32(2 ** bits - 1) + np.abs(bias - biases.float().numpy())
-            steps = np.where(codes == 2 ** bits - 1, 1.0, 0.5)
-            bound = np.abs(scale).repeat(group_size, axis=1) * steps + slack.repeat(group_size, axis=1) + 1e-6
+            slack = np.abs(scale - scales.float().numpy()) * F32(2 ** m_bits - 1) + np.abs(bias - biases.float().numpy())
+            steps = np.where(codes == 2 ** m_bits - 1, 1.0, 0.5)
+            bound = np.abs(scale).repeat(m_group, axis=1) * steps + slack.repeat(m_group, axis=1) + 1e-6
             assert np.all(np.abs(deq - w) <= bound), f"{name}: {key} round trip off"
             dequantized[key] = torch.from_numpy(deq)
             quantized.append(module)
@@ -158,19 +164,24 @@ def make_case(name, source, bits, group_size, fixtures, root):
 
     with open(os.path.join(src, "config.json")) as f:
         config = json.load(f)
-    config["quantization"] = {"group_size": group_size, "bits": bits}
-    config["quantization_config"] = {"group_size": group_size, "bits": bits}
+    assert set(overrides) <= set(quantized), f"{name}: an override names no quantized module"
+    q = {"group_size": group_size, "bits": bits}
+    q.update({m: {"group_size": g, "bits": b} for m, (b, g) in overrides.items()})
+    config["quantization"] = q
+    config["quantization_config"] = dict(q)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     shutil.copy(os.path.join(src, "generation_config.json"), path)
 
     # The reference: the source model in float32 with the dequantized weights, on the CPU.
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager").eval()
-    params = dict(model.named_parameters())
+    params = dict(model.named_parameters())  # a tied lm_head is embed_tokens' parameter
     with torch.no_grad():
         for key, deq in dequantized.items():
             assert params[key].shape == deq.shape, key
             params[key].copy_(deq)
+    if config.get("tie_word_embeddings"):
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(), f"{name}: lm_head not tied"
     ids = torch.tensor([src_ref["ids"]])
     with torch.no_grad():
         logits = model(ids).logits[0].float().numpy()
@@ -182,6 +193,7 @@ def make_case(name, source, bits, group_size, fixtures, root):
     greedy = seq[0, ids.shape[1]:].tolist()
     with open(os.path.join(path, "reference.json"), "w") as f:
         json.dump({"family": src_ref["family"], "source": source, "bits": bits, "group_size": group_size,
+                   "overrides": {m: {"bits": b, "group_size": g} for m, (b, g) in overrides.items()},
                    "weights_dtype": src_ref["weights_dtype"], "quantized_modules": len(quantized),
                    "quantizer": "numpy, scripts/make_quant_fixtures.py",
                    "transformers": transformers.__version__, "torch": torch.__version__,
@@ -214,8 +226,8 @@ def main():
     torch.use_deterministic_algorithms(True)
     self_test()
     root = tempfile.mkdtemp()
-    for name, (source, bits, group_size) in CASES.items():
-        make_case(name, source, bits, group_size, args.fixtures, root)
+    for name, (source, bits, group_size, overrides) in CASES.items():
+        make_case(name, source, bits, group_size, overrides, args.fixtures, root)
     os.makedirs(args.out, exist_ok=True)
     with tarfile.open(os.path.join(args.out, "quant_fixtures.tar"), "w") as tar:
         for entry in sorted(os.listdir(root)):

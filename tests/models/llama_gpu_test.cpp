@@ -190,6 +190,9 @@ TEST_P(LlamaGpu, ProgrammaticLaunchIsBitIdentical) {
 INSTANTIATE_TEST_SUITE_P(Families, LlamaGpu, ::testing::Values("llama", "qwen2", "qwen3"));
 // Qwen3-MoE (the attention is the same; the levers apply to it too), in its three expert layouts.
 INSTANTIATE_TEST_SUITE_P(Moe, LlamaGpu, ::testing::Values("qwen3_moe", "qwen3_moe-step2", "qwen3_moe-mlx4"));
+// The dense families' MLX checkpoints: int8 and int4, groups of 32 and 64, f32,
+// bf16 and f16 scales, and (qwen2-mlx4) a quantized tied embedding as lm_head.
+INSTANTIATE_TEST_SUITE_P(Mlx, LlamaGpu, ::testing::Values("llama-mlx8", "qwen3-mlx4", "qwen2-mlx4"));
 
 // tensor_core_affine_gemm: the MLX fixtures' prefill on the GEMM that
 // dequantizes its tiles, against the bf16 copy and cuBLAS: the same bf16

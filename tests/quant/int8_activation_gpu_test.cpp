@@ -69,7 +69,7 @@ TEST_P(Int8ActivationFixture, DecodeLogitsStayCloseToF32Activations) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Int8ActivationFixture,
-                         ::testing::Values("qwen3-mlx4", "llama-mlx8", "qwen3_moe-mlx4"));
+                         ::testing::Values("qwen3-mlx4", "llama-mlx8", "qwen3_moe-mlx4", "qwen2-mlx4"));
 
 }  // namespace
 }  // namespace mere

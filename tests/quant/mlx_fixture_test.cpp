@@ -12,7 +12,9 @@
 #include "io/checkpoint.h"
 #include "io/npy.h"
 #include "models/model.h"
+#include "io/config.h"
 #include "quant/affine_quantize.h"
+#include "quant/quant_config.h"
 #include "test_util.h"
 
 namespace mere {
@@ -60,7 +62,8 @@ TEST_P(MlxFixture, LogitsAndGreedyMatchTransformersOnTheDequantizedWeights) {
 
 TEST_P(MlxFixture, OurQuantizerReproducesTheReferenceBitForBit) {
   const json ref = reference();
-  const int bits = ref["bits"], group_size = ref["group_size"];
+  // Each module at its own bits and group size (config.json's overrides).
+  const QuantizationConfig quant = QuantizationConfig::parse(ConfigJson::load(dir() / "config.json"));
   Checkpoint mlx = Checkpoint::open(dir());
   Checkpoint dense = Checkpoint::open(test::fixtures_dir() / ref["source"].get<std::string>());
   int modules = 0;
@@ -68,7 +71,9 @@ TEST_P(MlxFixture, OurQuantizerReproducesTheReferenceBitForBit) {
     if (!name.ends_with(".scales")) continue;
     const std::string module = name.substr(0, name.size() - 7);
     Tensor w = dense.get(module + ".weight");
-    AffineWeight ours = quantize_affine(w, bits, group_size, w.dtype());
+    const std::optional<AffineSpec> spec = quant.affine_for(module);
+    ASSERT_TRUE(spec.has_value()) << module;
+    AffineWeight ours = quantize_affine(w, spec->bits, spec->group_size, w.dtype());
     for (const char* part : {".weight", ".scales", ".biases"}) {
       Tensor theirs = mlx.get(module + part);
       const Tensor& mine = std::string(part) == ".weight" ? ours.packed : std::string(part) == ".scales" ? ours.scales : ours.biases;
@@ -97,7 +102,9 @@ TEST_P(MlxFixture, OurQuantizerReproducesTheReferenceBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, MlxFixture, ::testing::Values("qwen3-mlx4", "llama-mlx8"));
+// qwen2-mlx4: f16, q/k/v biases, and a tied embedding quantized at 8 bits in
+// groups of 32 (a per-module override) that is also lm_head; the rest int4 g64.
+INSTANTIATE_TEST_SUITE_P(Fixtures, MlxFixture, ::testing::Values("qwen3-mlx4", "llama-mlx8", "qwen2-mlx4"));
 
 }  // namespace
 }  // namespace mere
