@@ -132,7 +132,7 @@ def make_case(name, source, bits, group_size, overrides, fixtures, root):
     with safe_open(os.path.join(src, "model.safetensors"), framework="pt") as f:
         for key in sorted(f.keys()):
             t = f.get_tensor(key)
-            module = key[: -len(".weight")]
+            module = key[: -len(".weight")] if key.endswith(".weight") else key
             m_bits, m_group = overrides.get(module, (bits, group_size))
             if not (key.endswith(".weight") and t.dim() == 2 and t.shape[1] % m_group == 0):
                 tensors[key] = t

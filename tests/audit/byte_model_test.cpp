@@ -178,7 +178,7 @@ TEST(ByteModel, MatchesTheLoadedModelOnTheCpu) {
                                       test::fixtures_dir() / "qwen3",      test::fixtures_dir() / "qwen3-mlx4",
                                       test::fixtures_dir() / "llama-mlx8", test::source_dir() / "models" / "demo",
                                       test::fixtures_dir() / "qwen3_moe",  test::fixtures_dir() / "qwen3_moe-step2",
-                                      test::fixtures_dir() / "qwen3_moe-mlx4",  test::fixtures_dir() / "qwen2-mlx4"};
+                                      test::fixtures_dir() / "qwen3_moe-mlx4", test::fixtures_dir() / "qwen2-mlx4"};
   for (const fs::path& dir : dirs)
     for (KvCacheMode mode : {KvCacheMode::native, KvCacheMode::bf16, KvCacheMode::affine8, KvCacheMode::affine4})
       for (int64_t context : {0, 1, 300}) {

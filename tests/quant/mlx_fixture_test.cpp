@@ -10,9 +10,9 @@
 
 #include "engine/generate.h"
 #include "io/checkpoint.h"
+#include "io/config.h"
 #include "io/npy.h"
 #include "models/model.h"
-#include "io/config.h"
 #include "quant/affine_quantize.h"
 #include "quant/quant_config.h"
 #include "test_util.h"
