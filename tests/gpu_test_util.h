@@ -322,6 +322,34 @@ inline int sm_count() {
   return sms;
 }
 
+// The wide attention form a decode step takes (lever wide_attention_blocks, as
+// attention.cu's wide_form says): the fewest heads a block (1, 2, 4, up to the
+// 4-warp form's 4 or 8) whose blocks, one an SM, fit a wave of the splits with
+// keys; the grid's splits, the fewest (a power of two, 64 keys each) that hold
+// the step's keys, up to the graph's `splits` or a wave; and the key counts
+// that choose the same form. heads 0: the 4-warp form.
+struct WideAttentionGrid {
+  int64_t heads = 0, splits = 0, lo = 1, hi = INT64_MAX;
+};
+inline WideAttentionGrid wide_attention_grid(int64_t B, int64_t heads, int64_t kv_heads, int64_t keys,
+                                             int64_t splits) {
+  WideAttentionGrid w{0, splits};
+  const int64_t group = heads / kv_heads, block = group <= 4 ? 4 : 8;
+  if (group < 3) return w;
+  for (int64_t hb = 1; hb <= block; hb *= 2) {
+    const int64_t in_a_wave = sm_count() / (B * kv_heads * ((group + hb - 1) / hb)), most = in_a_wave * 64;
+    const int64_t cap = std::min(splits, in_a_wave);
+    int64_t grid = 1;
+    while (grid < cap && grid * 64 < keys) grid *= 2;
+    const int64_t from = std::max(w.lo, grid / 2 * 64 + 1);
+    if (grid < cap) return {hb, grid, from, grid * 64};
+    if (splits <= in_a_wave) return {hb, splits, from, INT64_MAX};  // at any key count past `from`
+    if (keys <= most) return {hb, in_a_wave, from, most};
+    w.lo = most + 1;
+  }
+  return w;
+}
+
 // Greedy batched decode through DecodeStep, graphed or eager: `batch`
 // sequences of `prompt` tokens (each its own) on one block pool of `capacity`
 // tokens a sequence, then `steps` steps; each step's tokens, and in `captures`

@@ -249,6 +249,9 @@ struct AttentionSplits {
   // Instead of the three above, where the splits merged in clusters (lever
   // cluster_attention_merge): the output, f32 [T, n_heads, head_dim].
   Tensor merged;
+  // The splits the launches wrote, at most out's (the wide grid's: the rest
+  // are empty, and a merge need not read them); 0: all of them.
+  int live = 0;
   // Said by the caller: it merges the partials with merge_attention (a kernel
   // of its own, not o_proj's prepare), so wider clusters that save it pay.
   bool merged_by_kernel = false;

@@ -430,6 +430,32 @@ TEST_F(Affine, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
     EXPECT_FALSE(ops::cuda::affine_attention_linear_add(declined, splits, wg.affine(), gpu(bias))) << label;
     ops::attention_linear_add(declined, splits, wg, gpu(bias));
     EXPECT_LE(relative_error(declined.to_device(Device::cpu), want, label + " merged, then multiplied"), 1e-5f);
+
+    // A wide attention grid writes only its first splits (AttentionSplits::live)
+    // and marks the rest empty; the prepare reads only those. Garbage past them
+    // (a huge max, NaN outputs) would poison the merge if it were read.
+    if (c.splits > 2) {
+      const int64_t live = (c.splits + 1) / 2;
+      ops::AttentionSplits part{cpu.max.clone(), cpu.sum.clone(), cpu.out.clone()};
+      Tensor only_live = cpu.max.clone();  // the same partials, marked empty past `live`, as attention would
+      for (int64_t r = 0; r < c.T * c.heads; ++r)
+        for (int64_t s = live; s < c.splits; ++s) {
+          only_live.data<float>()[r * c.splits + s] = -INFINITY;
+          part.max.data<float>()[r * c.splits + s] = 1e30f;
+          for (int64_t d = 0; d < c.head_dim; ++d) part.out.data<float>()[(r * c.splits + s) * c.head_dim + d] = NAN;
+        }
+      const ops::AttentionSplits marked{gpu(only_live), gpu(cpu.sum), gpu(cpu.out)};
+      ops::AttentionSplits garbage{gpu(part.max), gpu(part.sum), gpu(part.out)};
+      garbage.live = int(live);
+      ops::set_launch_settings({.tensor_core_affine_matvec = true});
+      Tensor want_live = gpu(residual), got_live = gpu(residual);
+      EXPECT_TRUE(ops::cuda::affine_attention_linear_add(want_live, marked, wg.affine(), gpu(bias))) << label;
+      EXPECT_TRUE(ops::cuda::affine_attention_linear_add(got_live, garbage, wg.affine(), gpu(bias))) << label;
+      ops::set_launch_settings({});
+      EXPECT_LE(relative_error(got_live.to_device(Device::cpu), want_live.to_device(Device::cpu),
+                               label + " live splits", false),
+                1e-6f);
+    }
   }
 }
 

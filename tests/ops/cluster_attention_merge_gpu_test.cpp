@@ -43,21 +43,14 @@ using test::sm_count;
 class ClusterAttentionMerge : public test::NeedsGpuDefaultLaunch {};
 
 
-// Whether the splits merge in clusters: the wide form runs (its rule, as in
-// wide_attention_gpu_test.cpp) and its grid holds at most 2 splits, or 4 for
-// one row where a cluster saves the merge kernel (attention.cu's kMaxClusterSplits
+// Whether the splits merge in clusters: the wide form runs (its rule,
+// test::wide_attention_grid) and its grid holds at most 2 splits, or 4 for one
+// row where a cluster saves the merge kernel (attention.cu's kMaxClusterSplits
 // and kMaxClusterSplitsSavingAKernel).
 bool expect_merged(int64_t B, int64_t heads, int64_t kv_heads, int64_t keys, int64_t splits,
                    bool saves_merge_kernel = false) {
-  const int64_t group = heads / kv_heads, block = group <= 4 ? 4 : 8;
-  const int64_t most = B == 1 && saves_merge_kernel ? 4 : 2;
-  if (group < 3) return false;
-  for (int64_t hb = 1; hb <= block; hb *= 2) {
-    const int64_t in_a_wave = sm_count() / (B * kv_heads * ((group + hb - 1) / hb));
-    if (splits <= in_a_wave) return splits <= most;
-    if (keys <= in_a_wave * 64) return in_a_wave <= most;
-  }
-  return false;
+  const test::WideAttentionGrid grid = test::wide_attention_grid(B, heads, kv_heads, keys, splits);
+  return grid.heads > 0 && grid.splits <= (B == 1 && saves_merge_kernel ? 4 : 2);
 }
 
 bool launches_kernel(const std::function<void()>& run, const std::string& name) {
@@ -103,6 +96,9 @@ TEST_F(ClusterAttentionMerge, MatchesTheMergeKernelAndTheCpu) {
           const bool merged = expect_merged(B, c.heads, c.kv_heads, keys, splits);
           EXPECT_EQ(got.merged.defined(), merged) << label;
           EXPECT_EQ(got.max.defined(), !merged) << label << ": partials";
+          // The partials say which splits the grid wrote: the wide grid's, or all.
+          const test::WideAttentionGrid grid = test::wide_attention_grid(B, c.heads, c.kv_heads, keys, splits);
+          EXPECT_EQ(partials.live, grid.heads ? grid.splits : splits) << label << ": live splits";
           // attention() merges the output itself: one row's clusters may be wider there.
           EXPECT_EQ(merge_launched, !expect_merged(B, c.heads, c.kv_heads, keys, splits, true))
               << label << ": merge kernel";

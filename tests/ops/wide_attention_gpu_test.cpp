@@ -47,7 +47,7 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
   const int64_t rows = 4096;  // cache rows a sequence: the graph's split count
   for (const test::AttentionShape& c : test::attention_shapes())
     for (int64_t B : {1, 3})
-      for (int64_t keys : {1, 64, 65, 256, 257, 512, 513, 1024, 1025, 2112, 2113, 2500}) {
+      for (int64_t keys : {1, 64, 65, 128, 129, 256, 257, 512, 513, 1024, 1025, 2112, 2113, 2500}) {
         const std::string label =
             fmt::format("{}/{}x{} {} B={} keys={}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache), B, keys);
         // The batch's sequences on one pool; the CPU reads each one's keys gathered from its blocks.
@@ -73,26 +73,18 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
         EXPECT_LE(relative_error(wide, want, label), 1e-5f) << label;
         EXPECT_LE(relative_error(wide, four.to_device(Device::cpu), label + " against 4 warps", false), 2e-6f) << label;
 
-        // The rule: 8 warps where the splits with keys (64 keys each, up to the
-        // graph's split count) fit one wave of one block an SM, with the fewest
-        // heads a block (1, 2, 4, up to the 4-warp form's 4 or 8) that fit;
-        // each option tried narrows the key range to the counts deciding alike.
-        const int64_t group = c.heads / c.kv_heads, block = group <= 4 ? 4 : 8;
-        const int64_t splits = cuda::attention_splits(rows, c.kv_heads);
-        // The grid holds the splits a wave does (the rest are marked empty).
-        int64_t want_heads = 0, want_splits = splits, lo = 1, hi = INT64_MAX;
-        for (int64_t hb = 1; hb <= block && want_heads == 0; hb *= 2) {
-          const int64_t in_a_wave = sm_count() / (B * c.kv_heads * ((group + hb - 1) / hb)), most = in_a_wave * 64;
-          if (splits <= in_a_wave) want_heads = hb;  // at any key count
-          else if (keys <= most) want_heads = hb, want_splits = in_a_wave, hi = most;
-          else lo = most + 1;
-        }
-        const int64_t want_blocks = c.kv_heads * (want_heads ? (group + want_heads - 1) / want_heads : 1);
-        EXPECT_EQ(launch.block.x, want_heads ? 256u : 128u) << label;
+        // The rule (gpu_test_util.h): 8 warps where the splits with keys fit a
+        // wave, with the fewest heads a block, and the fewest splits that hold
+        // the keys; the key range narrowed to the counts deciding alike.
+        const test::WideAttentionGrid want_grid =
+            test::wide_attention_grid(B, c.heads, c.kv_heads, keys, cuda::attention_splits(rows, c.kv_heads));
+        const int64_t group = c.heads / c.kv_heads, hb = want_grid.heads;
+        const int64_t want_blocks = c.kv_heads * (hb ? (group + hb - 1) / hb : 1);
+        EXPECT_EQ(launch.block.x, hb ? 256u : 128u) << label;
         EXPECT_EQ(launch.grid.x, unsigned(want_blocks)) << label;
-        EXPECT_EQ(launch.grid.z, unsigned(want_splits)) << label;
-        EXPECT_EQ(range.lo, lo) << label;
-        EXPECT_EQ(range.hi, hi) << label;
+        EXPECT_EQ(launch.grid.z, unsigned(want_grid.splits)) << label;
+        EXPECT_EQ(range.lo, want_grid.lo) << label;
+        EXPECT_EQ(range.hi, want_grid.hi) << label;
       }
 }
 
@@ -108,7 +100,7 @@ TEST_F(WideAttentionBlocks, AStepPastItsKeyCountStillSeesEveryKey) {
   const Tensor want = ops::attention(q, k.slice_rows(0, keys).to(DType::f32), v.slice_rows(0, keys).to(DType::f32),
                                      keys - 1, scale);
   ops::set_launch_settings({.wide_attention_blocks = true});
-  ops::set_decode_keys(64);  // one split of one-head blocks: a grid of 4 splits
+  ops::set_decode_keys(64);  // one-head blocks, a grid of one split
   const Tensor got = ops::attention(gpu(q), gpu(k), gpu(v), device_position(keys - 1), scale);
   ops::set_decode_keys(0);
   EXPECT_LE(relative_error(got, want, "3,000 keys told 64"), 1e-5f);
@@ -138,21 +130,29 @@ TEST_F(WideAttentionBlocks, UnknownKeysTakeTheCacheWideForm) {
 }
 
 // The demo model (6 heads on 2 kv heads, head_dim 64) in a batch of 8 on one
-// pool (one attention launch for the batch) from 500 cached tokens: 16 blocks a
-// split, so 8 splits (512 keys) fit a wave and the step at 513 keys takes the
-// 4-warp form. Graphed, the decode captures a graph
-// for each form and replays them; its tokens are the eager decode's, which
-// picks the form every step.
+// pool (one attention launch for the batch): one-head blocks make 48 blocks a
+// split, two splits a wave: a grid of one split up to 64 keys, two up to 128;
+// then two-head blocks (32 a split, four a wave) up to 256 keys, four-head
+// blocks (16 a split, eight a wave) up to 512, and the 4-warp form from 513.
+// Graphed, the decode
+// captures a graph for each form and replays them; its tokens are the eager
+// decode's, which picks the form every step.
 TEST_F(WideAttentionBlocks, DecodeCapturesAGraphPerForm) {
   auto model = load_model(test::model_dir("demo"), Device::cuda, Levers{}.load_options(Device::cuda));
   ASSERT_TRUE(model->info().options.wide_attention_blocks);
-  const int64_t batch = 8, prompt = 500, steps = 24;
-  int64_t graphed_captures = 0, eager_captures = 0;
-  const auto graphed = test::decode_batch(*model, batch, prompt, steps, 1024, true, &graphed_captures);
-  const auto eager = test::decode_batch(*model, batch, prompt, steps, 1024, false, &eager_captures);
-  EXPECT_EQ(graphed, eager);
-  EXPECT_EQ(graphed_captures, 2);  // 501-512 keys, then 513 on
-  EXPECT_EQ(eager_captures, 0);
+  const int64_t batch = 8;
+  struct Case {
+    int64_t prompt, steps, captures;
+  };
+  for (const Case c : {Case{40, 100, 3},     // 41-64, 65-128, 129-140 keys
+                       Case{500, 24, 2}}) {  // 501-512, then 513 on
+    int64_t graphed_captures = 0, eager_captures = 0;
+    const auto graphed = test::decode_batch(*model, batch, c.prompt, c.steps, 1024, true, &graphed_captures);
+    const auto eager = test::decode_batch(*model, batch, c.prompt, c.steps, 1024, false, &eager_captures);
+    EXPECT_EQ(graphed, eager) << c.prompt;
+    EXPECT_EQ(graphed_captures, c.captures) << c.prompt;
+    EXPECT_EQ(eager_captures, 0);
+  }
 }
 
 }  // namespace

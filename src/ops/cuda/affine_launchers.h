@@ -109,6 +109,7 @@ struct AffineMmaInput {
   const float* split_max = nullptr;  // attention_splits: [T, heads, splits]
   const float* split_sum = nullptr;
   int splits = 0, head_dim = 0;
+  int live_splits = 0;  // attention_splits: the first splits, the rest empty and not read; 0: all
   int digits = 3;  // x's base-256 digits: 3 (23 bits) or 2 (15 bits, lever int16_activation_matvec)
 };
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y,

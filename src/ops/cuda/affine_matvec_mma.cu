@@ -319,6 +319,7 @@ struct Prepare {
   int64_t x_bytes, part_bytes;
   const float *split_max, *split_sum;  // kAttentionSplits: [T, heads, splits]
   int splits, head_dim;
+  int live_splits;  // kAttentionSplits: the splits read, the first ones (the rest are empty)
   // kSiluGated for the experts' down: input column e is scaled by the routing
   // weight pair_weights[e / pair_cols] of its (token, slot) pair.
   const float* pair_weights;
@@ -477,7 +478,7 @@ __global__ void __launch_bounds__(kMaxSplitWarps * 32)
 #pragma unroll
   for (int k = 0; k < kSplitsPerWarp; ++k) {
     const int s = warp + k * warps;
-    const bool used = active && s < p.splits;
+    const bool used = active && s < p.live_splits;
     ms[k] = used ? __ldg(p.split_max + base + s) : -INFINITY;
     ls[k] = used ? __ldg(p.split_sum + base + s) : 0.0f;
     const float4* o = reinterpret_cast<const float4*>(p.x + (base + s) * p.head_dim + d);
@@ -1108,10 +1109,12 @@ struct Variant {
     // matvec adds its columns' product into y, the first with the bias (and
     // setting y unless the caller accumulates).
     const int64_t part_bytes = part_image_bytes(in, T);
+    // The splits the prepare kernel reads: those the attention grid wrote.
+    const int live_splits = input.live_splits > 0 ? std::min(input.live_splits, input.splits) : input.splits;
     const Prepare prep{input.x,         input.norm_w,    input.eps,    int(w.in),     int(T),
                        int(in),         l.x_stride,      static_cast<uint8_t*>(scratch), l.x_bytes, part_bytes,
                        input.split_max, input.split_sum, input.splits, input.head_dim,
-                       nullptr,         0,               false,
+                       live_splits,     nullptr,         0,               false,
                        false,           false};
     const dim3 runs_grid(unsigned(ceil_div(int(T * w.in / 8), 256)));          // a thread a run
     const dim3 token_grid(unsigned(ceil_div(int(w.in / 8), 256)), unsigned(T));  // kRmsNormed
@@ -1126,7 +1129,7 @@ struct Variant {
     } else if (input.kind == Kind::attention_splits) {
       status = launch_kernel(affine_mma_prepare_splits_kernel<kBits, kGroup, kDigits>,
                              dim3(unsigned(ceil_div(int(T * w.in / 8), 32))),
-                             dim3(unsigned(32 * ceil_div(input.splits, kSplitsPerWarp))), 0, stream, prep);
+                             dim3(unsigned(32 * ceil_div(live_splits, kSplitsPerWarp))), 0, stream, prep);
     } else if (input.kind == Kind::silu_gated) {
       status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, kDigits, int(Kind::silu_gated), float>,
                              runs_grid, dim3(256), 0, stream, prep);

@@ -174,7 +174,7 @@ bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const
   if (o.dim(3) % 8 != 0 || o.dim(2) > kMaxAttentionSplits) return false;
   const AffineMmaInput input{.kind = AffineMmaInput::Kind::attention_splits, .x = o.data<float>(),
                              .split_max = splits.max.data<float>(), .split_sum = splits.sum.data<float>(),
-                             .splits = int(o.dim(2)), .head_dim = int(o.dim(3))};
+                             .splits = int(o.dim(2)), .head_dim = int(o.dim(3)), .live_splits = splits.live};
   return tensor_core_linear(affine_args(w, o.dim(1) * o.dim(3), "attention_linear_add"), o.dim(0), input, bias,
                             h.data<float>(), true, true);
 }

@@ -778,16 +778,32 @@ constexpr bool kHasWideForm = HD <= 128 && !Storage<KV>::quantized;
 // the warps; with more blocks, 2-3 blocks of 4 warps an SM keep more loads in
 // flight. The splits with keys, ceil(keys / kMinKeysPerSplit) up to n_splits,
 // depend on the step's key count (decode_keys): the decode graph captured for
-// it serves the counts that choose the same, and its grid holds only the splits
-// a wave does (the kernel marks the rest empty), not a long cache's many.
+// it serves the counts that choose the same, and its grid holds the fewest
+// splits, a power of two, that hold the step's keys (the kernel marks the
+// partials past them empty), not the cache's or a wave's: one or two splits
+// merge in a cluster (lever cluster_attention_merge) where more would leave
+// their partials to o_proj's prepare kernel, whatever the cache's rows.
 int wide_grid_splits(int per_split, int n_splits) {
   if (!wide_attention_blocks_enabled()) return 0;
   const int64_t splits_in_a_wave = sm_count() / per_split;
-  if (n_splits <= splits_in_a_wave) return n_splits;  // at any context
-  const int64_t keys = decode_keys(), most = splits_in_a_wave * kMinKeysPerSplit;
-  if (keys <= 0) return 0;  // unknown: all of the cache may be in use
+  const int64_t keys = decode_keys();
+  if (keys <= 0) return n_splits <= splits_in_a_wave ? n_splits : 0;  // unknown: all of the cache may be in use
+  const int64_t cap = std::min<int64_t>(n_splits, splits_in_a_wave);
+  int64_t grid = 1;  // a power of two: its splits of kMinKeysPerSplit keys hold the step's
+  while (grid < cap && grid * kMinKeysPerSplit < keys) grid *= 2;
+  // The key counts that choose the same: more than half of the grid holds.
+  const int64_t lo = grid / 2 * kMinKeysPerSplit + 1;
+  if (grid < cap) {
+    narrow_decode_keys_range(lo, grid * kMinKeysPerSplit);
+    return int(grid);
+  }
+  if (n_splits <= splits_in_a_wave) {  // at any context past lo
+    narrow_decode_keys_range(lo, INT64_MAX);
+    return n_splits;
+  }
+  const int64_t most = splits_in_a_wave * kMinKeysPerSplit;
   if (keys <= most) {
-    narrow_decode_keys_range(1, most);
+    narrow_decode_keys_range(lo, most);
     return int(splits_in_a_wave);
   }
   narrow_decode_keys_range(most + 1, INT64_MAX);
@@ -929,16 +945,33 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
   return out ? launch_attention_merge(part_m, part_l, part_o, out, T, n_heads, head_dim, n_splits, stream) : err;
 }
 
+namespace {
+
+// Whether the GQA kernel over this dense cache may take the wide form (its
+// 16-byte loads, the instances compiled).
+bool wide_form_fits(int n_heads, int n_kv_heads, int head_dim, DType kv_dtype, const void* k, const void* v) {
+  const bool dense = kv_dtype == DType::f32 || kv_dtype == DType::bf16 || kv_dtype == DType::f16;
+  return dense && head_dim > 0 && head_dim <= 128 && (head_dim * dtype_size(kv_dtype)) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(k) % 16 == 0 && reinterpret_cast<uintptr_t>(v) % 16 == 0 && n_kv_heads > 0 &&
+         n_heads % n_kv_heads == 0;
+}
+
+}  // namespace
+
 bool attention_merges_in_clusters(int T, int n_heads, int n_kv_heads, int head_dim, DType kv_dtype, const void* k,
                                   const void* v, int n_splits, bool saves_merge_kernel) {
-  const bool dense = kv_dtype == DType::f32 || kv_dtype == DType::bf16 || kv_dtype == DType::f16;
-  if (!cluster_attention_merge_enabled() || !dense || head_dim <= 0 || head_dim > 128 ||
-      (head_dim * dtype_size(kv_dtype)) % 16 != 0 || reinterpret_cast<uintptr_t>(k) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(v) % 16 != 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+  if (!cluster_attention_merge_enabled() || !wide_form_fits(n_heads, n_kv_heads, head_dim, kv_dtype, k, v))
     return false;
   const WideForm wide = wide_form(n_heads / n_kv_heads, T * n_kv_heads, n_splits);
   const int most = T == 1 && saves_merge_kernel ? kMaxClusterSplitsSavingAKernel : kMaxClusterSplits;
   return wide.heads > 0 && wide.splits <= most;
+}
+
+int attention_written_splits(int T, int n_heads, int n_kv_heads, int head_dim, DType kv_dtype, const void* k,
+                             const void* v, int n_splits) {
+  if (!wide_form_fits(n_heads, n_kv_heads, head_dim, kv_dtype, k, v)) return n_splits;
+  const WideForm wide = wide_form(n_heads / n_kv_heads, T * n_kv_heads, n_splits);
+  return wide.heads > 0 ? wide.splits : n_splits;
 }
 
 cudaError_t launch_attention_merge(const float* part_m, const float* part_l, const float* part_o, float* out, int T,

@@ -360,6 +360,18 @@ float* rows_of(const Tensor& t, int64_t b, int64_t e) {
   return t.defined() ? t.slice_rows(b, e).data<float>() : nullptr;
 }
 
+// The most splits a launch over these rows writes (AttentionSplits::live).
+int written_splits(const KvPages& pages, int64_t T, int64_t n_heads, const Tensor& k_cache, const Tensor& v_cache,
+                   int splits) {
+  int most = 0;
+  for_each_launch(pages, T, [&](int64_t b, int64_t e, const KvTables&) {
+    most = std::max(most, attention_written_splits(int(e - b), int(n_heads), int(k_cache.dim(1)),
+                                                   int(k_cache.dim(2)), k_cache.dtype(), k_cache.raw(),
+                                                   v_cache.raw(), splits));
+  });
+  return most;
+}
+
 // Allocates out's partials for a launch, or its output where the splits merge in
 // clusters; the caller's merged_by_kernel stays as it said.
 void allocate_splits(AttentionSplits& out, int64_t T, int64_t n_heads, int splits, int64_t head_dim, bool merged) {
@@ -421,6 +433,7 @@ bool attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& v, const
   const int splits = graph_splits(k.dim(0), pages, k.dim(1));
   const bool merged = merges_in_clusters(q.dim(0), q.dim(1), k, v, splits, out.merged_by_kernel);
   allocate_splits(out, q.dim(0), q.dim(1), splits, q.dim(2), merged);
+  if (!merged) out.live = written_splits(pages, q.dim(0), q.dim(1), k, v, splits);
   split_attention(q, k, v, start_pos, scale, pages, out, nullptr, splits);
   return true;
 }
@@ -443,8 +456,9 @@ bool rope_in_attention_unmerged(const Tensor& q, const Tensor& k, const Tensor& 
       !rope_in_attention_takes_rows(int(T), int(n_heads), int(n_kv_heads), splits))
     return false;
   const RopeParams params = rope_params(rope);
-  allocate_splits(out, T, n_heads, splits, head_dim,
-                  merges_in_clusters(T, n_heads, k_cache, v_cache, splits, out.merged_by_kernel));
+  const bool merged = merges_in_clusters(T, n_heads, k_cache, v_cache, splits, out.merged_by_kernel);
+  allocate_splits(out, T, n_heads, splits, head_dim, merged);
+  if (!merged) out.live = written_splits(pages, T, n_heads, k_cache, v_cache, splits);
   for_each_launch(pages, T, [&](int64_t b, int64_t e, const KvTables& tables) {
     const FreshRows fresh{q.slice_rows(b, e).data<float>(),
                           k.slice_rows(b, e).data<float>(),

@@ -216,6 +216,11 @@ cudaError_t launch_attention(const float* q, const void* k, const void* v, DType
 // kernel (not inside the next matvec's prepare), so wider clusters pay.
 bool attention_merges_in_clusters(int T, int n_heads, int n_kv_heads, int head_dim, DType kv_dtype, const void* k,
                                   const void* v, int n_splits, bool saves_merge_kernel);
+// The splits launch_attention (and launch_rope_in_attention) of these rows
+// write: the wide grid's, the partials past them marked empty; n_splits where
+// the grid holds them all.
+int attention_written_splits(int T, int n_heads, int n_kv_heads, int head_dim, DType kv_dtype, const void* k,
+                             const void* v, int n_splits);
 cudaError_t launch_attention_merge(const float* part_m, const float* part_l, const float* part_o, float* out, int T,
                                    int n_heads, int head_dim, int n_splits, cudaStream_t stream);
 
