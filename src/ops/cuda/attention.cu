@@ -985,10 +985,7 @@ cudaError_t launch_attention_merge(const float* part_m, const float* part_l, con
 // new rows).
 bool rope_in_attention_supports(int head_dim, int n_heads, int n_kv_heads, DType kv_dtype, const void* k_cache,
                                 const void* v_cache) {
-  const bool dense = kv_dtype == DType::f32 || kv_dtype == DType::bf16 || kv_dtype == DType::f16;
-  return dense && head_dim > 0 && head_dim <= 128 && (head_dim * dtype_size(kv_dtype)) % 16 == 0 &&
-         n_kv_heads > 0 && n_heads % n_kv_heads == 0 && n_heads / n_kv_heads <= 8 &&
-         reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
+  return wide_form_fits(n_heads, n_kv_heads, head_dim, kv_dtype, k_cache, v_cache) && n_heads / n_kv_heads <= 8;
 }
 
 bool rope_in_attention_takes_rows(int rows, int n_heads, int n_kv_heads, int n_splits) {
