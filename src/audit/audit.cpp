@@ -81,6 +81,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "fp8_activation_gemm" ? &l.fp8_activation_gemm
                 : name == "int8_activation_matvec" ? &l.int8_activation_matvec
                 : name == "tensor_core_kv_attention" ? &l.tensor_core_kv_attention
+                : name == "tensor_core_attention" ? &l.tensor_core_attention
                 : name == "tensor_core_affine_matvec" ? &l.tensor_core_affine_matvec
                 : name == "int16_activation_matvec" ? &l.int16_activation_matvec
                 : name == "tensor_core_fp8_matvec" ? &l.tensor_core_fp8_matvec
@@ -190,12 +191,13 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
+    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
                                         lo.fuse_rope_store, lo.rope_in_attention, lo.wide_attention_blocks,
                                         lo.cluster_attention_merge,
                                         int(lo.fuse_norm_matvec), lo.programmatic_launch,
                                         lo.matvec_split_k, lo.fp8_activation_gemm, lo.int8_activation_matvec,
-                                        lo.tensor_core_kv_attention, lo.tensor_core_affine_matvec,
+                                        lo.tensor_core_kv_attention, lo.tensor_core_attention,
+                                        lo.tensor_core_affine_matvec,
                                         lo.int16_activation_matvec, lo.tensor_core_fp8_matvec,
                                         int(lo.tensor_core_affine_gemm), lo.routing_in_experts,
                                         lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages,

@@ -12,7 +12,7 @@ namespace fs = std::filesystem;
 std::vector<std::string> engine_lever_names() {
   return {"cuda_graphs",      "pipelined_decode",    "fused_projections", "fused_rope_store",
           "fused_norm_matvec", "programmatic_launch", "matvec_split_k",    "fp8_activation_gemm",
-          "int8_activation_matvec", "tensor_core_kv_attention", "tensor_core_affine_matvec",
+          "int8_activation_matvec", "tensor_core_kv_attention", "tensor_core_attention", "tensor_core_affine_matvec",
           "int16_activation_matvec", "tensor_core_fp8_matvec", "tensor_core_affine_gemm",
           "rope_in_attention", "wide_attention_blocks", "cluster_attention_merge",
           "routing_in_experts", "deep_moe_ring", "deep_dense_ring", "wide_batch_stages",

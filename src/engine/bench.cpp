@@ -84,6 +84,7 @@ std::string layout_levers(const ModelInfo& info) {
          " matvec_split_k=" + on(o.matvec_split_k) + " fp8_activation_gemm=" + on(o.fp8_activation_gemm) +
          (o.int8_activation_matvec ? " int8_activation_matvec=on" : "") +
          (o.tensor_core_kv_attention ? " tensor_core_kv_attention=on" : "") +
+         (o.tensor_core_attention ? " tensor_core_attention=on" : "") +
          (o.tensor_core_affine_matvec ? " tensor_core_affine_matvec=on" : "") +
          (o.int16_activation_matvec ? " int16_activation_matvec=on" : "") +
          (o.tensor_core_fp8_matvec ? " tensor_core_fp8_matvec=on" : "") +

@@ -40,6 +40,7 @@ Levers Levers::from_env() {
   l.fp8_activation_gemm = env_flag("MERERUN_FP8_ACTIVATION_GEMM", l.fp8_activation_gemm);
   l.int8_activation_matvec = env_flag("MERERUN_INT8_ACTIVATION_MATVEC", l.int8_activation_matvec);
   l.tensor_core_kv_attention = env_flag("MERERUN_TENSOR_CORE_KV_ATTENTION", l.tensor_core_kv_attention);
+  l.tensor_core_attention = env_flag("MERERUN_TENSOR_CORE_ATTENTION", l.tensor_core_attention);
   l.tensor_core_affine_matvec = env_flag("MERERUN_TENSOR_CORE_AFFINE_MATVEC", l.tensor_core_affine_matvec);
   l.int16_activation_matvec = env_flag("MERERUN_INT16_ACTIVATION_MATVEC", l.int16_activation_matvec);
   l.tensor_core_fp8_matvec = env_flag("MERERUN_TENSOR_CORE_FP8_MATVEC", l.tensor_core_fp8_matvec);
@@ -69,6 +70,7 @@ std::string Levers::describe(Device device) const {
          " programmatic_launch=" + on(programmatic_launch) + " matvec_split_k=" + on(matvec_split_k) +
          " fp8_activation_gemm=" + on(fp8_activation_gemm) + " int8_activation_matvec=" + on(int8_activation_matvec) +
          " tensor_core_kv_attention=" + on(tensor_core_kv_attention) +
+         " tensor_core_attention=" + on(tensor_core_attention) +
          " tensor_core_affine_matvec=" + on(tensor_core_affine_matvec) +
          " int16_activation_matvec=" + on(int16_activation_matvec) +
          " tensor_core_fp8_matvec=" + on(tensor_core_fp8_matvec) +
@@ -93,6 +95,7 @@ LoadOptions Levers::load_options(Device device) const {
                      .fp8_activation_gemm = fp8_activation_gemm && cuda,
                      .int8_activation_matvec = int8_activation_matvec && cuda,
                      .tensor_core_kv_attention = tensor_core_kv_attention && cuda,
+                     .tensor_core_attention = tensor_core_attention && cuda,
                      .tensor_core_affine_matvec = tensor_core_affine_matvec && cuda,
                      .int16_activation_matvec = int16_activation_matvec && cuda,
                      .tensor_core_fp8_matvec = tensor_core_fp8_matvec && cuda,

@@ -83,6 +83,14 @@ struct Levers {
   // +0.03% against bf16) and Llama-3-8B tg128 goes +8% / +8% / +22% at 1k / 8k
   // / 32k context, now faster than bf16 (docs/levers.md).
   bool tensor_core_kv_attention = true;
+  // Decode attention over bf16/f16 KV caches on the tensor cores where the
+  // CUDA-core kernel would take 4-warp blocks and each split holds more than 64
+  // keys (long contexts): q and the softmax weights enter bf16 mma operands as
+  // hi + lo pairs (about 16 bits), K and V as cached, sums in f32; within 1e-5
+  // of the CPU, greedy tokens the CUDA-core kernel's. (The CUDA-core kernel is
+  // bound by its per-key instruction chains there.) Default: Llama-3-8B and
+  // Qwen3-30B-A3B int4 decode +3-8% from 4k-8k keys of an 8k cache (docs/levers.md).
+  bool tensor_core_attention = true;
   // Decode matvecs of MLX affine (int8/int4) weights on the integer tensor
   // cores, for 2-8 tokens and for one token of a matrix of 2^24 weights or
   // more: u8 codes times three s8 base-256 digits of x (rounded to 23 bits per
@@ -181,7 +189,8 @@ struct Levers {
   // MERERUN_ROPE_IN_ATTENTION, MERERUN_WIDE_ATTENTION_BLOCKS, MERERUN_CLUSTER_ATTENTION_MERGE,
   // MERERUN_FUSED_NORM_MATVEC (0|1|auto), MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
-  // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC,
+  // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_ATTENTION,
+  // MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_FP8_MATVEC, MERERUN_TENSOR_CORE_MOE_MATVEC, MERERUN_ROUTING_IN_EXPERTS,
   // MERERUN_DEEP_MOE_RING, MERERUN_DEEP_DENSE_RING, MERERUN_WIDE_BATCH_STAGES, MERERUN_STREAMED_WEIGHTS,
   // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto),
@@ -194,6 +203,7 @@ struct Levers {
                   .rope_in_attention = false, .wide_attention_blocks = false, .cluster_attention_merge = false,
                   .fused_norm_matvec = LeverMode::off, .programmatic_launch = false, .matvec_split_k = false,
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,
+                  .tensor_core_attention = false,
                   .tensor_core_affine_matvec = false, .int16_activation_matvec = false,
                   .tensor_core_fp8_matvec = false, .tensor_core_moe_matvec = false,
                   .routing_in_experts = false, .deep_moe_ring = false, .deep_dense_ring = false,

@@ -16,6 +16,7 @@ void apply_launch_settings(const LoadOptions& o) {
                             .fp8_activation_gemm = o.fp8_activation_gemm,
                             .int8_activation_matvec = o.int8_activation_matvec,
                             .tensor_core_kv_attention = o.tensor_core_kv_attention,
+                            .tensor_core_attention = o.tensor_core_attention,
                             .rope_in_attention = o.rope_in_attention,
                             .wide_attention_blocks = o.wide_attention_blocks,
                             .cluster_attention_merge = o.cluster_attention_merge,

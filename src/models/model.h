@@ -42,6 +42,8 @@ struct LoadOptions {
   bool int8_activation_matvec = false;
   // Decode attention over affine KV caches on the tensor cores (lever tensor_core_kv_attention).
   bool tensor_core_kv_attention = false;
+  // Long contexts' decode attention over bf16/f16 caches on the tensor cores (lever tensor_core_attention).
+  bool tensor_core_attention = false;
   // MLX affine decode matvecs on the tensor cores (lever tensor_core_affine_matvec).
   bool tensor_core_affine_matvec = false;
   // Those matvecs on x rounded to 15 bits per group (lever int16_activation_matvec).

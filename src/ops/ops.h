@@ -72,6 +72,7 @@ struct LaunchSettings {
   bool fp8_activation_gemm = false;  // lever fp8_activation_gemm: FP8 prefill with E4M3 activations
   bool int8_activation_matvec = false;  // lever int8_activation_matvec: affine decode matvecs on int8 x
   bool tensor_core_kv_attention = false;  // lever tensor_core_kv_attention: affine8/affine4 KV attention on mma
+  bool tensor_core_attention = false;  // lever tensor_core_attention: long contexts' bf16/f16 KV attention on mma
   bool rope_in_attention = false;  // lever rope_in_attention: decode attention rotates and stores its new rows
   bool wide_attention_blocks = false;  // lever wide_attention_blocks: 8-warp attention blocks of fewer heads where they fit a wave
   bool cluster_attention_merge = false;  // lever cluster_attention_merge: those blocks' splits merge in clusters

@@ -4,7 +4,8 @@
 // contiguous cache, a paged sequence and paged batches of 3 and 8 (groups up to
 // 4 heads; larger groups, and batches over 4, decline unless in the 8-warp
 // blocks of lever wide_attention_blocks, where a grid that fits a wave runs
-// them), in both block forms, bf16/f16/f32 caches,
+// them), in both block forms and on the tensor cores (lever
+// tensor_core_attention, where the 4-warp form runs), bf16/f16/f32 caches,
 // with and without q/k norms, rotate-half and interleaved, partial rotary dims,
 // at positions on both sides of split edges; it declines (nothing run) where it
 // does not apply; and a model's decode step with it is one kernel a layer
@@ -63,14 +64,21 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
     const Tensor qn = norm ? gpu(random({c.head_dim}, c.norm, 4, 0.2f, 1.0f)) : Tensor();
     const Tensor kn = norm ? gpu(random({c.head_dim}, c.norm, 5, 0.2f, 1.0f)) : Tensor();
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
-    const int64_t rows = 1024;  // cache rows: the split count is fixed by them, as in a graph
     // Both attention block forms (lever wide_attention_blocks); these shapes'
-    // splits fit a wave, so the wide one runs at every position.
-    for (bool wide : {false, true})
-    for (int layout = 0; layout < 4; ++layout) {  // contiguous, one paged sequence, paged batches of 3 and 8
+    // splits fit a wave, so the wide one runs at every position. Where the
+    // 4-warp form runs, also on the tensor cores (lever tensor_core_attention).
+    for (int form = 0; form < 3; ++form)
+    for (int layout = 0; layout < 4; ++layout) {
+      const bool wide = form == 2, tensor_cores = form == 1;
+      // Cache rows: the split count is fixed by them, as in a graph. The tensor
+      // cores take splits of more than 64 keys: a long cache past its splits'.
+      const int64_t rows = tensor_cores ? 8192 : 1024;
+      if (tensor_cores && layout == 3) continue;  // a batch of 8 declines in the 4-warp form
+      const std::vector<int64_t> positions =
+          tensor_cores ? std::vector<int64_t>{2200, 4100, 8000} : std::vector<int64_t>{0, 1, 63, 64, 65, 200, 1000};  // contiguous, one paged sequence, paged batches of 3 and 8
       const int64_t B = layout == 2 ? 3 : layout == 3 ? 8 : 1;
       bool ran = false;  // a batch of 8
-      for (int64_t pos : {0, 1, 63, 64, 65, 200, 1000}) {
+      for (int64_t pos : positions) {
         ops::KvPages pages;
         if (layout > 0)
           for (int64_t b = 0; b < B; ++b) {  // rows / 16 blocks each, scrambled and interleaved with the others'
@@ -90,10 +98,11 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
             fmt::format("{}/{}x{} {} cache{}{}{} {} pos {}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache),
                         norm ? " norm" : "", c.interleaved ? " interleaved" : "",
                         c.rotary_dim ? " partial rotary" : "", layout == 0 ? "contiguous" : layout == 1 ? "paged" : "batch",
-                        pos) + (wide ? " wide blocks" : "") + (B > 1 ? fmt::format(" of {}", B) : "");
+                        pos) + (wide ? " wide blocks" : "") + (tensor_cores ? " tensor cores" : "") +
+                            (B > 1 ? fmt::format(" of {}", B) : "");
 
         ops::set_decode_keys(pos + 1);
-        ops::set_launch_settings({.wide_attention_blocks = wide});
+        ops::set_launch_settings({.tensor_core_attention = tensor_cores, .wide_attention_blocks = wide});
         Tensor q_rotated = q.clone();
         ops::qk_norm_rope_store(q_rotated, k, v, qn, kn, 1e-6f, rope, device_position(pos), k_cache, v_cache, pages);
         ops::AttentionSplits want;
@@ -103,7 +112,8 @@ TEST_F(RopeInAttention, EqualsRopeStoreThenAttentionBitForBit) {
                                                      scale, pages, off))
             << label << ": ran with the lever off";
 
-        ops::set_launch_settings({.rope_in_attention = true, .wide_attention_blocks = wide});
+        ops::set_launch_settings(
+            {.tensor_core_attention = tensor_cores, .rope_in_attention = true, .wide_attention_blocks = wide});
         ops::AttentionSplits got;
         // Batches keep the two kernels where groups exceed 4 heads, unless in 8-warp
         // blocks; batches of 5-8 run it only in 8-warp blocks whose grid fits a wave.

@@ -13,6 +13,8 @@
 // registers; no dequantized copy of the cache exists. By default (lever
 // tensor_core_kv_attention) launch_attention_affine runs the tensor-core kernel
 // of attention_affine_mma.cu instead, where it applies (head_dim 64 or 128).
+// Over dense bf16/f16 caches at long contexts (lever tensor_core_attention) the
+// 4-warp form gives way to the tensor-core kernel of attention_mma.cu.
 // Paged caches (KvTables): key s is read from row table[s / 16] * 16 + s % 16, so
 // a key's lanes still read one contiguous row; in a batch (rows_are_sequences)
 // grid.y indexes the sequence, each reading its own table, all at *pos.
@@ -23,11 +25,12 @@
 
 #include <cooperative_groups.h>
 
+#include "ops/cuda/attention_fresh.cuh"
+#include "ops/cuda/attention_mma.h"
 #include "ops/cuda/attention_split.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kv_quant.cuh"
 #include "ops/cuda/launchers.h"
-#include "ops/cuda/rope_row.cuh"
 
 namespace mere::cuda {
 namespace {
@@ -167,22 +170,6 @@ constexpr int kKeysPerStep = (HB >= 8 ? 2 : 4) / C;
 template <int HB, int NW>
 constexpr int kMinBlocksPerSm = HB >= 8 ? 1 : 12 / NW;
 
-// The new rows and their RoPE for a kernel that rotates its own inputs (lever
-// rope_in_attention), nothing for one that reads q rotated and the new key cached.
-struct FreshInputs {
-  FreshRows rows;
-  RopeParams rope;
-};
-struct NoFreshInputs {};
-template <bool kFresh>
-using FreshArgs = std::conditional_t<kFresh, FreshInputs, NoFreshInputs>;
-
-__device__ __forceinline__ float norm_weight(const void* norm, DType dtype, int j) {
-  if (dtype == DType::bf16) return to_float(static_cast<const __nv_bfloat16*>(norm)[j]);
-  if (dtype == DType::f16) return to_float(static_cast<const __half*>(norm)[j]);
-  return static_cast<const float*>(norm)[j];
-}
-
 // Lever cluster_attention_merge: the grid's splits of one (kv head, head chunk,
 // row) are one cluster. Each block leaves its partial in its shared memory; after
 // a cluster barrier the blocks share out the HB heads' columns, each reading every
@@ -277,84 +264,22 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
     }
   };
 
-  // Lever rope_in_attention: the warps normalise and rotate the block's q rows
-  // into shared memory, and in the split holding the new key (position
-  // n_keys - 1) its k row too, then keep that k and v row as the cache stores
-  // them (head chunk 0 also writing them to the cache): the loop below takes
-  // that key from there, the same bits it would have loaded. The first step's
-  // K/V loads are issued before this; the angles are computed once a block.
-  __shared__ float fresh_q[kFresh ? HB : 1][kFresh ? HD : 1];
-  __shared__ __align__(16) typename St::Unit fresh_kv[2][kFresh ? HD : 8];  // k, v
-  __shared__ float angle_sin[kFresh ? HD / 2 : 1], angle_cos[kFresh ? HD / 2 : 1];
-  // Rows warp + NW r: the q heads, then (holding the new key) k and v.
-  constexpr int kPerLane = HD / 32, kRowsPerWarp = (HB + 2 + NW - 1) / NW;
-  float fresh_norm[kFresh ? kRowsPerWarp : 1][kFresh ? kPerLane : 1];  // the rows' q/k norm weights
-  // What the new rows' norm and rotation take besides the rows: the norm
-  // weights (constant) and the angles (of the position only), so a decode step
-  // prepares them before its wait.
+  // Lever rope_in_attention (attention_fresh.cuh): the block's q rows, and in the
+  // split holding the new key its k and v rows, normalised and rotated into
+  // shared memory (head chunk 0 also writing k and v to the cache); the loop
+  // below takes the new key from there, the same bits it would have loaded. The
+  // first step's K/V loads are issued before this; the angles are computed once a block.
+  using Fresh = FreshRowsInBlock<KV, HB, HD, NW>;
+  __shared__ std::conditional_t<kFresh, typename Fresh::Shared, char> fresh_sh;
+  Fresh fresh_rows;
   auto prepare_norm_and_angles = [&] {
-    if constexpr (kFresh) {
-      for (int i = threadIdx.x; i < fresh.rope.half; i += blockDim.x)
-        rope_angle(fresh.rope, i, new_key, angle_sin[i], angle_cos[i]);
-#pragma unroll
-      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        const int r = warp + NW * rr;
-        const void* norm = r < HB ? fresh.rows.q_norm : r == HB ? fresh.rows.k_norm : nullptr;
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i)
-          fresh_norm[rr][i] = norm && lane + 32 * i < head_dim ? norm_weight(norm, fresh.rows.norm_dtype, lane + 32 * i)
-                                                              : 0.0f;
-      }
-    }
+    if constexpr (kFresh) fresh_rows.prepare(fresh, new_key, head_dim, fresh_sh);
   };
   auto prepare_fresh = [&] {
     if constexpr (kFresh) {
       static_assert(!St::quantized, "rope_in_attention writes dense caches only");
-      __shared__ float staged[NW][HD];
-      const FreshRows& rows = fresh.rows;
-      const RopeParams& rope = fresh.rope;
-      // Every row's loads in flight before any is used.
-      const int n_rows = HB + (range.begin < range.end && range.end == n_keys ? 2 : 0);
-      auto row_ok = [&](int r) { return r < n_rows && (r >= HB || head_ok(r)); };
-      float e[kRowsPerWarp][kPerLane];
-#pragma unroll
-      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        const int r = warp + NW * rr;
-        const float* src = r < HB ? rows.q + (int64_t(t) * n_heads + kv_h * group + head0 + r) * head_dim
-                                  : (r == HB + 1 ? rows.v : rows.k) + (int64_t(t) * n_kv_heads + kv_h) * head_dim;
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i)
-          e[rr][i] = row_ok(r) && lane + 32 * i < head_dim ? src[lane + 32 * i] : 0.0f;
-      }
-      __syncthreads();  // the angles
-#pragma unroll
-      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        const int r = warp + NW * rr;
-        if (!row_ok(r)) continue;
-        const bool is_q = r < HB, is_v = r == HB + 1;
-        if (!is_v) {
-          const void* norm = is_q ? rows.q_norm : rows.k_norm;
-          norm_and_rotate_row(
-              e[rr], norm != nullptr, fresh_norm[rr], rows.eps, rope,
-              [&](int m, float& sn, float& cs) { sn = angle_sin[m], cs = angle_cos[m]; }, head_dim, staged[warp],
-              lane);
-        }
-        KV* cache_row = static_cast<KV*>(is_v ? rows.v_cache : rows.k_cache) +
-                        (paged_row(table, new_key) * n_kv_heads + kv_h) * head_dim;
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
-          const int j = lane + 32 * i;
-          if (j >= head_dim) continue;
-          if (is_q) {
-            fresh_q[r][j] = e[rr][i];
-          } else {
-            const KV stored = from_float<KV>(e[rr][i]);
-            fresh_kv[is_v][j] = stored;
-            if (head0 == 0) cache_row[j] = stored;
-          }
-        }
-      }
-      __syncthreads();
+      const FreshPlace at{t, n_heads, n_kv_heads, kv_h, group, head0, head_dim, new_key, table};
+      fresh_rows.form(fresh, at, range.begin < range.end && range.end == n_keys, fresh_sh);
     }
   };
 
@@ -371,7 +296,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
         for (int w = 0; w < W; ++w) {
           const int j = piece_offset<KV, HD>(c, sub_lane) + w;
           const bool used = head_ok(g) && j < head_dim;
-          if constexpr (kFresh) qv[g][c * W + w] = used ? fresh_q[g][j] * scale : 0.0f;
+          if constexpr (kFresh) qv[g][c * W + w] = used ? fresh_sh.q[g][j] * scale : 0.0f;
           else qv[g][c * W + w] = used ? qr[j] * scale : 0.0f;
         }
     }
@@ -413,8 +338,10 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
   };
   // Piece c of the new key's k and v from the block's copy (lever rope_in_attention).
   auto take_fresh = [&](int c, Piece& kr, Piece& vr) {
-    kr = *reinterpret_cast<const Piece*>(&fresh_kv[0][piece_offset<KV, HD>(c, sub_lane)]);
-    vr = *reinterpret_cast<const Piece*>(&fresh_kv[1][piece_offset<KV, HD>(c, sub_lane)]);
+    if constexpr (kFresh) {
+      kr = *reinterpret_cast<const Piece*>(&fresh_sh.kv[0][piece_offset<KV, HD>(c, sub_lane)]);
+      vr = *reinterpret_cast<const Piece*>(&fresh_sh.kv[1][piece_offset<KV, HD>(c, sub_lane)]);
+    }
   };
   // Piece c of the key in storage row `row` from the cache.
   auto load_piece = [&](int64_t row, int c, Piece& kr, Piece& vr, Groups& gr) {
@@ -427,7 +354,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
                   __ldg(groups.v_biases + g)};
     }
   };
-  // fresh_ready: fresh_kv holds the new key (lever rope_in_attention); before
+  // fresh_ready: the block holds the new key's rows (lever rope_in_attention); before
   // that, the new key's pieces are left 0 and loaded again once it is. Keys
   // from `newer` on are left 0 too (loaded by load_newer after the wait).
   auto load = [&](int base, const int (&rows)[KPI], Piece (&kr)[KPI][C], Piece (&vr)[KPI][C], Groups (&gr)[KPI][C],
@@ -772,6 +699,33 @@ __global__ void __launch_bounds__(kMergeThreads)
 template <typename KV, int HD>
 constexpr bool kHasWideForm = HD <= 128 && !Storage<KV>::quantized;
 
+// Lever tensor_core_attention: the tensor-core kernel of attention_mma.cu, over
+// bf16 or f16 rows of 64 or 128, where the 4-warp form would run, each split
+// holds more than kMinKeysPerSplit keys (the cache's splits are fewer than its
+// keys need: long contexts) and the grid fits one wave of its two blocks an SM.
+// There the CUDA-core kernel's per-key chains grow with the keys a split takes,
+// the tensor cores' barely. At kMinKeysPerSplit keys a split both are bound by a
+// block's fixed work, and over several waves (batches) the CUDA-core kernel's
+// three blocks an SM win: there it ran level or faster (H200, Llama-3-8B int4,
+// 4 sequences at 2-4k keys: 7-10%; docs/benchmarks.md, thirty-eighth session).
+// Unknown key counts (a prefill) keep the CUDA cores.
+template <typename KV, int HD>
+constexpr bool kHasTensorCoreForm =
+    (std::is_same_v<KV, __nv_bfloat16> || std::is_same_v<KV, __half>) && (HD == 64 || HD == 128);
+
+bool tensor_core_form(int rows_kv_chunks, int n_splits) {
+  const int64_t keys = decode_keys(), most_at_min = int64_t(n_splits) * kMinKeysPerSplit;
+  if (!tensor_core_attention_enabled() || keys <= 0 ||
+      int64_t(rows_kv_chunks) * n_splits > kTensorCoreAttentionBlocksPerSm * sm_count())
+    return false;
+  if (keys > most_at_min) {
+    narrow_decode_keys_range(most_at_min + 1, INT64_MAX);
+    return true;
+  }
+  narrow_decode_keys_range(1, most_at_min);
+  return false;
+}
+
 // The splits of an 8-warp grid of `per_split` blocks a split, 0 where the
 // 4-warp form runs: 8 warps where the splits with keys to walk fit one wave of
 // one block an SM. A short context's few blocks then walk their keys with twice
@@ -898,6 +852,12 @@ cudaError_t launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k
     }
   }
   if (merged) return cudaErrorInvalidValue;  // only the wide form's few splits merge in clusters
+  if constexpr (kHasTensorCoreForm<KV, HD>) {
+    const int tc_chunks = (group + kTensorCoreAttentionHeads - 1) / kTensorCoreAttentionHeads;
+    if (head_dim == HD && tensor_core_form(T * n_kv_heads * tc_chunks, n_splits))
+      return launch_attention_mma<KV, HD, kFresh>(q, k, v, part_m, part_l, part_o, T, n_heads, n_kv_heads, pos_dev,
+                                                  pos0, n_splits, scale, tables, stream, fresh, rows_final);
+  }
   // Heads per block: the group rounded up to a power of two, at most 8 (larger
   // groups take several blocks per kv head).
   if (group <= 1) return go.template operator()<1, 4>(n_splits);

@@ -566,6 +566,7 @@ void set_launch_settings(const LaunchSettings& settings) {
   mere::cuda::set_fp8_activation_gemm(settings.fp8_activation_gemm);
   mere::cuda::set_int8_activation_matvec(settings.int8_activation_matvec);
   mere::cuda::set_tensor_core_kv_attention(settings.tensor_core_kv_attention);
+  mere::cuda::set_tensor_core_attention(settings.tensor_core_attention);
   mere::cuda::set_rope_in_attention(settings.rope_in_attention);
   mere::cuda::set_wide_attention_blocks(settings.wide_attention_blocks);
   mere::cuda::set_cluster_attention_merge(settings.cluster_attention_merge);

@@ -1,6 +1,6 @@
 // Launch settings the kernel launchers share (levers programmatic_launch,
 // matvec_split_k, fp8_activation_gemm, int8_activation_matvec,
-// tensor_core_kv_attention, tensor_core_affine_matvec, int16_activation_matvec,
+// tensor_core_kv_attention, tensor_core_attention, tensor_core_affine_matvec, int16_activation_matvec,
 // tensor_core_fp8_matvec, tensor_core_moe_matvec, routing_in_experts, tensor_core_affine_gemm,
 // rope_in_attention and wide_attention_blocks), the decode step's key count and its promise that the
 // cache rows before its position are final, and device queries.
@@ -16,6 +16,7 @@ bool matvec_split_k = false;
 bool fp8_activation_gemm = false;
 bool int8_activation_matvec = false;
 bool tensor_core_kv_attention = false;
+bool tensor_core_attention = false;
 bool tensor_core_affine_matvec = false;
 bool int16_activation_matvec = false;
 bool tensor_core_fp8_matvec = false;
@@ -41,6 +42,8 @@ bool int8_activation_matvec_enabled() { return int8_activation_matvec; }
 void set_int8_activation_matvec(bool on) { int8_activation_matvec = on; }
 bool tensor_core_kv_attention_enabled() { return tensor_core_kv_attention; }
 void set_tensor_core_kv_attention(bool on) { tensor_core_kv_attention = on; }
+bool tensor_core_attention_enabled() { return tensor_core_attention; }
+void set_tensor_core_attention(bool on) { tensor_core_attention = on; }
 bool tensor_core_affine_matvec_enabled() { return tensor_core_affine_matvec; }
 void set_tensor_core_affine_matvec(bool on) { tensor_core_affine_matvec = on; }
 bool int16_activation_matvec_enabled() { return int16_activation_matvec; }

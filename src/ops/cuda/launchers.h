@@ -35,6 +35,11 @@ bool int8_activation_matvec_enabled();
 // tensor_core_kv_attention, attention_affine_mma.cu); off: the CUDA-core kernel.
 void set_tensor_core_kv_attention(bool on);
 bool tensor_core_kv_attention_enabled();
+// Decode attention over dense bf16/f16 caches on the tensor cores where the
+// CUDA-core kernel's 4-warp form would run (lever tensor_core_attention,
+// attention_mma.cu); off: the CUDA-core kernel.
+void set_tensor_core_attention(bool on);
+bool tensor_core_attention_enabled();
 // Decode attention over a dense cache rotates its own q and new key and writes
 // the new K/V row (lever rope_in_attention, launch_rope_in_attention); off: the
 // rope/store kernel first. Off unless set.

@@ -1,0 +1,146 @@
+// Lever tensor_core_attention (ctest label gpu): decode attention over a dense
+// bf16/f16 cache on the tensor cores where the CUDA-core kernel would take its
+// 4-warp form, each split holds more than 64 keys and the grid fits a wave of
+// two blocks an SM. Its output matches the CPU and the CUDA-core kernel for the
+// attention forms' shapes, one sequence and a paged batch of 2, at key counts
+// on both sides of the forms' and the 16-key steps' edges up to 6,000 keys; it
+// runs exactly where it applies (head_dim 64 or 128, bf16 or f16) with the
+// 4-warp form's grid, and narrows the decode step's key range to the counts
+// that choose alike; rows past the visible keys are never read (NaN-poisoned);
+// and the demo model's graphed decode across the edge captures a graph per side
+// and gives the CUDA-core kernel's tokens.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "engine/levers.h"
+#include "gpu_test_util.h"
+#include "models/model.h"
+#include "ops/cuda/launchers.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace mere {
+namespace {
+
+using test::device_position;
+using test::gpu;
+using test::random;
+using test::relative_error;
+
+class TensorCoreAttention : public test::NeedsGpuDefaultLaunch {};
+
+// The attention kernel a capture of `run` launches (the GQA or the mma one).
+test::KernelLaunch attention_launch(const std::function<void()>& run) {
+  for (const test::KernelLaunch& k : test::kernel_launches_by(run))
+    if (k.name.find("attention_gqa_kernel") != std::string::npos ||
+        k.name.find("attention_mma_kernel") != std::string::npos)
+      return k;
+  ADD_FAILURE() << "no attention kernel launched";
+  return {};
+}
+
+TEST_F(TensorCoreAttention, MatchesTheCpuAndTheCudaCoreKernel) {
+  const int64_t rows = 8192;  // cache rows a sequence: the graph's split count
+  for (const test::AttentionShape& c : test::attention_shapes())
+    for (int64_t B : {1, 2})
+      for (int64_t keys : {1, 17, 65, 1000, 2112, 2113, 2129, 2500, 4096, 4097, 4111, 6000}) {
+        const std::string label =
+            fmt::format("{}/{}x{} {} B={} keys={}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache), B, keys);
+        const test::PagedAttentionStep step = test::paged_attention_step(c, B, rows, keys);
+        const Tensor kc = gpu(step.k_pool), vc = gpu(step.v_pool), q = gpu(step.q), pos = device_position(keys - 1);
+        auto attend = [&] { return ops::attention(q, kc, vc, pos, step.scale, step.pages); };
+        ops::set_decode_keys(keys);
+        ops::set_launch_settings({.wide_attention_blocks = true});
+        const Tensor cuda_cores = attend();
+        ops::set_launch_settings({.tensor_core_attention = true, .wide_attention_blocks = true});
+        const Tensor tensor_cores = attend();
+        const ops::KeyCountRange range = ops::decode_keys_range();
+        ops::set_decode_keys(keys);
+        const test::KernelLaunch launch = attention_launch([&] { attend(); });
+        ops::set_decode_keys(0);
+        ops::set_launch_settings({});
+
+        EXPECT_LE(relative_error(tensor_cores, step.want, label), 1e-5f) << label;
+        EXPECT_LE(relative_error(tensor_cores, cuda_cores.to_device(Device::cpu), label + " against CUDA cores", false),
+                  1e-5f)
+            << label;
+        // Where it applies: the 4-warp form's place (no 8-warp grid for these keys),
+        // more than 64 keys a split, head_dim 64/128, bf16/f16, a grid of blocks
+        // of 8 heads that fits 2 an SM.
+        const int64_t splits = cuda::attention_splits(rows, c.kv_heads), group = c.heads / c.kv_heads;
+        const bool four_warp = test::wide_attention_grid(B, c.heads, c.kv_heads, keys, splits).heads == 0;
+        const bool fits = (c.head_dim == 64 || c.head_dim == 128) &&
+                          (c.cache == DType::bf16 || c.cache == DType::f16) &&
+                          c.kv_heads * ((group + 7) / 8) * B * splits <= 2 * test::sm_count();
+        const bool applies = four_warp && fits && keys > 64 * splits;
+        EXPECT_EQ(launch.name.find("attention_mma_kernel") != std::string::npos, applies) << label;
+        if (four_warp && fits) {  // the key counts deciding alike
+          EXPECT_EQ(range.lo <= 64 * splits, !applies) << label;
+          EXPECT_EQ(range.hi == INT64_MAX, applies) << label;
+        }
+        if (applies) {
+          EXPECT_EQ(launch.block.x, 128u) << label;
+          EXPECT_EQ(launch.grid.x, unsigned(c.kv_heads * ((group + 7) / 8))) << label;
+          EXPECT_EQ(launch.grid.y, unsigned(B)) << label;
+          EXPECT_EQ(launch.grid.z, unsigned(splits)) << label;
+        }
+      }
+}
+
+// Rows past the visible keys hold NaN: the kernel never reads them, at key
+// counts that end inside a 16-key step and a split.
+TEST_F(TensorCoreAttention, NeverReadsPastTheVisibleKeys) {
+  const int64_t heads = 32, kv_heads = 8, hd = 128, rows = 4096;
+  for (int64_t keys : {3001, 3007, 3024}) {
+    Tensor k = random({rows, kv_heads, hd}, DType::f32, 1), v = random({rows, kv_heads, hd}, DType::f32, 2);
+    const Tensor q = random({1, heads, hd}, DType::f32, 3, 2.0f);
+    const float scale = 1.0f / std::sqrt(float(hd));
+    const Tensor want =
+        ops::attention(q, k.slice_rows(0, keys).clone(), v.slice_rows(0, keys).clone(), keys - 1, scale);
+    for (int64_t i = keys * kv_heads * hd; i < k.numel(); ++i)
+      k.data<float>()[i] = v.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+    const Tensor kc = gpu(k.to(DType::bf16)), vc = gpu(v.to(DType::bf16)), q_gpu = gpu(q);
+    const Tensor pos = device_position(keys - 1);
+    ops::set_launch_settings({.tensor_core_attention = true});
+    ops::set_decode_keys(keys);  // past 33 splits of 64 keys
+    const Tensor got = ops::attention(q_gpu, kc, vc, pos, scale);
+    ops::set_decode_keys(keys);
+    const test::KernelLaunch launch = attention_launch([&] { ops::attention(q_gpu, kc, vc, pos, scale); });
+    ops::set_decode_keys(0);
+    ops::set_launch_settings({});
+    EXPECT_NE(launch.name.find("attention_mma_kernel"), std::string::npos) << keys;
+    // The CPU's f32 rows against the GPU's bf16 copy of them: bf16's rounding.
+    EXPECT_LE(relative_error(got, want, fmt::format("NaN past {} keys", keys)), 1e-2f) << keys;
+  }
+}
+
+// The demo model (6 heads on 2 kv heads, head_dim 64) in a batch of 2 on one
+// pool, 4,160 tokens a sequence (64 splits of 64 keys: 256 blocks, a wave of
+// two an SM): the 4-warp form runs past 2,112 keys (wide_attention_gpu_test.cpp),
+// the tensor cores past 4,096.
+// Graphed across that edge, the decode captures a graph for each side, and with
+// the lever its greedy tokens are the CUDA-core kernel's.
+TEST_F(TensorCoreAttention, DemoDecodeFollowsTheCudaCoreKernel) {
+  Levers on = Levers{}, off = Levers{};
+  on.tensor_core_attention = true;
+  off.tensor_core_attention = false;
+  auto with = load_model(test::model_dir("demo"), Device::cuda, on.load_options(Device::cuda));
+  auto without = load_model(test::model_dir("demo"), Device::cuda, off.load_options(Device::cuda));
+  ASSERT_TRUE(with->info().options.tensor_core_attention);
+  int64_t captures = 0;
+  const auto got = test::decode_batch(*with, 2, 4088, 24, 4160, true, &captures);  // 4,089-4,112 keys
+  const auto want = test::decode_batch(*without, 2, 4088, 24, 4160, true);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(captures, 2);
+}
+
+}  // namespace
+}  // namespace mere
