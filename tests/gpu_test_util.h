@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <vector>
@@ -235,6 +236,14 @@ inline std::vector<KernelLaunch> kernel_launches_by(const std::function<void()>&
   return kernels;
 }
 inline size_t kernels_launched_by(const std::function<void()>& run) { return kernel_launches_by(run).size(); }
+// The first launch in a capture of `run` of a kernel whose name holds one of `names`.
+inline KernelLaunch launch_named(const std::function<void()>& run, std::initializer_list<const char*> names) {
+  for (const KernelLaunch& k : kernel_launches_by(run))
+    for (const char* name : names)
+      if (k.name.find(name) != std::string::npos) return k;
+  ADD_FAILURE() << "no " << *names.begin() << " launched";
+  return {};
+}
 
 // A fixture's 24 greedy decode steps after a 40-token prompt with `levers`, in a
 // cache of `cache_rows`: the logits of each step (on the host), and the kernels

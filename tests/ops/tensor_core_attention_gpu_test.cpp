@@ -39,12 +39,7 @@ class TensorCoreAttention : public test::NeedsGpuDefaultLaunch {};
 
 // The attention kernel a capture of `run` launches (the GQA or the mma one).
 test::KernelLaunch attention_launch(const std::function<void()>& run) {
-  for (const test::KernelLaunch& k : test::kernel_launches_by(run))
-    if (k.name.find("attention_gqa_kernel") != std::string::npos ||
-        k.name.find("attention_mma_kernel") != std::string::npos)
-      return k;
-  ADD_FAILURE() << "no attention kernel launched";
-  return {};
+  return test::launch_named(run, {"attention_gqa_kernel", "attention_mma_kernel"});
 }
 
 TEST_F(TensorCoreAttention, MatchesTheCpuAndTheCudaCoreKernel) {

@@ -37,10 +37,7 @@ class WideAttentionBlocks : public test::NeedsGpuDefaultLaunch {};
 
 // The GQA attention kernel's launch in a capture of `run`.
 test::KernelLaunch gqa_launch(const std::function<void()>& run) {
-  for (const test::KernelLaunch& k : test::kernel_launches_by(run))
-    if (k.name.find("attention_gqa_kernel") != std::string::npos) return k;
-  ADD_FAILURE() << "no attention_gqa_kernel launched";
-  return {};
+  return test::launch_named(run, {"attention_gqa_kernel"});
 }
 
 TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {

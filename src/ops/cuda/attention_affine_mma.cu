@@ -29,11 +29,11 @@
 //        2t, 2t+1 (the scores' own registers), C = out of heads 2t, 2t+1.
 // Partials (max, sum, out) per split go to attention.cu's merge kernel.
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "ops/cuda/attention_split.cuh"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/f16x2.cuh"
 #include "ops/cuda/launchers.h"
 
 namespace mere::cuda {
@@ -57,18 +57,6 @@ __device__ __forceinline__ void mma_m16n8k8(float (&d)[4], uint32_t a0, uint32_t
   asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(b0));
-}
-
-// Rounded to f16, saturating at +-65504 rather than overflowing to infinity.
-__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-__device__ __forceinline__ float2 unpack_f16x2(uint32_t r) {
-  __half2 h;
-  memcpy(&h, &r, 4);
-  return __half22float2(h);
 }
 
 // How a lane's codes are loaded: K pieces are the 16 codes [16t, 16t + 16) of a

@@ -33,12 +33,12 @@
 // rows itself (attention_fresh.cuh), as the CUDA-core kernel does.
 #include <climits>
 #include <cstdint>
-#include <cstring>
 
 #include "ops/cuda/attention_fresh.cuh"
 #include "ops/cuda/attention_mma.h"
 #include "ops/cuda/attention_split.cuh"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/f16x2.cuh"
 
 namespace mere::cuda {
 namespace {
@@ -71,16 +71,8 @@ struct Mma<__nv_bfloat16> {
 };
 template <>
 struct Mma<__half> {
-  __device__ static uint32_t pack(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  }
-  __device__ static float2 unpack(uint32_t r) {
-    __half2 h;
-    memcpy(&h, &r, 4);
-    return __half22float2(h);
-  }
+  __device__ static uint32_t pack(float lo, float hi) { return pack_f16x2(lo, hi); }
+  __device__ static float2 unpack(uint32_t r) { return unpack_f16x2(r); }
   __device__ static void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                              uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
