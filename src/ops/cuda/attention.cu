@@ -180,13 +180,22 @@ template <int NW, int HB, int HD, typename HeadOk>
 __device__ __forceinline__ void merge_in_cluster(const float (&warp_m)[NW][HB], const float (&warp_l)[NW][HB],
                                                  const float (&warp_o)[NW][HB][HD], int head_dim, HeadOk head_ok,
                                                  float* out) {
-  __shared__ float block_m[HB], block_l[HB], block_o[HB * HD];
-  write_block_partials(warp_m, warp_l, warp_o, head_dim, head_ok, [](int r) { return int64_t(r); }, block_m,
+  __shared__ float block_m[HB], block_l[HB];
+  __shared__ __align__(16) float block_o[HB * HD];
+  write_block_partials<HD>(warp_m, warp_l, warp_o, head_dim, head_ok, [](int r) { return int64_t(r); }, block_m,
                        block_l, block_o);
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();
   const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  if (splits == 1) {  // one split: its output, without the cluster barriers' fences
+    __syncthreads();
+    for (int i = threadIdx.x; i < HB * head_dim; i += blockDim.x) {
+      const int r = i / head_dim;
+      if (head_ok(r)) out[i] = block_o[i] / block_l[r];
+    }
+    return;
+  }
+  cluster.sync();
   for (int i = rank * int(blockDim.x) + int(threadIdx.x); i < HB * head_dim; i += splits * int(blockDim.x)) {
     const int r = i / head_dim, d = i % head_dim;
     if (!head_ok(r)) continue;
@@ -296,7 +305,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
         for (int w = 0; w < W; ++w) {
           const int j = piece_offset<KV, HD>(c, sub_lane) + w;
           const bool used = head_ok(g) && j < head_dim;
-          if constexpr (kFresh) qv[g][c * W + w] = used ? fresh_sh.q[g][j] * scale : 0.0f;
+          if constexpr (kFresh) qv[g][c * W + w] = used ? fresh_sh.q[g][Fresh::q_at(j)] * scale : 0.0f;
           else qv[g][c * W + w] = used ? qr[j] * scale : 0.0f;
         }
     }
@@ -503,7 +512,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
 
   // Merge the warps: rescale each to the block maximum.
   __shared__ float warp_m[NW][HB], warp_l[NW][HB];
-  __shared__ float warp_o[NW][HB][HD];
+  __shared__ __align__(16) float warp_o[NW][HB][HD];
   if (lane < L) {
 #pragma unroll
     for (int g = 0; g < HB; ++g) {
@@ -519,7 +528,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
     merge_in_cluster<NW, HB, HD>(warp_m, warp_l, warp_o, head_dim, head_ok,
                                  merged + (int64_t(t) * n_heads + kv_h * group + head0) * head_dim);
   else
-    write_block_partials(warp_m, warp_l, warp_o, head_dim, head_ok, slot, part_m, part_l, part_o);
+    write_block_partials<HD>(warp_m, warp_l, warp_o, head_dim, head_ok, slot, part_m, part_l, part_o);
 }
 
 // ---------------------------------------------------------------------------

@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     }
   }
   __shared__ float warp_m[kWarps][kHeadsPerBlock], warp_l[kWarps][kHeadsPerBlock];
-  __shared__ float warp_o[kWarps][kHeadsPerBlock][HD];
+  __shared__ __align__(16) float warp_o[kWarps][kHeadsPerBlock][kPaddedWarpORow<HD>];
   if (t == 0) warp_m[warp][g] = m_run, warp_l[warp][g] = l_run;
 #pragma unroll
   for (int G = 0; G < NG; ++G) {
@@ -330,14 +330,16 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       const int d = G * kGroup + 8 * g + 2 * m;
-      warp_o[warp][2 * t][d] = (o[G][m][0] - C::kOffset * wa) / kWeightScale + ba;
-      warp_o[warp][2 * t + 1][d] = (o[G][m][1] - C::kOffset * wb) / kWeightScale + bb;
-      warp_o[warp][2 * t][d + 1] = (o[G][m][2] - C::kOffset * wa) / kWeightScale + ba;
-      warp_o[warp][2 * t + 1][d + 1] = (o[G][m][3] - C::kOffset * wb) / kWeightScale + bb;
+      *reinterpret_cast<float2*>(&warp_o[warp][2 * t][d]) =
+          make_float2((o[G][m][0] - C::kOffset * wa) / kWeightScale + ba,
+                      (o[G][m][2] - C::kOffset * wa) / kWeightScale + ba);
+      *reinterpret_cast<float2*>(&warp_o[warp][2 * t + 1][d]) =
+          make_float2((o[G][m][1] - C::kOffset * wb) / kWeightScale + bb,
+                      (o[G][m][3] - C::kOffset * wb) / kWeightScale + bb);
     }
   }
   __syncthreads();
-  write_block_partials(warp_m, warp_l, warp_o, HD, head_ok, slot, part_m, part_l, part_o);
+  write_block_partials<HD>(warp_m, warp_l, warp_o, HD, head_ok, slot, part_m, part_l, part_o);
 }
 
 }  // namespace

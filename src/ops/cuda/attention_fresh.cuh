@@ -45,8 +45,13 @@ struct FreshPlace {
 template <typename KV, int HB, int HD, int NW>
 struct FreshRowsInBlock {
   static constexpr int kPerLane = HD / 32, kRowsPerWarp = (HB + 2 + NW - 1) / NW;
+  // q's rows hold 4 floats of padding after every 32, so that a warp of the
+  // tensor-core kernel, each quad reading 4 dims of its own 32 (HD / 4 a lane),
+  // takes its q in 16-byte loads without bank conflicts.
+  static constexpr int kQRow = HD + HD / 32 * 4;
+  __device__ static constexpr int q_at(int j) { return j + j / 32 * 4; }
   struct Shared {
-    float q[HB][HD];
+    __align__(16) float q[HB][kQRow];
     __align__(16) KV kv[2][HD];  // k, v
     float angle_sin[HD / 2], angle_cos[HD / 2];
     float staged[NW][HD];
@@ -112,7 +117,7 @@ struct FreshRowsInBlock {
         const int j = lane + 32 * i;
         if (j >= at.head_dim) continue;
         if (is_q) {
-          sh.q[r][j] = e[rr][i];
+          sh.q[r][q_at(j)] = e[rr][i];
         } else {
           const KV stored = from_float<KV>(e[rr][i]);
           sh.kv[is_v][j] = stored;

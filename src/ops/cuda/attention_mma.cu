@@ -215,17 +215,16 @@ __global__ void __launch_bounds__(kWarps * 32, kTensorCoreAttentionBlocksPerSm)
   {
     const float* qr = q + (int64_t(row_t) * n_heads + kv_h * group + head0 + g) * HD;
 #pragma unroll
-    for (int j = 0; j < kSteps; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int d = HD / 4 * t + 4 * j + 2 * h;
-        float x0 = 0, x1 = 0;
-        if (head_ok(g)) {
-          if constexpr (kFresh) x0 = fresh_sh.q[g][d], x1 = fresh_sh.q[g][d + 1];
-          else x0 = qr[d], x1 = qr[d + 1];
-        }
-        split_pair<KV>(x0 * scale, x1 * scale, qa[j][h][0], qa[j][h][1]);
+    for (int j = 0; j < kSteps; ++j) {
+      const int d = HD / 4 * t + 4 * j;  // 4 dims in one 16-byte load
+      float4 x = {0, 0, 0, 0};
+      if (head_ok(g)) {
+        if constexpr (kFresh) x = *reinterpret_cast<const float4*>(&fresh_sh.q[g][Fresh::q_at(d)]);
+        else x = *reinterpret_cast<const float4*>(qr + d);
       }
+      split_pair<KV>(x.x * scale, x.y * scale, qa[j][0][0], qa[j][0][1]);
+      split_pair<KV>(x.z * scale, x.w * scale, qa[j][1][0], qa[j][1][1]);
+    }
   }
 
   // Online softmax of head g (the same in a quad's lanes); out of heads 2t, 2t+1.
@@ -293,18 +292,18 @@ __global__ void __launch_bounds__(kWarps * 32, kTensorCoreAttentionBlocksPerSm)
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
   __shared__ float warp_m[kWarps][kHeadsPerBlock], warp_l[kWarps][kHeadsPerBlock];
-  __shared__ float warp_o[kWarps][kHeadsPerBlock][HD];
+  // Padded rows: the quads' 8-byte stores meet 4-way bank conflicts, not the
+  // 16-way ones of rows of HD floats.
+  __shared__ __align__(16) float warp_o[kWarps][kHeadsPerBlock][kPaddedWarpORow<HD>];
   if (t == 0) warp_m[warp][g] = m_run, warp_l[warp][g] = l_run;
 #pragma unroll
   for (int i = 0; i < kSteps; ++i) {
     const int d = HD / 8 * g + 2 * i;
-    warp_o[warp][2 * t][d] = o[i][0];
-    warp_o[warp][2 * t + 1][d] = o[i][1];
-    warp_o[warp][2 * t][d + 1] = o[i][2];
-    warp_o[warp][2 * t + 1][d + 1] = o[i][3];
+    *reinterpret_cast<float2*>(&warp_o[warp][2 * t][d]) = make_float2(o[i][0], o[i][2]);
+    *reinterpret_cast<float2*>(&warp_o[warp][2 * t + 1][d]) = make_float2(o[i][1], o[i][3]);
   }
   __syncthreads();
-  write_block_partials(warp_m, warp_l, warp_o, HD, head_ok, slot, part_m, part_l, part_o);
+  write_block_partials<HD>(warp_m, warp_l, warp_o, HD, head_ok, slot, part_m, part_l, part_o);
 }
 
 }  // namespace

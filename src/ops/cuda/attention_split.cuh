@@ -27,35 +27,59 @@ __device__ __forceinline__ KeyRange split_range(int n_keys, int n_splits, int sp
 // exp(m - ref) that is 0 for m = -inf even when ref is -inf too.
 __device__ __forceinline__ float rescale(float m, float ref) { return m == -INFINITY ? 0.0f : __expf(m - ref); }
 
+// A row of a tensor-core kernel's warp outputs in shared memory: rows of HD
+// floats put the m16n8 fragments' columns of one quad in one bank.
+template <int HD>
+constexpr int kPaddedWarpORow = HD + 4;
+
 // A block's split partials from its warps' (max, sum, out) in shared memory:
 // each warp rescaled to the block maximum, rows of heads `head_ok` rejects and
-// elements past head_dim skipped, slot(r) the partial's index. Every thread of
-// the block calls it after a __syncthreads.
-template <int kWarps, int HB, int HD, typename HeadOk, typename Slot>
+// elements past head_dim skipped, slot(r) the partial's index. A row of warp_o
+// may hold S >= HD floats (a kernel pads its rows so that its own stores spread
+// over the banks). The warps' factors exp(m_w - max) are taken once a head, not
+// once an element: with them in every element's chain this step cost about a
+// fifth of a tensor-core block's samples at 4k keys (ncu, H200, thirty-ninth
+// session). Every thread of the block calls it after a __syncthreads.
+template <int HD, int kWarps, int HB, int S, typename HeadOk, typename Slot>
 __device__ __forceinline__ void write_block_partials(const float (&warp_m)[kWarps][HB],
                                                      const float (&warp_l)[kWarps][HB],
-                                                     const float (&warp_o)[kWarps][HB][HD], int head_dim,
+                                                     const float (&warp_o)[kWarps][HB][S], int head_dim,
                                                      HeadOk head_ok, Slot slot, float* part_m, float* part_l,
                                                      float* part_o) {
-  for (int i = threadIdx.x; i < HB * HD; i += blockDim.x) {
-    const int r = i / HD, d = i % HD;
-    if (!head_ok(r) || d >= head_dim) continue;
+  static_assert(HD % 4 == 0 && S % 4 == 0 && S >= HD, "rows of whole float4s");
+  __shared__ float factor[kWarps][HB];  // 0 for a warp that saw no key
+  if (threadIdx.x < HB) {
+    const int r = threadIdx.x;
     float block_m = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) block_m = fmaxf(block_m, warp_m[w][r]);
-    float out = 0, sum = 0;
+    float sum = 0;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      if (warp_m[w][r] == -INFINITY) continue;
-      const float a = __expf(warp_m[w][r] - block_m);
-      out += warp_o[w][r][d] * a;
-      sum += warp_l[w][r] * a;
+      const bool keys = warp_m[w][r] != -INFINITY;
+      const float a = keys ? __expf(warp_m[w][r] - block_m) : 0.0f;
+      factor[w][r] = a;
+      if (keys) sum += warp_l[w][r] * a;
     }
-    part_o[slot(r) * head_dim + d] = out;
-    if (d == 0) {
+    if (head_ok(r)) {
       part_m[slot(r)] = block_m;
       part_l[slot(r)] = sum;
     }
+  }
+  __syncthreads();
+  // Four elements a thread (head_dim is a multiple of 4: 16-byte K/V rows).
+  for (int i = threadIdx.x; i < HB * HD / 4; i += blockDim.x) {
+    const int r = i / (HD / 4), d = 4 * (i % (HD / 4));
+    if (!head_ok(r) || d >= head_dim) continue;
+    float4 out = {0, 0, 0, 0};
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (warp_m[w][r] == -INFINITY) continue;
+      const float a = factor[w][r];
+      const float4 x = *reinterpret_cast<const float4*>(&warp_o[w][r][d]);
+      out.x += x.x * a, out.y += x.y * a, out.z += x.z * a, out.w += x.w * a;
+    }
+    *reinterpret_cast<float4*>(&part_o[slot(r) * head_dim + d]) = out;
   }
 }
 
