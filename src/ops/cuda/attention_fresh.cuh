@@ -45,9 +45,9 @@ struct FreshPlace {
 template <typename KV, int HB, int HD, int NW>
 struct FreshRowsInBlock {
   static constexpr int kPerLane = HD / 32, kRowsPerWarp = (HB + 2 + NW - 1) / NW;
-  // q's rows hold 4 floats of padding after every 32, so that a warp of the
-  // tensor-core kernel, each quad reading 4 dims of its own 32 (HD / 4 a lane),
-  // takes its q in 16-byte loads without bank conflicts.
+  // q's rows hold 4 floats of padding after every 32, so that the tensor-core
+  // kernel's lanes, each reading 4 dims at a time from its own run of HD / 4,
+  // take q in 16-byte loads without bank conflicts.
   static constexpr int kQRow = HD + HD / 32 * 4;
   __device__ static constexpr int q_at(int j) { return j + j / 32 * 4; }
   struct Shared {
