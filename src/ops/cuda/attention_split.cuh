@@ -1,7 +1,7 @@
 // How split-K decode attention divides a token's visible keys among the splits,
 // and how a block writes its split's partials: shared by the CUDA-core kernels
-// (attention.cu) and the tensor-core affine kernel (attention_affine_mma.cu),
-// whose partials go to the same merge.
+// (attention.cu) and the tensor-core ones (attention_mma.cu,
+// attention_affine_mma.cu), whose partials go to the same merge.
 #pragma once
 
 #include <cstdint>
