@@ -300,14 +300,29 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocksPerSm<HB, NW>)
     for (int g = 0; g < HB; ++g) {
       const float* qr = q + (int64_t(t) * n_heads + kv_h * group + head0 + g) * head_dim;
 #pragma unroll
-      for (int c = 0; c < C; ++c)
+      for (int c = 0; c < C; ++c) {
+        const int j0 = piece_offset<KV, HD>(c, sub_lane);
+        if constexpr (kFresh) {
+          // A piece of W (a multiple of 4, dividing 32) lies within one padded run
+          // of sh.q, and a dense cache's pieces lie wholly within head_dim: W / 4
+          // 16-byte loads.
+          static_assert(W % 4 == 0 && 32 % W == 0);
+          const bool used = head_ok(g) && j0 < head_dim;
 #pragma unroll
-        for (int w = 0; w < W; ++w) {
-          const int j = piece_offset<KV, HD>(c, sub_lane) + w;
-          const bool used = head_ok(g) && j < head_dim;
-          if constexpr (kFresh) qv[g][c * W + w] = used ? fresh_sh.q[g][Fresh::q_at(j)] * scale : 0.0f;
-          else qv[g][c * W + w] = used ? qr[j] * scale : 0.0f;
+          for (int w = 0; w < W; w += 4) {
+            const float4 x = used ? *reinterpret_cast<const float4*>(&fresh_sh.q[g][Fresh::q_at(j0 + w)])
+                                  : make_float4(0, 0, 0, 0);
+            float* dst = &qv[g][c * W + w];
+            dst[0] = x.x * scale, dst[1] = x.y * scale, dst[2] = x.z * scale, dst[3] = x.w * scale;
+          }
+        } else {
+#pragma unroll
+          for (int w = 0; w < W; ++w) {
+            const int j = j0 + w;
+            qv[g][c * W + w] = head_ok(g) && j < head_dim ? qr[j] * scale : 0.0f;
+          }
         }
+      }
     }
   };
 #pragma unroll
