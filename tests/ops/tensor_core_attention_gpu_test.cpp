@@ -1,7 +1,7 @@
 // Lever tensor_core_attention (ctest label gpu): decode attention over a dense
 // bf16/f16 cache on the tensor cores where the CUDA-core kernel would take its
-// 4-warp form, each split holds more than 64 keys and the grid fits a wave of
-// two blocks an SM. Its output matches the CPU and the CUDA-core kernel for the
+// 4-warp form past 1,024 keys (or its splits' 64 keys each, where fewer) and the
+// grid fits a wave of two blocks an SM. Its output matches the CPU and the CUDA-core kernel for the
 // attention forms' shapes, one sequence and a paged batch of 2, at key counts
 // on both sides of the forms' and the 16-key steps' edges up to 6,000 keys; it
 // runs exactly where it applies (head_dim 64 or 128, bf16 or f16) with the
@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -46,7 +47,7 @@ TEST_F(TensorCoreAttention, MatchesTheCpuAndTheCudaCoreKernel) {
   const int64_t rows = 8192;  // cache rows a sequence: the graph's split count
   for (const test::AttentionShape& c : test::attention_shapes())
     for (int64_t B : {1, 2})
-      for (int64_t keys : {1, 17, 65, 1000, 2112, 2113, 2129, 2500, 4096, 4097, 4111, 6000}) {
+      for (int64_t keys : {1, 17, 65, 1000, 1024, 1025, 2112, 2113, 2129, 2500, 4096, 4097, 4111, 6000}) {
         const std::string label =
             fmt::format("{}/{}x{} {} B={} keys={}", c.heads, c.kv_heads, c.head_dim, dtype_name(c.cache), B, keys);
         const test::PagedAttentionStep step = test::paged_attention_step(c, B, rows, keys);
@@ -67,18 +68,19 @@ TEST_F(TensorCoreAttention, MatchesTheCpuAndTheCudaCoreKernel) {
         EXPECT_LE(relative_error(tensor_cores, cuda_cores.to_device(Device::cpu), label + " against CUDA cores", false),
                   1e-5f)
             << label;
-        // Where it applies: the 4-warp form's place (no 8-warp grid for these keys),
-        // more than 64 keys a split, head_dim 64/128, bf16/f16, a grid of blocks
-        // of 8 heads that fits 2 an SM.
+        // Where it applies: the 4-warp form's place (no 8-warp grid for these keys)
+        // past 1,024 keys (or 64 a split, where fewer), head_dim 64/128, bf16/f16, a
+        // grid of blocks of 8 heads that fits 2 an SM.
         const int64_t splits = cuda::attention_splits(rows, c.kv_heads), group = c.heads / c.kv_heads;
         const bool four_warp = test::wide_attention_grid(B, c.heads, c.kv_heads, keys, splits).heads == 0;
         const bool fits = (c.head_dim == 64 || c.head_dim == 128) &&
                           (c.cache == DType::bf16 || c.cache == DType::f16) &&
                           c.kv_heads * ((group + 7) / 8) * B * splits <= 2 * test::sm_count();
-        const bool applies = four_warp && fits && keys > 64 * splits;
+        const int64_t from = std::min<int64_t>(64 * splits, 1024);
+        const bool applies = four_warp && fits && keys > from;
         EXPECT_EQ(launch.name.find("attention_mma_kernel") != std::string::npos, applies) << label;
         if (four_warp && fits) {  // the key counts deciding alike
-          EXPECT_EQ(range.lo <= 64 * splits, !applies) << label;
+          EXPECT_EQ(range.lo <= from, !applies) << label;
           EXPECT_EQ(range.hi == INT64_MAX, applies) << label;
         }
         if (applies) {
@@ -120,7 +122,7 @@ TEST_F(TensorCoreAttention, NeverReadsPastTheVisibleKeys) {
 // The demo model (6 heads on 2 kv heads, head_dim 64) in a batch of 2 on one
 // pool, 4,160 tokens a sequence (64 splits of 64 keys: 256 blocks, a wave of
 // two an SM): the 4-warp form runs past 2,112 keys (wide_attention_gpu_test.cpp),
-// the tensor cores past 4,096.
+// and with the lever the tensor cores there instead.
 // Graphed across that edge, the decode captures a graph for each side, and with
 // the lever its greedy tokens are the CUDA-core kernel's.
 TEST_F(TensorCoreAttention, DemoDecodeFollowsTheCudaCoreKernel) {
@@ -131,8 +133,8 @@ TEST_F(TensorCoreAttention, DemoDecodeFollowsTheCudaCoreKernel) {
   auto without = load_model(test::model_dir("demo"), Device::cuda, off.load_options(Device::cuda));
   ASSERT_TRUE(with->info().options.tensor_core_attention);
   int64_t captures = 0;
-  const auto got = test::decode_batch(*with, 2, 4088, 24, 4160, true, &captures);  // 4,089-4,112 keys
-  const auto want = test::decode_batch(*without, 2, 4088, 24, 4160, true);
+  const auto got = test::decode_batch(*with, 2, 2100, 24, 4160, true, &captures);  // 2,101-2,124 keys
+  const auto want = test::decode_batch(*without, 2, 2100, 24, 4160, true);
   EXPECT_EQ(got, want);
   EXPECT_EQ(captures, 2);
 }

@@ -724,29 +724,31 @@ template <typename KV, int HD>
 constexpr bool kHasWideForm = HD <= 128 && !Storage<KV>::quantized;
 
 // Lever tensor_core_attention: the tensor-core kernel of attention_mma.cu, over
-// bf16 or f16 rows of 64 or 128, where the 4-warp form would run, each split
-// holds more than kMinKeysPerSplit keys (the cache's splits are fewer than its
-// keys need: long contexts) and the grid fits one wave of its two blocks an SM.
-// There the CUDA-core kernel's per-key chains grow with the keys a split takes,
-// the tensor cores' barely. At kMinKeysPerSplit keys a split both are bound by a
-// block's fixed work, and over several waves (batches) the CUDA-core kernel's
-// three blocks an SM win: there it ran level or faster (H200, Llama-3-8B int4,
-// 4 sequences at 2-4k keys: 7-10%; docs/benchmarks.md, thirty-eighth session).
-// Unknown key counts (a prefill) keep the CUDA cores.
+// bf16 or f16 rows of 64 or 128, where the 4-warp form would run past
+// kTensorCoreAttentionFromKeys keys (or the cache's splits of kMinKeysPerSplit
+// keys, where they hold fewer) and the grid fits one wave of its two blocks an
+// SM. There the CUDA-core kernel's per-key chains grow with the keys a split
+// takes, the tensor cores' barely, and since their fixed steps were made
+// cheaper they win at 64 keys a split too: one sequence at 1-4k keys, H200 int4,
+// Llama-3-8B +3-4%, Qwen3-30B-A3B +6-9% (docs/benchmarks.md, fortieth
+// session). Over several waves (batches) the CUDA-core kernel's three blocks an
+// SM win (4 sequences at 2-4k keys: 7-10%, thirty-eighth session). Unknown key
+// counts (a prefill) keep the CUDA cores.
 template <typename KV, int HD>
 constexpr bool kHasTensorCoreForm =
     (std::is_same_v<KV, __nv_bfloat16> || std::is_same_v<KV, __half>) && (HD == 64 || HD == 128);
 
 bool tensor_core_form(int rows_kv_chunks, int n_splits) {
-  const int64_t keys = decode_keys(), most_at_min = int64_t(n_splits) * kMinKeysPerSplit;
+  const int64_t keys = decode_keys();
+  const int64_t from = std::min<int64_t>(int64_t(n_splits) * kMinKeysPerSplit, kTensorCoreAttentionFromKeys);
   if (!tensor_core_attention_enabled() || keys <= 0 ||
       int64_t(rows_kv_chunks) * n_splits > kTensorCoreAttentionBlocksPerSm * sm_count())
     return false;
-  if (keys > most_at_min) {
-    narrow_decode_keys_range(most_at_min + 1, INT64_MAX);
+  if (keys > from) {
+    narrow_decode_keys_range(from + 1, INT64_MAX);
     return true;
   }
-  narrow_decode_keys_range(1, most_at_min);
+  narrow_decode_keys_range(1, from);
   return false;
 }
 

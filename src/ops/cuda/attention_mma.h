@@ -1,7 +1,8 @@
 // Lever tensor_core_attention: split-K decode attention over a dense bf16 or
 // f16 cache on the tensor cores (attention_mma.cu), launched by attention.cu
-// where the CUDA-core kernel's 4-warp form would run and each split holds more
-// than kMinKeysPerSplit keys, its grid within one wave.
+// where the CUDA-core kernel's 4-warp form would run past
+// kTensorCoreAttentionFromKeys keys (or its splits' worth of kMinKeysPerSplit
+// keys, where fewer), its grid within one wave.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,10 @@ namespace mere::cuda {
 // A block takes up to 8 query heads of a kv head; two blocks fit an SM (255 registers a thread).
 constexpr int kTensorCoreAttentionHeads = 8;
 constexpr int kTensorCoreAttentionBlocksPerSm = 2;
+// Past this many keys a step takes the tensor cores wherever the 4-warp form
+// would run (one sequence of Llama-3-8B from 1,025 keys, Qwen3-30B-A3B from
+// 2,049); fewer keys were not measured there (docs/benchmarks.md, fortieth session).
+constexpr int kTensorCoreAttentionFromKeys = 1024;
 
 // head_dim is HD (64 or 128), KV bf16 or f16, the rows 16-byte aligned. The
 // arguments are the CUDA-core GQA kernel's (attention.cu); the grid is
