@@ -1,11 +1,11 @@
 // Lever tensor_core_attention (ctest label gpu): decode attention over a dense
-// bf16/f16 cache on the tensor cores where the CUDA-core kernel would take its
-// 4-warp form past 1,024 keys (or its splits' 64 keys each, where fewer) and the
-// grid fits a wave of two blocks an SM. Its output matches the CPU and the CUDA-core kernel for the
+// bf16/f16 cache on the tensor cores past 1,024 keys (or its splits' 64 keys
+// each, where fewer), whichever CUDA-core form would run, where the grid fits a
+// wave of two blocks an SM. Its output matches the CPU and the CUDA-core kernel for the
 // attention forms' shapes, one sequence and a paged batch of 2, at key counts
 // on both sides of the forms' and the 16-key steps' edges up to 6,000 keys; it
-// runs exactly where it applies (head_dim 64 or 128, bf16 or f16) with the
-// 4-warp form's grid, and narrows the decode step's key range to the counts
+// runs exactly where it applies (head_dim 64 or 128, bf16 or f16) with a grid of
+// the cache's splits, and narrows the decode step's key range to the counts
 // that choose alike; rows past the visible keys are never read (NaN-poisoned);
 // and the demo model's graphed decode across the edge captures a graph per side
 // and gives the CUDA-core kernel's tokens.
@@ -68,20 +68,18 @@ TEST_F(TensorCoreAttention, MatchesTheCpuAndTheCudaCoreKernel) {
         EXPECT_LE(relative_error(tensor_cores, cuda_cores.to_device(Device::cpu), label + " against CUDA cores", false),
                   1e-5f)
             << label;
-        // Where it applies: the 4-warp form's place (no 8-warp grid for these keys)
-        // past 1,024 keys (or 64 a split, where fewer), head_dim 64/128, bf16/f16, a
-        // grid of blocks of 8 heads that fits 2 an SM.
+        // Where it applies: past 1,024 keys (or 64 a split, where fewer), head_dim
+        // 64/128, bf16/f16, a grid of blocks of 8 heads that fits 2 an SM.
         const int64_t splits = cuda::attention_splits(rows, c.kv_heads), group = c.heads / c.kv_heads;
-        const bool four_warp = test::wide_attention_grid(B, c.heads, c.kv_heads, keys, splits).heads == 0;
         const bool fits = (c.head_dim == 64 || c.head_dim == 128) &&
                           (c.cache == DType::bf16 || c.cache == DType::f16) &&
                           c.kv_heads * ((group + 7) / 8) * B * splits <= 2 * test::sm_count();
         const int64_t from = std::min<int64_t>(64 * splits, 1024);
-        const bool applies = four_warp && fits && keys > from;
+        const bool applies = fits && keys > from;
         EXPECT_EQ(launch.name.find("attention_mma_kernel") != std::string::npos, applies) << label;
-        if (four_warp && fits) {  // the key counts deciding alike
-          EXPECT_EQ(range.lo <= from, !applies) << label;
-          EXPECT_EQ(range.hi == INT64_MAX, applies) << label;
+        if (fits) {  // the key counts deciding alike (the wide form's grid may narrow them further)
+          EXPECT_EQ(range.lo > from, applies) << label;
+          EXPECT_EQ(range.hi > from, applies) << label;
         }
         if (applies) {
           EXPECT_EQ(launch.block.x, 128u) << label;
@@ -121,8 +119,8 @@ TEST_F(TensorCoreAttention, NeverReadsPastTheVisibleKeys) {
 
 // The demo model (6 heads on 2 kv heads, head_dim 64) in a batch of 2 on one
 // pool, 4,160 tokens a sequence (64 splits of 64 keys: 256 blocks, a wave of
-// two an SM): the 4-warp form runs past 2,112 keys (wide_attention_gpu_test.cpp),
-// and with the lever the tensor cores there instead.
+// two an SM): the wide form runs up to 2,112 keys (wide_attention_gpu_test.cpp),
+// then the 4-warp form; with the lever the tensor cores past 1,024 instead.
 // Graphed across that edge, the decode captures a graph for each side, and with
 // the lever its greedy tokens are the CUDA-core kernel's.
 TEST_F(TensorCoreAttention, DemoDecodeFollowsTheCudaCoreKernel) {
@@ -133,8 +131,8 @@ TEST_F(TensorCoreAttention, DemoDecodeFollowsTheCudaCoreKernel) {
   auto without = load_model(test::model_dir("demo"), Device::cuda, off.load_options(Device::cuda));
   ASSERT_TRUE(with->info().options.tensor_core_attention);
   int64_t captures = 0;
-  const auto got = test::decode_batch(*with, 2, 2100, 24, 4160, true, &captures);  // 2,101-2,124 keys
-  const auto want = test::decode_batch(*without, 2, 2100, 24, 4160, true);
+  const auto got = test::decode_batch(*with, 2, 1012, 24, 4160, true, &captures);  // 1,013-1,036 keys
+  const auto want = test::decode_batch(*without, 2, 1012, 24, 4160, true);
   EXPECT_EQ(got, want);
   EXPECT_EQ(captures, 2);
 }

@@ -724,16 +724,16 @@ template <typename KV, int HD>
 constexpr bool kHasWideForm = HD <= 128 && !Storage<KV>::quantized;
 
 // Lever tensor_core_attention: the tensor-core kernel of attention_mma.cu, over
-// bf16 or f16 rows of 64 or 128, where the 4-warp form would run past
-// kTensorCoreAttentionFromKeys keys (or the cache's splits of kMinKeysPerSplit
-// keys, where they hold fewer) and the grid fits one wave of its two blocks an
-// SM. There the CUDA-core kernel's per-key chains grow with the keys a split
-// takes, the tensor cores' barely, and since their fixed steps were made
-// cheaper they win at 64 keys a split too: one sequence at 1-4k keys, H200 int4,
-// Llama-3-8B +3-4%, Qwen3-30B-A3B +6-9% (docs/benchmarks.md, fortieth
-// session). Over several waves (batches) the CUDA-core kernel's three blocks an
-// SM win (4 sequences at 2-4k keys: 7-10%, thirty-eighth session). Unknown key
-// counts (a prefill) keep the CUDA cores.
+// bf16 or f16 rows of 64 or 128, past kTensorCoreAttentionFromKeys keys (or the
+// cache's splits of kMinKeysPerSplit keys, where they hold fewer), where its grid
+// fits one wave of its two blocks an SM, in place of either CUDA-core form.
+// There the CUDA-core kernel's per-key chains grow with the keys a split takes,
+// the tensor cores' barely, and since their fixed steps were made cheaper they
+// win at 64 keys a split too: one sequence at 1-4k keys, H200 int4, Llama-3-8B
+// +1-3%, Qwen3-30B-A3B +5-10% (docs/benchmarks.md, fortieth session). Over
+// several waves (batches) the CUDA-core kernel's three blocks an SM win (4
+// sequences at 2-4k keys: 7-10%, thirty-eighth session). Unknown key counts (a
+// prefill) keep the CUDA cores.
 template <typename KV, int HD>
 constexpr bool kHasTensorCoreForm =
     (std::is_same_v<KV, __nv_bfloat16> || std::is_same_v<KV, __half>) && (HD == 64 || HD == 128);
@@ -867,6 +867,20 @@ cudaError_t launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k
                                      groups, part_m, part_l, part_o, merged, n_heads, n_kv_heads, head_dim, pos_dev,
                                      pos0, scale, n_splits, tables, fresh, rows_final);
   };
+  // Lever tensor_core_attention, whichever CUDA-core form would run. The wide
+  // form's grid is still worked out: it narrows the step's key range, within
+  // which its splits hold every key, and so bound the tensor-core splits that
+  // hold keys, the ones o_proj's prepare reads (attention_written_splits).
+  if constexpr (kHasTensorCoreForm<KV, HD>) {
+    const int tc_chunks = (group + kTensorCoreAttentionHeads - 1) / kTensorCoreAttentionHeads;
+    if (!merged && head_dim == HD) {
+      if constexpr (kHasWideForm<KV, HD>) wide_form(group, T * n_kv_heads, n_splits);
+      if (tensor_core_form(T * n_kv_heads * tc_chunks, n_splits))
+        return launch_attention_mma<KV, HD, kFresh>(q, k, v, part_m, part_l, part_o, T, n_heads, n_kv_heads,
+                                                    pos_dev, pos0, n_splits, scale, tables, stream, fresh,
+                                                    rows_final);
+    }
+  }
   if constexpr (kHasWideForm<KV, HD>) {
     const WideForm wide = wide_form(group, T * n_kv_heads, n_splits);
     if (merged && wide.splits > kMaxClusterSplitsSavingAKernel) return cudaErrorInvalidValue;
@@ -878,12 +892,6 @@ cudaError_t launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k
     }
   }
   if (merged) return cudaErrorInvalidValue;  // only the wide form's few splits merge in clusters
-  if constexpr (kHasTensorCoreForm<KV, HD>) {
-    const int tc_chunks = (group + kTensorCoreAttentionHeads - 1) / kTensorCoreAttentionHeads;
-    if (head_dim == HD && tensor_core_form(T * n_kv_heads * tc_chunks, n_splits))
-      return launch_attention_mma<KV, HD, kFresh>(q, k, v, part_m, part_l, part_o, T, n_heads, n_kv_heads, pos_dev,
-                                                  pos0, n_splits, scale, tables, stream, fresh, rows_final);
-  }
   // Heads per block: the group rounded up to a power of two, at most 8 (larger
   // groups take several blocks per kv head).
   if (group <= 1) return go.template operator()<1, 4>(n_splits);
