@@ -13,8 +13,8 @@
 // registers; no dequantized copy of the cache exists. By default (lever
 // tensor_core_kv_attention) launch_attention_affine runs the tensor-core kernel
 // of attention_affine_mma.cu instead, where it applies (head_dim 64 or 128).
-// Over dense bf16/f16 caches at long contexts (lever tensor_core_attention) the
-// 4-warp form gives way to the tensor-core kernel of attention_mma.cu.
+// Over dense bf16/f16 caches past 1,024 keys (lever tensor_core_attention) both
+// forms give way to the tensor-core kernel of attention_mma.cu.
 // Paged caches (KvTables): key s is read from row table[s / 16] * 16 + s % 16, so
 // a key's lanes still read one contiguous row; in a batch (rows_are_sequences)
 // grid.y indexes the sequence, each reading its own table, all at *pos.
@@ -867,18 +867,22 @@ cudaError_t launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k
                                      groups, part_m, part_l, part_o, merged, n_heads, n_kv_heads, head_dim, pos_dev,
                                      pos0, scale, n_splits, tables, fresh, rows_final);
   };
-  // Lever tensor_core_attention, whichever CUDA-core form would run. The wide
-  // form's grid is still worked out: it narrows the step's key range, within
-  // which its splits hold every key, and so bound the tensor-core splits that
-  // hold keys, the ones o_proj's prepare reads (attention_written_splits).
+  // Lever tensor_core_attention, whichever CUDA-core form would run, on the
+  // wide form's grid where that would run: it narrows the step's key range,
+  // within which its splits hold every key, and o_proj's prepare reads only
+  // those (attention_written_splits).
   if constexpr (kHasTensorCoreForm<KV, HD>) {
     const int tc_chunks = (group + kTensorCoreAttentionHeads - 1) / kTensorCoreAttentionHeads;
     if (!merged && head_dim == HD) {
-      if constexpr (kHasWideForm<KV, HD>) wide_form(group, T * n_kv_heads, n_splits);
+      int grid_splits = n_splits;
+      if constexpr (kHasWideForm<KV, HD>) {
+        const WideForm wide = wide_form(group, T * n_kv_heads, n_splits);
+        if (wide.heads > 0) grid_splits = wide.splits;
+      }
       if (tensor_core_form(T * n_kv_heads * tc_chunks, n_splits))
         return launch_attention_mma<KV, HD, kFresh>(q, k, v, part_m, part_l, part_o, T, n_heads, n_kv_heads,
-                                                    pos_dev, pos0, n_splits, scale, tables, stream, fresh,
-                                                    rows_final);
+                                                    pos_dev, pos0, n_splits, grid_splits, scale, tables, stream,
+                                                    fresh, rows_final);
     }
   }
   if constexpr (kHasWideForm<KV, HD>) {

@@ -128,9 +128,15 @@ __global__ void __launch_bounds__(kWarps * 32, kTensorCoreAttentionBlocksPerSm)
   const int n_keys = first_new + (tables.rows_are_sequences ? 0 : row_t) + 1;
   const int new_key = n_keys - 1;
   const int old_keys_end = rows_final ? first_new : INT_MAX;  // keys from here on are this forward's
-  const KeyRange range = split_range(n_keys, n_splits, split);
+  // A grid of fewer splits than the partials (the wide form's, attention.cu)
+  // marks the partials past it empty; should a step have keys past it (a graph
+  // replayed outside its key counts), its last block takes them: slower, never
+  // wrong, as in the CUDA-core kernel.
+  KeyRange range = split_range(n_keys, n_splits, split);
+  if (split == int(gridDim.z) - 1) range.end = n_keys;
   auto head_ok = [&](int r) { return head0 + r < group; };
-  auto slot = [&](int r) { return (int64_t(row_t) * n_heads + kv_h * group + head0 + r) * n_splits + split; };
+  auto slot_of = [&](int r, int s) { return (int64_t(row_t) * n_heads + kv_h * group + head0 + r) * n_splits + s; };
+  auto slot = [&](int r) { return slot_of(r, split); };
 
   using Fresh = FreshRowsInBlock<KV, kHeadsPerBlock, HD, kWarps>;
   __shared__ std::conditional_t<kFresh, typename Fresh::Shared, char> fresh_sh;
@@ -196,6 +202,11 @@ __global__ void __launch_bounds__(kWarps * 32, kTensorCoreAttentionBlocksPerSm)
   wait_for_previous_kernel();  // a no-op when it already waited
   if constexpr (kFresh)
     if (!rows_final) fresh_rows.prepare(fresh, new_key, HD, fresh_sh);
+  if (threadIdx.x < kHeadsPerBlock && head_ok(threadIdx.x))
+    for (int s = split + int(gridDim.z); s < n_splits; s += int(gridDim.z)) {
+      part_m[slot_of(threadIdx.x, s)] = -INFINITY;
+      part_l[slot_of(threadIdx.x, s)] = 0;
+    }
   if (range.begin >= range.end) {  // a split without keys
     if (threadIdx.x < kHeadsPerBlock && head_ok(threadIdx.x)) {
       part_m[slot(threadIdx.x)] = -INFINITY;
@@ -311,17 +322,17 @@ __global__ void __launch_bounds__(kWarps * 32, kTensorCoreAttentionBlocksPerSm)
 template <typename KV, int HD, bool kFresh>
 cudaError_t launch_attention_mma(const float* q, const KV* k, const KV* v, float* part_m, float* part_l,
                                  float* part_o, int T, int n_heads, int n_kv_heads, const int32_t* pos_dev,
-                                 int64_t pos0, int n_splits, float scale, const KvTables& tables,
+                                 int64_t pos0, int n_splits, int grid_splits, float scale, const KvTables& tables,
                                  cudaStream_t stream, const FreshArgs<kFresh>& fresh, bool rows_final) {
   const int chunks = (n_heads / n_kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
-  return launch_kernel(attention_mma_kernel<KV, HD, kFresh>, dim3(n_kv_heads * chunks, T, n_splits), kWarps * 32,
+  return launch_kernel(attention_mma_kernel<KV, HD, kFresh>, dim3(n_kv_heads * chunks, T, grid_splits), kWarps * 32,
                        0, stream, q, k, v, part_m, part_l, part_o, n_heads, n_kv_heads, pos_dev, pos0, scale,
                        n_splits, tables, fresh, rows_final);
 }
 
 #define MERE_ATTENTION_MMA(KV, HD, FRESH)                                                                         \
   template cudaError_t launch_attention_mma<KV, HD, FRESH>(const float*, const KV*, const KV*, float*, float*,  \
-                                                           float*, int, int, int, const int32_t*, int64_t, int,  \
+                                                           float*, int, int, int, const int32_t*, int64_t, int, int, \
                                                            float, const KvTables&, cudaStream_t,                \
                                                            const FreshArgs<FRESH>&, bool);
 MERE_ATTENTION_MMA(__nv_bfloat16, 64, false)

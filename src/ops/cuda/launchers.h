@@ -223,7 +223,8 @@ bool attention_merges_in_clusters(int T, int n_heads, int n_kv_heads, int head_d
                                   const void* v, int n_splits, bool saves_merge_kernel);
 // The splits launch_attention (and launch_rope_in_attention) of these rows
 // write: the wide grid's, the partials past them marked empty; n_splits where
-// the grid holds them all.
+// the grid holds them all (the tensor-core kernel of lever
+// tensor_core_attention runs on the same grid).
 int attention_written_splits(int T, int n_heads, int n_kv_heads, int head_dim, DType kv_dtype, const void* k,
                              const void* v, int n_splits);
 cudaError_t launch_attention_merge(const float* part_m, const float* part_l, const float* part_o, float* out, int T,
