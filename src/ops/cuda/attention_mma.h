@@ -19,8 +19,8 @@ namespace mere::cuda {
 constexpr int kTensorCoreAttentionHeads = 8;
 constexpr int kTensorCoreAttentionBlocksPerSm = 2;
 // Past this many keys a step takes the tensor cores, whichever CUDA-core form
-// would run. From 513 keys they won with an 8,192-row cache but lost 1.6% with a
-// just-enough one (Qwen3-30B-A3B, H200; docs/benchmarks.md, fortieth session).
+// would run. From 513 keys they ran -2% to +4% by shape and cache (H200;
+// docs/benchmarks.md, fortieth session), so not there.
 constexpr int kTensorCoreAttentionFromKeys = 1024;
 
 // head_dim is HD (64 or 128), KV bf16 or f16, the rows 16-byte aligned. The
