@@ -4,9 +4,11 @@
 // wave of two blocks an SM. Its output matches the CPU and the CUDA-core kernel for the
 // attention forms' shapes, one sequence and a paged batch of 2, at key counts
 // on both sides of the forms' and the 16-key steps' edges up to 6,000 keys; it
-// runs exactly where it applies (head_dim 64 or 128, bf16 or f16) with a grid of
-// the cache's splits, and narrows the decode step's key range to the counts
-// that choose alike; rows past the visible keys are never read (NaN-poisoned);
+// runs exactly where it applies (head_dim 64 or 128, bf16 or f16) on the wide
+// form's grid where that would run, else the cache's splits, and narrows the
+// decode step's key range to the counts that choose alike; a step told fewer
+// keys than it sees still attends to all; rows past the visible keys are never
+// read (NaN-poisoned);
 // and the demo model's graphed decode across the edge captures a graph per side
 // and gives the CUDA-core kernel's tokens.
 #include <gtest/gtest.h>
