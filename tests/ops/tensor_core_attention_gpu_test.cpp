@@ -99,26 +99,21 @@ TEST_F(TensorCoreAttention, MatchesTheCpuAndTheCudaCoreKernel) {
 // every key: the grid's last block takes the rest, and the partials past the
 // grid are marked empty for the merge.
 TEST_F(TensorCoreAttention, AStepPastItsKeyCountStillSeesEveryKey) {
-  const int64_t heads = 32, kv_heads = 4, hd = 128, rows = 8192, keys = 3000;
-  const Tensor k = random({rows, kv_heads, hd}, DType::f32, 1).to(DType::bf16);
-  const Tensor v = random({rows, kv_heads, hd}, DType::f32, 2).to(DType::bf16);
-  const Tensor q = random({1, heads, hd}, DType::f32, 3, 2.0f);
-  const float scale = 1.0f / std::sqrt(float(hd));
-  const Tensor want = ops::attention(q, k.slice_rows(0, keys).to(DType::f32), v.slice_rows(0, keys).to(DType::f32),
-                                     keys - 1, scale);
-  const Tensor kc = gpu(k), vc = gpu(v), q_gpu = gpu(q), pos = device_position(keys - 1);
+  // Qwen3-30B-A3B's heads, one sequence of an 8,192-row cache seeing 3,000 keys.
+  const test::PagedAttentionStep step = test::paged_attention_step({32, 4, 128, DType::bf16}, 1, 8192, 3000);
+  const Tensor kc = gpu(step.k_pool), vc = gpu(step.v_pool), q = gpu(step.q), pos = device_position(2999);
   ops::set_launch_settings({.tensor_core_attention = true, .wide_attention_blocks = true});
   ops::set_decode_keys(1100);  // 64 splits of the cache, a wide grid of 32 (up to 2,048 keys)
-  ops::attention(q_gpu, kc, vc, pos, scale);  // the allocator's sizes, before the capture
+  ops::attention(q, kc, vc, pos, step.scale);  // the allocator's sizes, before the capture
   ops::set_decode_keys(1100);
-  const test::KernelLaunch launch = attention_launch([&] { ops::attention(q_gpu, kc, vc, pos, scale); });
+  const test::KernelLaunch launch = attention_launch([&] { ops::attention(q, kc, vc, pos, step.scale); });
   ops::set_decode_keys(1100);
-  const Tensor got = ops::attention(q_gpu, kc, vc, pos, scale);
+  const Tensor got = ops::attention(q, kc, vc, pos, step.scale);
   ops::set_decode_keys(0);
   ops::set_launch_settings({});
   EXPECT_NE(launch.name.find("attention_mma_kernel"), std::string::npos);
   EXPECT_EQ(launch.grid.z, 32u);
-  EXPECT_LE(relative_error(got, want, "3,000 keys told 1,100"), 1e-5f);
+  EXPECT_LE(relative_error(got, step.want, "3,000 keys told 1,100"), 1e-5f);
 }
 
 // Rows past the visible keys hold NaN: the kernel never reads them, at key

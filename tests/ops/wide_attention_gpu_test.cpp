@@ -89,18 +89,13 @@ TEST_F(WideAttentionBlocks, MatchTheCpuAndTheFourWarpBlocks) {
 // key counts it was captured for would be): the wide grid's last block takes
 // the keys past it, so the output is still every key's.
 TEST_F(WideAttentionBlocks, AStepPastItsKeyCountStillSeesEveryKey) {
-  const int64_t heads = 32, kv_heads = 4, hd = 128, rows = 4096, keys = 3000;
-  const Tensor k = random({rows, kv_heads, hd}, DType::f32, 1).to(DType::bf16);
-  const Tensor v = random({rows, kv_heads, hd}, DType::f32, 2).to(DType::bf16);
-  const Tensor q = random({1, heads, hd}, DType::f32, 3, 2.0f);
-  const float scale = 1.0f / std::sqrt(float(hd));
-  const Tensor want = ops::attention(q, k.slice_rows(0, keys).to(DType::f32), v.slice_rows(0, keys).to(DType::f32),
-                                     keys - 1, scale);
+  // Qwen3-30B-A3B's heads, one sequence of a 4,096-row cache seeing 3,000 keys.
+  const test::PagedAttentionStep step = test::paged_attention_step({32, 4, 128, DType::bf16}, 1, 4096, 3000);
   ops::set_launch_settings({.wide_attention_blocks = true});
   ops::set_decode_keys(64);  // one-head blocks, a grid of one split
-  const Tensor got = ops::attention(gpu(q), gpu(k), gpu(v), device_position(keys - 1), scale);
+  const Tensor got = ops::attention(gpu(step.q), gpu(step.k_pool), gpu(step.v_pool), device_position(2999), step.scale);
   ops::set_decode_keys(0);
-  EXPECT_LE(relative_error(got, want, "3,000 keys told 64"), 1e-5f);
+  EXPECT_LE(relative_error(got, step.want, "3,000 keys told 64"), 1e-5f);
 }
 
 // Without a key count (a prefill, or a caller that does not say) the form is

@@ -871,14 +871,12 @@ cudaError_t launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k
   // wide form's grid where that would run: it narrows the step's key range,
   // within which its splits hold every key, and o_proj's prepare reads only
   // those (attention_written_splits).
+  WideForm wide;  // heads 0: the 4-warp form's grid
+  if constexpr (kHasWideForm<KV, HD>) wide = wide_form(group, T * n_kv_heads, n_splits);
   if constexpr (kHasTensorCoreForm<KV, HD>) {
     const int tc_chunks = (group + kTensorCoreAttentionHeads - 1) / kTensorCoreAttentionHeads;
     if (!merged && head_dim == HD) {
-      int grid_splits = n_splits;
-      if constexpr (kHasWideForm<KV, HD>) {
-        const WideForm wide = wide_form(group, T * n_kv_heads, n_splits);
-        if (wide.heads > 0) grid_splits = wide.splits;
-      }
+      const int grid_splits = wide.heads > 0 ? wide.splits : n_splits;
       if (tensor_core_form(T * n_kv_heads * tc_chunks, n_splits))
         return launch_attention_mma<KV, HD, kFresh>(q, k, v, part_m, part_l, part_o, T, n_heads, n_kv_heads,
                                                     pos_dev, pos0, n_splits, grid_splits, scale, tables, stream,
@@ -886,7 +884,6 @@ cudaError_t launch_gqa_heads(const float* q, const typename Storage<KV>::Unit* k
     }
   }
   if constexpr (kHasWideForm<KV, HD>) {
-    const WideForm wide = wide_form(group, T * n_kv_heads, n_splits);
     if (merged && wide.splits > kMaxClusterSplitsSavingAKernel) return cudaErrorInvalidValue;
     switch (wide.heads) {
       case 1: return go.template operator()<1, 8>(wide.splits);
