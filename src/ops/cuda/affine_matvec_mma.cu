@@ -67,6 +67,7 @@
 #include "ops/cuda/matvec_tiles.cuh"
 #include "ops/cuda/moe_launchers.h"
 #include "ops/cuda/moe_routing.cuh"
+#include "ops/cuda/phase_probe.cuh"
 
 namespace mere::cuda {
 namespace {
@@ -616,6 +617,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   constexpr int kSb = Sh::kScaleRowBytes;
   constexpr int kSbCopy = kSb < 16 ? kSb : 16;  // bytes per copy of a row's scales (or biases)
 
+  // cmake -DMERE_PHASE_PROBE=ON: the experts' gate/up blocks' phases (phase_probe.cuh).
+  constexpr bool kMarks = kMode == kMoeGateUp;
+  if constexpr (kMarks) PHASE_MARK(0);
   // Mixture of experts: the block's token and its expert's rows (up rows from d_ff on).
   const tiles::MoeBlock moe = kMode == kMoeGateUp && p.route.logits
                                   ? routed_block(p, smem)
@@ -685,9 +689,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   // Dense matvecs issue their whole ring before the wait, each iteration
   // refilling the slot it has just used; the experts' keep one slot back.
   constexpr bool kWholeRing = kMode == kDense;
+  if constexpr (kMarks) PHASE_MARK(3);
   tiles::issue_first_stages<kWholeRing ? kStages + 1 : kStages>(issue, n_stages);
   allow_next_kernel();
   wait_for_previous_kernel();
+  if constexpr (kMarks) PHASE_MARK(4);
   // What a writing lane (part 0, q even with 3 digits, a token below T) adds its rows' sums
   // to: y itself when accumulating (the residual), and the bias. They are read
   // here, once y is final, and for the next tile right after each write, so
@@ -710,6 +716,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   };
   read_tile_addends((int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows);
   tiles::load_staged_x(smem, p.staged + token * p.image_bytes, p.staged_bytes);
+  if constexpr (kMarks) PHASE_MARK(5);
 
   float acc[kMmas][2] = {};  // per mma: rows g and g + 8 of the lane's columns
   // B: lane g loads column 8 m + g, digit g % 4 of token 2 m + g / 4 (3
@@ -823,6 +830,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
     if (part == 0) read_tile_addends(row0);
   }
   copy_async_wait<0>();
+  if constexpr (kMarks) PHASE_MARK(6);
 }
 
 // ---- host side ----
@@ -968,7 +976,11 @@ struct Variant {
     p.split = g.split;
     p.n_units = g.n_units;
     p.ids = a.ids;
-    if constexpr (kMode == kMoeGateUp) p.route = a.route;
+    if constexpr (kMode == kMoeGateUp) {
+      p.route = a.route;
+      PHASE_PROBE_REPORT("start", "routing: scored", "routing: counted", "stages about to issue", "waited",
+                         "x and first stages in", "end");
+    }
     p.accumulate = kMode == kMoeDown && a.accumulate;  // the residual add (moe_launchers.h)
     p.k = int(a.k);
     p.d_ff = int(a.d_ff);

@@ -8,6 +8,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/moe_launchers.h"
+#include "ops/cuda/phase_probe.cuh"
 
 namespace mere::cuda {
 
@@ -110,6 +111,7 @@ __device__ __forceinline__ void rank_experts(const MoeRouteArgs& a, int64_t t, c
     }
   }
   __syncthreads();
+  PHASE_MARK(1);  // scored
   // Expert e's rank: the experts that come before it; the k first are chosen.
   const int parts = int(blockDim.x) >= 2 * E && E % 8 == 0 ? 2 : 1, span = E / parts;
   for (int i = threadIdx.x; i < parts * E; i += blockDim.x) {
@@ -130,6 +132,7 @@ __device__ __forceinline__ void rank_experts(const MoeRouteArgs& a, int64_t t, c
     }
   }
   __syncthreads();
+  PHASE_MARK(2);  // counted
   if (parts == 1) return;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     const int rank = s.partial_rank[e] + s.partial_rank[E + e];
