@@ -5,11 +5,13 @@
 // nothing.
 //
 // PHASE_MARK(i) records clock64() of thread 0 of each block at phase i (0: the
-// block's start). A translation unit that marks calls phase_probe_report(names)
-// from host code once; at exit `mere` then prints, for the last launch that
-// marked, each phase's mean cycles since phase 0 over its blocks. Marks of
-// later launches overwrite earlier ones, so mark one kernel at a time (guard
-// the marks with `if constexpr` on its mode).
+// block's start). A translation unit that marks names its phases from host code
+// with PHASE_PROBE_REPORT("start", "name of 1", ...) before its first launch;
+// at exit `mere` then prints, for the last launch that marked, each phase's
+// mean cycles since phase 0 over its blocks. Each unit has its own record, and
+// later launches overwrite earlier ones, so mark one kernel of a unit at a time
+// (guard the marks with `if constexpr` on its mode). Now marked: the MoE
+// experts' gate/up (affine_matvec_mma.cu, and the routing it runs).
 #pragma once
 
 #ifdef MERE_PHASE_PROBE
