@@ -277,7 +277,10 @@ TEST_F(MoeTensorCoreGpu, FallsBackWhereItCannotRunAndMixesFormats) {
 // without renormalising, sigmoid scores in groups with a correction and a
 // scale (DeepSeek-V3's form), E of 12 to 256, k of 1 to 8, 1 to 8 tokens. The
 // logits are multiples of 1/4, so that exact ties (to the lower index) occur
-// and the CPU's and GPU's expf cannot order a near-tie differently.
+// and the CPU's and GPU's expf cannot order a near-tie differently. Without
+// groups and with E a multiple of 32 each warp routes alone, ranking only the
+// experts at or above a bound; where a token's logits all tie (token 0 of the
+// `flat` cases) more than 32 experts reach it and the block ranks them all.
 TEST_F(MoeTensorCoreGpu, RoutingInExpertsGivesTheRoutingKernelsChoiceBitForBit) {
   struct Case {
     std::string format;
@@ -285,13 +288,18 @@ TEST_F(MoeTensorCoreGpu, RoutingInExpertsGivesTheRoutingKernelsChoiceBitForBit) 
     int64_t E, f, d;
     ops::MoeRouting routing;
     bool correction;
+    bool flat = false;
   };
   const ops::MoeRouting deepseek{.score = ops::MoeRouting::Score::sigmoid, .top_k = 4, .renormalize = true,
                                  .scale = 2.5f, .n_groups = 8, .top_groups = 4};
   for (const Case& s : {Case{"int4", 64, 128, 256, 512, {.top_k = 8, .renormalize = true}, false},
                         Case{"int8", 32, 12, 128, 256, {.top_k = 2}, false},
                         Case{"int4", 32, 256, 256, 256, deepseek, true},
-                        Case{"int8", 128, 128, 256, 512, {.top_k = 1}, false}})
+                        Case{"int8", 128, 128, 256, 512, {.top_k = 1}, false},
+                        Case{"int4", 64, 256, 256, 512, {.top_k = 8, .renormalize = true}, false, true},
+                        Case{"int8", 64, 64, 256, 512,
+                             {.score = ops::MoeRouting::Score::sigmoid, .top_k = 4, .scale = 1.5f}, true, true},
+                        Case{"int4", 32, 32, 256, 512, {.top_k = 4, .renormalize = true}, false}})
     for (bool fused : {false, true}) {
       const ops::ExpertWeights w = random_experts(s.E, s.f, s.d, s.format, fused, s.group), wg = on_gpu(w);
       const Tensor correction = s.correction ? random({s.E}, DType::f32, 140, 0.5f) : Tensor();
@@ -300,8 +308,11 @@ TEST_F(MoeTensorCoreGpu, RoutingInExpertsGivesTheRoutingKernelsChoiceBitForBit) 
         const Tensor x = random({T, s.d}, DType::f32, 141 + uint64_t(T));
         Tensor logits = random({T, s.E}, DType::f32, 150 + uint64_t(T), 2.0f);
         for (int64_t i = 0; i < logits.numel(); ++i) logits.data<float>()[i] = std::round(logits.at(i) * 4) / 4;
+        if (s.flat)
+          for (int64_t e = 0; e < s.E; ++e) logits.data<float>()[e] = 0.5f;
         const std::string label = s.format + " E=" + std::to_string(s.E) + " k=" + std::to_string(s.routing.top_k) +
-                                  (s.correction ? " sigmoid groups" : "") + (fused ? " fused" : "") +
+                                  (s.correction ? " sigmoid, correction" : "") + (s.flat ? " flat" : "") +
+                                  (fused ? " fused" : "") +
                                   " T=" + std::to_string(T);
         const Tensor xg = gpu(x), lg = gpu(logits);
         auto run = [&] { return ops::moe_routed_experts(xg, wg, lg, s.routing, correction_gpu); };
@@ -322,6 +333,9 @@ TEST_F(MoeTensorCoreGpu, RoutingInExpertsGivesTheRoutingKernelsChoiceBitForBit) 
         EXPECT_EQ(routing_kernels(kernels_off), 1u) << label;
         EXPECT_EQ(routing_kernels(kernels_on), 0u) << label;
         EXPECT_EQ(kernels_on.size() + 1, kernels_off.size()) << label;
+        // Each warp routes alone unless the routing has groups or E is not a multiple of 32 (E = 12).
+        const cuda::MoeRouteArgs route{.E = int(s.E), .k = s.routing.top_k, .n_groups = s.routing.n_groups};
+        EXPECT_EQ(cuda::routes_in_a_warp(route), s.routing.n_groups == 1 && s.E != 12) << label;
         const Tensor want = ops::moe_routed_experts(x, w, logits, s.routing, correction);
         EXPECT_LE(relative_error(on, want, label), 1e-5f);
       }
