@@ -174,10 +174,8 @@ struct Problem {
   int64_t image_bytes;    // one token's staged image
   bool streamed_weights;  // the weights' copies evict first from L2 (lever streamed_weights)
   // Gate/up under lever routing_in_experts (route.logits set): each block routes
-  // its token before its wait, and column 0's blocks write their pair's choice;
-  // each warp alone where the routing allows it (routes_in_a_warp).
+  // its token before its wait, and column 0's blocks write their pair's choice.
   MoeRouteArgs route;
-  bool warp_routing;
 };
 
 // The converted x, and the start of a block's shared memory: digit rows
@@ -558,28 +556,16 @@ __device__ __forceinline__ float unpack_scale(const uint32_t* words, int i) {
 
 // Gate/up under lever routing_in_experts: the block routes its token (the
 // router's logits came from the kernel two back, final once the prepare kernel
-// between let this one start): each warp alone in its own ring where the
-// routing allows it, else the whole block in the space of x's image, which the
-// block fills only after its wait; the block then takes its slot's expert, and
-// the blocks of column 0 write their pair's choice for the kernels after this one.
-__device__ __forceinline__ tiles::MoeBlock routed_block(const Problem& p, uint8_t* smem, uint8_t* warp_scratch) {
+// between let this one start), in the space of x's image, which the block fills
+// only after its wait; the block then takes its slot's expert, and the blocks
+// of column 0 write their pair's choice for the kernels after this one.
+__device__ __forceinline__ tiles::MoeBlock routed_block(const Problem& p, uint8_t* smem) {
   const int pair = blockIdx.y, slot = pair % p.k;
   tiles::MoeBlock b;
   b.token = pair / p.k;
-  const bool writes = blockIdx.x == 0 && threadIdx.x < 32;  // warp 0 of column 0
-  int expert = 0;
-  float weight = 0;
-  if (p.warp_routing && route_slot_in_warp(p.route, b.token, slot, warp_scratch, writes, expert, weight)) {
-    if (writes && threadIdx.x == 0) {
-      p.route.ids[pair] = expert;
-      p.route.weights[pair] = weight;
-    }
-    b.expert_row0 = int64_t(expert) * p.expert_stride;
-    return b;
-  }
   const RoutingScratch s(smem, p.route.E);
   rank_experts(p.route, b.token, s);
-  expert = s.chosen[slot];
+  const int32_t expert = s.chosen[slot];
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     p.route.ids[pair] = expert;
     p.route.weights[pair] = chosen_weight(p.route, s, slot);
@@ -626,7 +612,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   const int64_t row_bytes = p.row_bytes;
   constexpr int kChunks = Sh::kRowBytes / 16;  // 16-byte chunks of a stage's row
   static_assert(32 % kChunks == 0, "a round of the lanes' copies covers whole rows");
-  static_assert(kStages * Sh::kStageBytes >= kWarpRoutingBytes, "a warp routes in its own ring");
   constexpr int kCopies = kTileRows * kChunks / 32;  // of them per lane and stage
   constexpr int kCopyRows = 32 / kChunks;            // rows a round of copies covers
   constexpr int kSb = Sh::kScaleRowBytes;
@@ -637,7 +622,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   if constexpr (kMarks) PHASE_MARK(0);
   // Mixture of experts: the block's token and its expert's rows (up rows from d_ff on).
   const tiles::MoeBlock moe = kMode == kMoeGateUp && p.route.logits
-                                  ? routed_block(p, smem, ring)
+                                  ? routed_block(p, smem)
                                   : tiles::moe_block<kMode>(p.ids, p.k, p.expert_stride, part);
   const int token = moe.token, slot = moe.slot;
   const int64_t expert_row0 = moe.expert_row0, up_row0 = expert_row0 - p.d_ff;
@@ -993,10 +978,8 @@ struct Variant {
     p.ids = a.ids;
     if constexpr (kMode == kMoeGateUp) {
       p.route = a.route;
-      p.warp_routing = routes_in_a_warp(a.route);
       PHASE_PROBE_REPORT("start", "routing: scored", "routing: counted", "stages about to issue", "waited",
-                         "x and first stages in", "end", "warp routing: max",
-                         "warp routing: bound", "warp routing: gathered");
+                         "x and first stages in", "end");
     }
     p.accumulate = kMode == kMoeDown && a.accumulate;  // the residual add (moe_launchers.h)
     p.k = int(a.k);

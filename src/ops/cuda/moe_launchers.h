@@ -38,13 +38,6 @@ struct MoeRouteArgs {
 };
 // One block per token (moe_routing.cuh); E at most kMaxRoutedExperts.
 constexpr int kMaxRoutedExperts = 1024;
-// Whether a routing in the experts' gate/up runs in each warp alone
-// (moe_routing.cuh, route_slot_in_warp): no expert groups, and at most
-// kWarpRoutedExperts experts, a multiple of 32; else the block ranks together.
-constexpr int kWarpRoutedExperts = 256;
-inline bool routes_in_a_warp(const MoeRouteArgs& a) {
-  return a.n_groups <= 1 && a.E % 32 == 0 && a.E <= kWarpRoutedExperts;
-}
 cudaError_t launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 
 struct MoeExpertsArgs {
