@@ -274,11 +274,11 @@ TEST_F(MoeTensorCoreGpu, FallsBackWhereItCannotRunAndMixesFormats) {
 // Lever routing_in_experts: the tensor-core affine experts' gate/up blocks route
 // each token themselves with the routing kernel's code, so the output is the
 // lever off's bit for bit, with the routing kernel gone. Softmax with and
-// without renormalising, sigmoid scores in groups with a correction and a
-// scale (DeepSeek-V3's form), E of 12 to 256, k of 1 to 8, 1 to 8 tokens. The
-// logits are multiples of 1/4, so that exact ties (to the lower index) occur
-// and the CPU's and GPU's expf cannot order a near-tie differently; in the
-// `flat` cases token 0's logits all tie.
+// without renormalising, sigmoid scores with a correction and a scale, in
+// groups (DeepSeek-V3's form) or not, E of 12 to 256, k of 1 to 8, 1 to 8
+// tokens. The logits are multiples of 1/4, so that exact ties (to the lower
+// index) occur and the CPU's and GPU's expf cannot order a near-tie
+// differently; in the `flat` cases token 0's logits all tie.
 TEST_F(MoeTensorCoreGpu, RoutingInExpertsGivesTheRoutingKernelsChoiceBitForBit) {
   struct Case {
     std::string format;
@@ -309,7 +309,8 @@ TEST_F(MoeTensorCoreGpu, RoutingInExpertsGivesTheRoutingKernelsChoiceBitForBit) 
         if (s.flat)
           for (int64_t e = 0; e < s.E; ++e) logits.data<float>()[e] = 0.5f;
         const std::string label = s.format + " E=" + std::to_string(s.E) + " k=" + std::to_string(s.routing.top_k) +
-                                  (s.correction ? " sigmoid, correction" : "") + (s.flat ? " flat" : "") +
+                                  (s.correction ? " sigmoid, correction" : "") +
+                                  (s.routing.n_groups > 1 ? " groups" : "") + (s.flat ? " flat" : "") +
                                   (fused ? " fused" : "") +
                                   " T=" + std::to_string(T);
         const Tensor xg = gpu(x), lg = gpu(logits);
