@@ -111,14 +111,18 @@ constexpr int kMaxParts = 8;          // launches a row may be cut into (x too l
 // given rows a multiple of 128 bytes long.
 constexpr int row_pad(int lane_bytes) { return lane_bytes >= 32 ? 16 : 4 * lane_bytes; }
 
+// A stage takes at least 128 contiguous bytes (whole sectors, and fewer
+// stages) of each row of its tile, and at least two groups.
+constexpr int stage_groups(int bits, int group, int row_bytes_at_least) {
+  return std::max(2, row_bytes_at_least / (group * bits / 8));
+}
+
 // kRowBytesAtLeast: the contiguous bytes of each row a stage takes at least
 // (256 under lever wide_batch_stages).
 template <int kBits, int kGroup, typename S, int kRowBytesAtLeast = 128>
 struct Shape {
   static constexpr int kGroupBytes = kGroup * kBits / 8;
-  // A stage takes at least 128 contiguous bytes (whole sectors, and fewer
-  // stages) of each row of its tile, and at least two groups.
-  static constexpr int kStageGroups = std::max(2, kRowBytesAtLeast / kGroupBytes);
+  static constexpr int kStageGroups = stage_groups(kBits, kGroup, kRowBytesAtLeast);
   static constexpr int kStageValues = kStageGroups * kGroup;
   static constexpr int kRowBytes = kStageGroups * kGroupBytes;
   static constexpr int kLaneBytes = kGroupBytes / 4;  // a lane's codes of one group of a row
@@ -851,8 +855,10 @@ struct Variant {
   // take 256 bytes already). int4 measured level in the model (+1% at 5
   // tokens, -0.4% at 8), and its g128 kernel spilled, as did f32 scales'.
   using Wide = Shape<kBits, kGroup, S, 256>;
-  static constexpr bool kHasWide =
-      kBits == 8 && kMmas == 2 && kDigits == 2 && sizeof(S) == 2 && Wide::kStageGroups > Sh::kStageGroups;
+  // Worked out without reading Wide's members: where Wide is not used (int8 g128, whose
+  // stages take two 128-byte groups anyway) nvcc reported them unused (warning #177).
+  static constexpr bool kHasWide = kBits == 8 && kMmas == 2 && kDigits == 2 && sizeof(S) == 2 &&
+                                   stage_groups(kBits, kGroup, 256) > Sh::kStageGroups;
   static constexpr auto wide_kernel() {  // instantiated only where called (kHasWide)
     return affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits, kDense, Wide::kStages, 256>;
   }
