@@ -2,13 +2,24 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace mere {
 namespace {
+
+void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
 
 class ThreadPool {
  public:
@@ -31,14 +42,19 @@ class ThreadPool {
     std::unique_lock lock(mutex_);
     job_ = &job;
     n_jobs_ = n_jobs;
-    done_ = 0;
-    const uint64_t generation = ++generation_;
+    done_.store(0);
+    const uint64_t generation = generation_.load() + 1;
     next_.store(generation << 32);
+    generation_.store(generation);
     lock.unlock();
-    wake_.notify_all();
+    wake_.notify_all();  // only the workers asleep need it; the spinning ones see generation_
     drain(generation, job, n_jobs);
+    if (!spin_until([&] { return done_.load() == n_jobs; })) {
+      lock.lock();
+      finished_.wait(lock, [&] { return done_.load() == n_jobs; });
+      lock.unlock();
+    }
     lock.lock();
-    finished_.wait(lock, [&] { return done_ == n_jobs_; });
     job_ = nullptr;
   }
 
@@ -58,19 +74,33 @@ class ThreadPool {
       ++finished_here;
       claim = next_.load();
     }
-    if (finished_here) {
-      std::lock_guard lock(mutex_);
-      done_ += finished_here;
-      if (done_ == n_jobs_) finished_.notify_all();
+    if (finished_here && done_.fetch_add(finished_here) + finished_here == n_jobs) {
+      std::lock_guard lock(mutex_);  // the caller may be between its check and its wait
+      finished_.notify_all();
+    }
+  }
+
+  // Decode runs a parallel_for every few microseconds, and a futex wake costs
+  // tens of them: a thread waiting for work, or for the last jobs of its run,
+  // spins this long before it sleeps. False when it gave up.
+  template <class Ready>
+  static bool spin_until(Ready ready) {
+    constexpr auto kSpin = std::chrono::microseconds(200);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0;; ++i) {
+      if (ready()) return true;
+      if (i % 64 == 63 && std::chrono::steady_clock::now() - start > kSpin) return false;
+      pause();
     }
   }
   void work() {
     uint64_t seen = 0;
     for (;;) {
+      spin_until([&] { return generation_.load() != seen || stopping_.load(); });
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || (generation_ != seen && job_ != nullptr); });
+      wake_.wait(lock, [&] { return stopping_ || (generation_.load() != seen && job_ != nullptr); });
       if (stopping_) return;
-      seen = generation_;
+      seen = generation_.load();
       // Valid until run() returns, which it cannot while a claim of ours runs.
       const std::function<void(int)>* job = job_;
       const int n_jobs = n_jobs_;
@@ -83,11 +113,12 @@ class ThreadPool {
   int size_ = 1;
   std::mutex mutex_;
   std::condition_variable wake_, finished_;
-  const std::function<void(int)>* job_ = nullptr;
-  int n_jobs_ = 0, done_ = 0;
+  const std::function<void(int)>* job_ = nullptr;  // job_ and n_jobs_ change under mutex_
+  int n_jobs_ = 0;
+  std::atomic<int> done_{0};
   std::atomic<uint64_t> next_{0};
-  uint64_t generation_ = 0;
-  bool stopping_ = false;
+  std::atomic<uint64_t> generation_{0};  // written under mutex_, read by spinning workers without it
+  std::atomic<bool> stopping_{false};
 };
 
 int g_requested = 0;

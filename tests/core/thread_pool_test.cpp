@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <thread>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -36,6 +37,31 @@ TEST(ThreadPool, BackToBackCallsRunEveryChunkExactlyOnce) {
   // A hang ends the run with a message rather than leaving it stuck.
   if (all_calls.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
     std::fprintf(stderr, "ThreadPool.BackToBackCallsRunEveryChunkExactlyOnce: parallel_for hung\n");
+    std::abort();
+  }
+  EXPECT_EQ(all_calls.get(), 0) << "chunks that ran other than once";
+}
+
+// Waiting threads spin a while, then sleep: calls far apart (the workers asleep
+// by then) and chunks slower than the spin (the caller asleep on the last ones)
+// still run every chunk once and return.
+TEST(ThreadPool, CallsAfterTheWorkersSleptAndSlowChunks) {
+  auto all_calls = std::async(std::launch::async, [] {
+    int wrong = 0;
+    for (int call = 0; call < 40; ++call) {
+      std::vector<std::atomic<int>> runs(8);
+      const bool slow = call % 2 == 1;
+      parallel_for(8, 1, [&](int64_t begin, int64_t end) {
+        if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        for (int64_t i = begin; i < end; ++i) runs[size_t(i)].fetch_add(1);
+      });
+      for (auto& r : runs) wrong += r.load() != 1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(call % 4 == 0 ? 5 : 0));
+    }
+    return wrong;
+  });
+  if (all_calls.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    std::fprintf(stderr, "ThreadPool.CallsAfterTheWorkersSleptAndSlowChunks: parallel_for hung\n");
     std::abort();
   }
   EXPECT_EQ(all_calls.get(), 0) << "chunks that ran other than once";
