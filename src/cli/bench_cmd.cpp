@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "core/thread_pool.h"
 #include "engine/bench.h"
 #include "engine/prefix_bench.h"
 #include "models/model.h"
@@ -32,9 +33,13 @@ void run_bench(const BenchFlags& f) {
   if (device == Device::cpu) ceilings = Ceilings{0, 0, false};  // the defaults are the H200's; no CPU ceiling known
   if (f.calibrate) {
     ceilings = calibrate(device);
-    std::fprintf(stderr, "calibrated %s: copy %.3f TB/s, bf16 matmul %.1f TFLOP/s\n",
-                 cuda_device_description().c_str(), ceilings.copy_bytes_per_s / 1e12,
-                 ceilings.matmul_flop_per_s / 1e12);
+    if (device == Device::cuda)
+      std::fprintf(stderr, "calibrated %s: copy %.3f TB/s, bf16 matmul %.1f TFLOP/s\n",
+                   cuda_device_description().c_str(), ceilings.copy_bytes_per_s / 1e12,
+                   ceilings.matmul_flop_per_s / 1e12);
+    else
+      std::fprintf(stderr, "calibrated the CPU (%d threads): read %.1f GB/s, f32 multiply-add peak %.1f GFLOP/s\n",
+                   thread_count(), ceilings.copy_bytes_per_s / 1e9, ceilings.matmul_flop_per_s / 1e9);
   }
   if (f.bandwidth > 0) ceilings.copy_bytes_per_s = f.bandwidth;
   if (f.matmul_rate > 0) ceilings.matmul_flop_per_s = f.matmul_rate;
@@ -136,7 +141,7 @@ void run_bench(const BenchFlags& f) {
                 r.roofline_tok_s > 0 ? fmt::format("{:.0f}", r.roofline_tok_s).c_str() : "-",
                 r.roofline_tok_s > 0
                     ? fmt::format("{:.3f}{}", r.fraction, r.prefill ? " of matmul peak" : " of bandwidth").c_str()
-                    : "- (no ceiling for this device; pass --bandwidth)");
+                    : "- (no ceiling for this device; pass --calibrate or --bandwidth)");
 }
 
 }  // namespace
@@ -169,7 +174,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--prefix-cache", f->prefix_cache,
                 "Instead: prefill time of each -p prompt cold (miss) and of a second prompt sharing all but its "
                 "last 8 tokens (hit)");
-  cmd->add_flag("--calibrate", f->calibrate, "Measure this GPU's copy bandwidth and bf16 matmul rate first");
+  cmd->add_flag("--calibrate", f->calibrate, "Measure this device's copy bandwidth and compute ceiling first (GPU: bf16 matmul; CPU: f32 multiply-add peak)");
   cmd->add_option("--bandwidth", f->bandwidth, "Copy bandwidth in bytes/s for the roofline (default: H200, 4.255e12)");
   cmd->add_option("--matmul-rate", f->matmul_rate, "bf16 matmul rate in FLOP/s (default: H200, 770e12)");
   add_device_option(*cmd, f->device);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/thread_pool.h"
 #include "engine/generate.h"
 #include "engine/generate_batch.h"
 #include "ops/ops.h"
@@ -106,41 +107,94 @@ std::string decode_levers(const Model& model, const Levers& levers) {
          (cuda && levers.pipelined_decode ? " pipelined_decode=on" : " pipelined_decode=off");
 }
 
-}  // namespace
-
-Ceilings calibrate(Device device) {
-  MERE_CHECK(device == Device::cuda, "--calibrate measures a GPU; there is none here ({})", cuda_device_description());
-  Ceilings c;
-  c.calibrated = true;
-  // Copy bandwidth: a 4 GB device-to-device copy counts 8 GB moved.
-  const size_t bytes = size_t(4) << 30;
-  Tensor a = Tensor::empty({int64_t(bytes / 2)}, DType::bf16, device), b = Tensor::empty({int64_t(bytes / 2)}, DType::bf16, device);
-  ops::fill_random(a, 1, 1.0f);
+// The median of 5 timed runs of fn after a warm-up, as a rate of `amount` per second.
+template <class Fn>
+double median_rate(double amount, Fn fn) {
   std::vector<double> rates;
   for (int i = 0; i < 6; ++i) {
     device_synchronize();
     auto t0 = Clock::now();
-    copy_bytes(b.raw(), device, a.raw(), device, bytes);
+    fn();
     device_synchronize();
-    if (i > 0) rates.push_back(2.0 * double(bytes) / seconds_since(t0));
+    if (i > 0) rates.push_back(amount / seconds_since(t0));
   }
   std::sort(rates.begin(), rates.end());
-  c.copy_bytes_per_s = rates[rates.size() / 2];
+  return rates[rates.size() / 2];
+}
+
+// The CPU's read bandwidth: every thread streams its share of a 2 GB buffer
+// (past any L3) into sums, asking for the lines 2 KB ahead as the decode
+// matvecs do. Decode only reads, and on a CPU a copy's read and write streams
+// together move more than reading alone does (the development machine: a
+// copy 44 GB/s counted twice, reading 29), so a copy is no ceiling for it.
+double cpu_read_bytes_per_s() {
+  typedef int64_t Words __attribute__((vector_size(32)));
+  constexpr int64_t kChunks = 256, kAhead = 2048 / sizeof(Words);
+  std::vector<Words> buffer((size_t(2) << 30) / sizeof(Words), Words{} + 1);
+  const int64_t n = int64_t(buffer.size());
+  std::vector<int64_t> sink(static_cast<size_t>(kChunks));
+  return median_rate(double(n) * sizeof(Words), [&] {
+    parallel_for(kChunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        Words sum0{}, sum1{};
+        for (int64_t i = n * c / kChunks; i < n * (c + 1) / kChunks; i += 2) {
+          __builtin_prefetch(buffer.data() + i + kAhead);
+          sum0 += buffer[size_t(i)];
+          sum1 += buffer[size_t(i + 1)];
+        }
+        sink[size_t(c)] = (sum0 + sum1)[0];  // kept, so the loop is not dropped
+      }
+    });
+  });
+}
+
+// The CPU's f32 multiply-add peak on every thread: 8 independent chains (what
+// hides the FMA latency) of 8 lanes (AVX2), on registers only.
+double cpu_fma_flop_per_s() {
+  typedef float Lanes __attribute__((vector_size(32)));
+  constexpr int kChains = 8, kSteps = 1 << 24;
+  const int threads = thread_count();
+  std::vector<float> sink(static_cast<size_t>(threads));
+  return median_rate(2.0 * 8 * kChains * double(kSteps) * threads, [&] {
+    parallel_for(threads, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        Lanes v[kChains];
+        const Lanes m = Lanes{} + 0.999999f, a = Lanes{} + 1e-7f;
+#pragma GCC unroll 8
+        for (int c = 0; c < kChains; ++c) v[c] = Lanes{} + float(c) * 1e-3f;
+        for (int s = 0; s < kSteps; ++s)
+#pragma GCC unroll 8
+          for (int c = 0; c < kChains; ++c) v[c] = v[c] * m + a;
+        float sum = 0;
+        for (const Lanes& x : v)
+          for (int l = 0; l < 8; ++l) sum += x[l];
+        sink[size_t(t)] = sum;  // kept, so the loop is not dropped
+      }
+    });
+  });
+}
+
+}  // namespace
+
+Ceilings calibrate(Device device) {
+  Ceilings c;
+  c.calibrated = true;
+  if (device == Device::cpu) {  // our CPU matmul is no measure of the machine: its multiply-add peak is
+    c.copy_bytes_per_s = cpu_read_bytes_per_s();
+    c.matmul_flop_per_s = cpu_fma_flop_per_s();
+    return c;
+  }
+  // Copy bandwidth: a 4 GB device-to-device copy counts 8 GB moved.
+  const size_t bytes = size_t(4) << 30;
+  Tensor a = Tensor::empty({int64_t(bytes / 2)}, DType::bf16, device), b = Tensor::empty({int64_t(bytes / 2)}, DType::bf16, device);
+  ops::fill_random(a, 1, 1.0f);
+  c.copy_bytes_per_s = median_rate(2.0 * double(bytes), [&] { copy_bytes(b.raw(), device, a.raw(), device, bytes); });
   // Matmul rate: ops::linear at 8192^3 with bf16 weights (random, never zeros).
   const int64_t n = 8192;
   Tensor x = Tensor::empty({n, n}, DType::f32, device), w = Tensor::empty({n, n}, DType::bf16, device);
   ops::fill_random(x, 2, 1.0f);
   ops::fill_random(w, 3, 1.0f);
-  rates.clear();
-  for (int i = 0; i < 6; ++i) {
-    device_synchronize();
-    auto t0 = Clock::now();
-    Tensor y = ops::linear(x, w);
-    device_synchronize();
-    if (i > 0) rates.push_back(2.0 * double(n) * double(n) * double(n) / seconds_since(t0));
-  }
-  std::sort(rates.begin(), rates.end());
-  c.matmul_flop_per_s = rates[rates.size() / 2];
+  c.matmul_flop_per_s = median_rate(2.0 * double(n) * double(n) * double(n), [&] { Tensor y = ops::linear(x, w); });
   return c;
 }
 

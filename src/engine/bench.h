@@ -17,7 +17,8 @@ struct Ceilings {
   bool calibrated = false;
 };
 
-// Measures this device's copy bandwidth and bf16 matmul rate (GPU only).
+// Measures this device's copy bandwidth and compute ceiling: on the GPU the bf16
+// matmul rate, on the CPU the f32 multiply-add peak of its threads.
 Ceilings calibrate(Device device);
 
 struct BenchRow {
