@@ -12,7 +12,8 @@
 namespace mere {
 
 struct Ceilings {
-  double copy_bytes_per_s = 4.255e12;  // H200, a large device copy (read + write), measured
+  // H200, a large device copy (read + write), measured; on the CPU (calibrate) its read rate.
+  double copy_bytes_per_s = 4.255e12;
   double matmul_flop_per_s = 770e12;   // H200, bf16 8192^3 on random data, measured
   bool calibrated = false;
 };

@@ -53,6 +53,7 @@ Levers Levers::from_env() {
   l.tensor_core_affine_gemm = env_mode("MERERUN_TENSOR_CORE_AFFINE_GEMM", l.tensor_core_affine_gemm);
   l.fused_moe_gate_up = env_flag("MERERUN_PSI_FUSED_MOE", l.fused_moe_gate_up);
   l.prefix_cache = env_flag("MERERUN_PREFIX_CACHE", l.prefix_cache);
+  l.cpu_direct_matvec = env_flag("MERERUN_CPU_DIRECT_MATVEC", l.cpu_direct_matvec);
   return l;
 }
 
@@ -60,7 +61,7 @@ std::string Levers::describe(Device device) const {
   auto on = [](bool b) { return b ? "on" : "off"; };
   if (device == Device::cpu)
     return std::string("levers: prefix_cache=") + on(prefix_cache) + " fused_moe_gate_up=" + on(fused_moe_gate_up) +
-           " (the others are CUDA levers)";
+           " cpu_direct_matvec=" + on(cpu_direct_matvec) + " (the others are CUDA levers)";
   return std::string("levers: cuda_graphs=") + on(cuda_graphs) + " pipelined_decode=" + on(pipelined_decode) +
          " fused_projections=" + on(fused_projections) +
          " fused_rope_store=" + on(fused_rope_store) + " rope_in_attention=" + on(rope_in_attention) +
@@ -106,7 +107,8 @@ LoadOptions Levers::load_options(Device device) const {
                      .wide_batch_stages = wide_batch_stages && tensor_core_affine_matvec && cuda,
                      .streamed_weights = streamed_weights && cuda,
                      .tensor_core_affine_gemm = cuda ? tensor_core_affine_gemm : LeverMode::off,
-                     .fuse_moe_gate_up = fused_moe_gate_up};
+                     .fuse_moe_gate_up = fused_moe_gate_up,
+                     .cpu_direct_matvec = cpu_direct_matvec && !cuda};
 }
 
 }  // namespace mere

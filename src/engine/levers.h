@@ -184,6 +184,11 @@ struct Levers {
   // output identical; demo model, CPU: a 306-token prompt sharing 300 tokens
   // prefills 15 tokens (33 ms vs 1,031 ms).
   bool prefix_cache = true;
+  // CPU decode matvecs (1-4 tokens) read the weights as stored (f32/f16/bf16
+  // rows, MLX affine int8/int4 codes) into AVX2 registers, 8 at a time, a few
+  // rows sharing each load of x, instead of staging 16 rows as f32 in memory
+  // first (which pays at prefill, where those rows serve many tokens).
+  bool cpu_direct_matvec = false;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
   // MERERUN_ROPE_IN_ATTENTION, MERERUN_WIDE_ATTENTION_BLOCKS, MERERUN_CLUSTER_ATTENTION_MERGE,
@@ -195,7 +200,7 @@ struct Levers {
   // MERERUN_DEEP_MOE_RING, MERERUN_DEEP_DENSE_RING, MERERUN_WIDE_BATCH_STAGES, MERERUN_STREAMED_WEIGHTS,
   // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto),
   // MERERUN_PSI_FUSED_MOE,
-  // MERERUN_PREFIX_CACHE (0|1)
+  // MERERUN_PREFIX_CACHE (0|1), MERERUN_CPU_DIRECT_MATVEC
   // override the defaults.
   static Levers from_env();
   static Levers all_off() {
@@ -210,7 +215,8 @@ struct Levers {
                   .wide_batch_stages = false, .streamed_weights = false,
                   .tensor_core_affine_gemm = LeverMode::off,
                   .fused_moe_gate_up = false,
-                  .prefix_cache = false};
+                  .prefix_cache = false,
+                  .cpu_direct_matvec = false};
   }
   // The levers in effect on `device`, for the line a run prints.
   std::string describe(Device device) const;

@@ -149,7 +149,7 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   info_.max_positions = k.max_positions;
   info_.weight_bytes = checkpoint.size_bytes();
   info_.weights = layers_.empty() ? tok_embed_.describe() : layers_.front().attn.o.describe();
-  for (const auto& name : checkpoint.names()) info_.n_params += shape_numel(checkpoint.info(name).shape);
+  info_.n_params = logical_param_count(checkpoint, quant);
   info_.folds_norms = options.fuse_norm_matvec == LeverMode::on ||
                       (options.fuse_norm_matvec == LeverMode::automatic && folding_pays(layers_, options));
 }
@@ -186,8 +186,7 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* cons
   const LlamaConfig& k = cfg_;
   const int64_t T = ids.numel();
 
-  if (info_.device == Device::cuda)
-    apply_launch_settings(info_.options);
+  apply_launch_settings(info_.options);
   const bool fold_norms = info_.folds_norms;
 
   Tensor h = ops::embed(tok_embed_, ids);                                      // [T, d_model], the residual

@@ -30,7 +30,8 @@ void apply_launch_settings(const LoadOptions& o) {
                             .wide_batch_stages = o.wide_batch_stages,
                             .streamed_weights = o.streamed_weights,
                             .tensor_core_affine_gemm = o.tensor_core_affine_gemm != LeverMode::off,
-                            .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on});
+                            .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on,
+                            .cpu_direct_matvec = o.cpu_direct_matvec});
 }
 
 Tensor Model::forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const {

@@ -67,10 +67,12 @@ struct LoadOptions {
   LeverMode tensor_core_affine_gemm = LeverMode::off;
   // MoE experts' gate and up stacked into one matrix per expert (lever fused_moe_gate_up).
   bool fuse_moe_gate_up = false;
+  // CPU decode matvecs on the stored weights in registers (lever cpu_direct_matvec).
+  bool cpu_direct_matvec = false;
 };
 
-// Sets how CUDA kernels launch (ops::set_launch_settings) from a model's options;
-// each family calls it before it runs on the GPU.
+// Sets how kernels run (ops::set_launch_settings) from a model's options; each
+// family calls it before it runs.
 void apply_launch_settings(const LoadOptions& o);
 
 struct ModelInfo {

@@ -132,7 +132,7 @@ Qwen3Moe::Qwen3Moe(const ConfigJson& config, const Checkpoint& checkpoint, Devic
   info_.max_positions = k.max_positions;
   info_.weight_bytes = checkpoint.size_bytes();
   info_.weights = layers_.empty() ? tok_embed_.describe() : layers_.front().attn.o.describe();
-  for (const auto& name : checkpoint.names()) info_.n_params += shape_numel(checkpoint.info(name).shape);
+  info_.n_params = logical_param_count(checkpoint, quant);
 }
 
 uint64_t Qwen3Moe::decode_bytes(int64_t context, KvCacheMode kv_mode) const {
@@ -173,8 +173,7 @@ std::unique_ptr<SeqState> Qwen3Moe::make_state(int64_t capacity, KvCacheMode kv_
 Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* const> states, bool all_logits) const {
   const LlamaConfig& k = cfg_.dense;
   const int64_t T = ids.numel();
-  if (info_.device == Device::cuda)
-    apply_launch_settings(info_.options);
+  apply_launch_settings(info_.options);
 
   Tensor h = ops::embed(tok_embed_, ids);                                   // [T, d_model], the residual
   if (info_.folds_norms) return run_folded(h, pos, states, all_logits);

@@ -183,7 +183,10 @@ void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const 
   add_inplace(h, linear(silu_mul_halves(gate_up), w, bias));
 }
 
-void set_launch_settings(const LaunchSettings& settings) { cuda::set_launch_settings(settings); }
+void set_launch_settings(const LaunchSettings& settings) {
+  cpu::set_direct_matvec(settings.cpu_direct_matvec);
+  cuda::set_launch_settings(settings);
+}
 void set_decode_keys(int64_t keys) { cuda::set_decode_keys(keys); }
 void set_cached_rows_final(bool final) { cuda::set_cached_rows_final(final); }
 KeyCountRange decode_keys_range() { return cuda::decode_keys_range(); }

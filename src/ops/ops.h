@@ -64,8 +64,8 @@ bool one_token_matvec_on_tensor_cores(const Weight& w, bool formed_input = false
 // step can move its own position on.
 void advance_position(Tensor& pos, int32_t by);
 
-// How CUDA kernels launch from now on (no effect on the CPU); a model sets this
-// before it runs.
+// How kernels launch from now on (the CUDA levers, and the CPU's one); a model
+// sets this before it runs.
 struct LaunchSettings {
   bool programmatic = false;    // lever programmatic_launch: start during the previous kernel's tail
   bool matvec_split_k = false;  // lever matvec_split_k: several warps per row when a matrix has few rows
@@ -91,6 +91,7 @@ struct LaunchSettings {
   // tiles, where it measured faster (auto), or at every size (on).
   bool tensor_core_affine_gemm = false;
   bool affine_gemm_at_every_size = false;
+  bool cpu_direct_matvec = false;  // lever cpu_direct_matvec: CPU decode matvecs convert weights in registers
 };
 void set_launch_settings(const LaunchSettings& settings);
 

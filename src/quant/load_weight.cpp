@@ -57,4 +57,27 @@ Weight load_weight(const Checkpoint& checkpoint, const std::string& module, cons
   return Weight(flat(dense));
 }
 
+int64_t logical_param_count(const Checkpoint& checkpoint, const QuantizationConfig& quant) {
+  // The module of `name` if it ends with `suffix`, else "".
+  auto module_of = [](const std::string& name, std::string_view suffix) {
+    return name.size() > suffix.size() && name.ends_with(suffix) ? name.substr(0, name.size() - suffix.size())
+                                                                  : std::string();
+  };
+  auto packed = [&](const std::string& module) {
+    return checkpoint.has(module + ".weight") && checkpoint.info(module + ".weight").dtype == DType::u32;
+  };
+  int64_t n = 0;
+  for (const std::string& name : checkpoint.names()) {
+    const std::string scaled = module_of(name, ".scales"), biased = module_of(name, ".biases");
+    if (!module_of(name, ".weight_scale_inv").empty() || (!scaled.empty() && packed(scaled)) ||
+        (!biased.empty() && packed(biased)))
+      continue;
+    const TensorInfo& info = checkpoint.info(name);
+    const std::string module = module_of(name, ".weight");
+    const std::optional<AffineSpec> spec = module.empty() ? std::nullopt : quant.affine_for(module);
+    n += shape_numel(info.shape) * (info.dtype == DType::u32 && spec ? 32 / spec->bits : 1);
+  }
+  return n;
+}
+
 }  // namespace mere

@@ -18,4 +18,9 @@ namespace mere {
 Weight load_weight(const Checkpoint& checkpoint, const std::string& module, const Shape& shape, const std::string& why,
                    const QuantizationConfig& quant);
 
+// The model's parameters as llama.cpp and transformers count them: a packed
+// affine weight holds 32 / bits values a word, and its scales and biases (or an
+// FP8 weight's block scales) are part of how it is stored, not parameters.
+int64_t logical_param_count(const Checkpoint& checkpoint, const QuantizationConfig& quant);
+
 }  // namespace mere

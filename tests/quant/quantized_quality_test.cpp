@@ -83,6 +83,14 @@ int rank_of(const float* row, int64_t n, int token) {
 // (teacher forcing). Until the first disagreement the quantized model sees exactly the
 // context it would have produced itself, so the first disagreement is where its own
 // greedy run would diverge; the agreement rate is the greedy match rate along bf16's text.
+// Packed words count 32 / bits parameters each, and scales and biases none, so
+// every variant reports the bf16 model's count (bench's params column).
+TEST_F(QuantizedQuality, ParameterCountIsTheLogicalOne) {
+  const int64_t bf16 = variants_->front().model->info().n_params;
+  EXPECT_GT(bf16, 0);
+  for (const Variant& v : *variants_) EXPECT_EQ(v.model->info().n_params, bf16) << v.name;
+}
+
 TEST_F(QuantizedQuality, GreedyAgainstBf16) {
   ASSERT_EQ(variants_->size(), 3u);
   const nlohmann::json ref = nlohmann::json::parse(test::read_file(demo_dir() / "reference.json"));

@@ -9,6 +9,7 @@ namespace mere::ops::cpu {
 // Threads split the output features; each converts a block of weight rows to
 // f32 once and reuses it for every token, so prefill reads each weight once.
 void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
+  if (direct_matvec(x, w, bias, out)) return;
   const int64_t T = x.dim(0), in = x.dim(1), n_out = w.dim(0);
   constexpr int64_t kRowsPerBlock = 16;
   std::vector<float> bias_f32;

@@ -1,0 +1,293 @@
+// Decode matvecs on the CPU (lever cpu_direct_matvec): x [T <= 4, in] f32 against
+// the weights as they are stored (f32/f16/bf16 rows, MLX affine int8/int4 codes).
+// Each 8 weights are converted to f32 in AVX2 registers and used for every token
+// at once, a few rows at a time so that x's loads serve several rows. The staged
+// forms (cpu::linear, cpu::affine_linear) write a block of rows out as f32 first,
+// which pays where the rows serve many tokens (prefill) but at one token costs
+// several times what reading the weights does.
+//
+// The affine form keeps the fused dequantize-dot of cpu::affine_linear: per
+// group, scale * sum(q * x) + bias * sum(x), with sum(x) per group once per token.
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define MERE_CPU_DIRECT_MATVEC 1
+#endif
+
+#include "core/thread_pool.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/quantized_ops.h"
+
+namespace mere::ops::cpu {
+namespace {
+
+std::atomic<bool> g_direct_matvec{false};
+std::atomic<int64_t> g_direct_matvec_runs{0};
+
+}  // namespace
+
+void set_direct_matvec(bool on) { g_direct_matvec = on; }
+int64_t direct_matvec_runs() { return g_direct_matvec_runs; }
+
+#ifdef MERE_CPU_DIRECT_MATVEC
+namespace {
+
+constexpr int64_t kMaxTokens = 4;
+constexpr int64_t kRowsPerChunk = 64;  // rows a thread takes at a time
+
+float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int kRows, int T>
+void zero(__m256 (&sums)[kRows][T]) {
+  #pragma GCC unroll 8
+  for (int k = 0; k < kRows; ++k)
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) sums[k][t] = _mm256_setzero_ps();
+}
+
+// Weights i..i+7 of a dense row stored as kType, as f32; and weight i alone.
+template <DType kType>
+__m256 load8(const void* row, int64_t i) {
+  if constexpr (kType == DType::f32) {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i));
+    if constexpr (kType == DType::f16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16: the high half of f32
+  }
+}
+template <DType kType>
+float load1(const void* row, int64_t i) {
+  if constexpr (kType == DType::f32) return static_cast<const float*>(row)[i];
+  if constexpr (kType == DType::f16) return f16_to_f32(static_cast<const uint16_t*>(row)[i]);
+  return bf16_to_f32(static_cast<const uint16_t*>(row)[i]);
+}
+
+// kRows rows [r, r + kRows) of a dense weight times T tokens: the rows share each
+// load of x, and kRows * T independent sums hide the multiply-add latency.
+template <DType kType, int T, int kRows>
+void dense_rows(const float* x, int64_t in, const uint8_t* w, size_t row_bytes, int64_t r, const float* bias,
+                float* out, int64_t n_out) {
+  __m256 acc[kRows][T];
+  zero(acc);
+  const int64_t body = in & ~int64_t(7);
+  constexpr int64_t kLine = 64, kElemsPerLine = kLine / (kType == DType::f32 ? 4 : 2);
+  for (int64_t i = 0; i < body; i += 8) {
+    if (i % kElemsPerLine == 0)  // the next rows' line, as with the codes in affine_rows
+      #pragma GCC unroll 8
+      for (int k = 0; k < kRows; ++k)
+        _mm_prefetch(reinterpret_cast<const char*>(w + (r + k + kRows) * row_bytes) + i * (kLine / kElemsPerLine),
+                     _MM_HINT_T0);
+    __m256 xt[T];
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) xt[t] = _mm256_loadu_ps(x + t * in + i);
+    #pragma GCC unroll 8
+    for (int k = 0; k < kRows; ++k) {
+      const __m256 wv = load8<kType>(w + (r + k) * row_bytes, i);
+      #pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) acc[k][t] = _mm256_fmadd_ps(wv, xt[t], acc[k][t]);
+    }
+  }
+  #pragma GCC unroll 8
+  for (int k = 0; k < kRows; ++k)
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      float y = horizontal_sum(acc[k][t]);
+      for (int64_t i = body; i < in; ++i) y += load1<kType>(w + (r + k) * row_bytes, i) * x[t * in + i];
+      out[t * n_out + r + k] = bias ? y + bias[r + k] : y;
+    }
+}
+
+// Rows [r0, r1): as many blocks of the widest kRows as fit, the rest one by one.
+// kRows * T stays at 8 or fewer sums, so the sums, x and a weight fit the 16 registers.
+template <DType kType, int T>
+void dense_span(const float* x, int64_t in, const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1,
+                const float* bias, float* out, int64_t n_out) {
+  constexpr int kRows = T <= 2 ? 4 : 2;
+  int64_t r = r0;
+  for (; r + kRows <= r1; r += kRows) dense_rows<kType, T, kRows>(x, in, w, row_bytes, r, bias, out, n_out);
+  for (; r < r1; ++r) dense_rows<kType, T, 1>(x, in, w, row_bytes, r, bias, out, n_out);
+}
+
+template <DType kType>
+void dense_span(int64_t T, const float* x, int64_t in, const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1,
+                const float* bias, float* out, int64_t n_out) {
+  switch (T) {
+    case 1: return dense_span<kType, 1>(x, in, w, row_bytes, r0, r1, bias, out, n_out);
+    case 2: return dense_span<kType, 2>(x, in, w, row_bytes, r0, r1, bias, out, n_out);
+    case 3: return dense_span<kType, 3>(x, in, w, row_bytes, r0, r1, bias, out, n_out);
+    case 4: return dense_span<kType, 4>(x, in, w, row_bytes, r0, r1, bias, out, n_out);
+  }
+}
+
+// Codes i..i+7 of a row (i a multiple of 8, so they share a 4-bit word or two
+// 8-bit words), as f32. A 4-bit word broadcast to every lane is shifted by 4 *
+// lane: lane k holds code k, the word's k-th lowest nibble, as MLX packs them.
+template <int kBits>
+__m256 codes8(const uint32_t* row, int64_t i) {
+  if constexpr (kBits == 4) {
+    const __m256i word = _mm256_set1_epi32(int(row[uint64_t(i) / 8]));
+    const __m256i shifted = _mm256_srlv_epi32(word, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(shifted, _mm256_set1_epi32(0xf)));
+  } else {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint8_t*>(row) + i));
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+  }
+}
+
+struct AffineRows {
+  const uint32_t* packed;  // the weight's codes, `words` per row
+  int64_t words, in, group, groups;
+  const float* scales;  // this span's rows' scales and biases as f32, `groups` per row
+  const float* biases;
+  const float* x_sums;  // [T, groups]
+};
+
+// kRows rows [r, r + kRows) of an affine weight times T tokens. Each group's
+// sum(q * x) gathers in its own lanes, then scaled into the row's lanes.
+template <int kBits, int T, int kRows>
+void affine_rows(const AffineRows& a, const float* x, int64_t r, int64_t span_r0, const float* bias, float* out,
+                 int64_t n_out) {
+  __m256 acc[kRows][T];
+  zero(acc);
+  for (int64_t j = 0; j < a.groups; ++j) {
+    __m256 group_acc[kRows][T];
+    zero(group_acc);
+    // The hardware prefetcher, tracking kRows short streams a page at most, falls
+    // behind (int8 read at half the bandwidth): ask for the next kRows rows' group
+    // now, a block ahead. (A prefetch past the weight's end is dropped, never a fault.)
+    #pragma GCC unroll 8
+    for (int k = 0; k < kRows; ++k)
+      _mm_prefetch(reinterpret_cast<const char*>(a.packed + (r + k + kRows) * a.words) + j * a.group * kBits / 8,
+                   _MM_HINT_T0);
+    for (int64_t i = j * a.group; i < (j + 1) * a.group; i += 8) {
+      __m256 xt[T];
+      #pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) xt[t] = _mm256_loadu_ps(x + t * a.in + i);
+      #pragma GCC unroll 8
+      for (int k = 0; k < kRows; ++k) {
+        const __m256 q = codes8<kBits>(a.packed + (r + k) * a.words, i);
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) group_acc[k][t] = _mm256_fmadd_ps(q, xt[t], group_acc[k][t]);
+      }
+    }
+    #pragma GCC unroll 8
+    for (int k = 0; k < kRows; ++k) {
+      const __m256 scale = _mm256_set1_ps(a.scales[(r + k - span_r0) * a.groups + j]);
+      #pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) acc[k][t] = _mm256_fmadd_ps(scale, group_acc[k][t], acc[k][t]);
+    }
+  }
+  #pragma GCC unroll 8
+  for (int k = 0; k < kRows; ++k)
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const float* z = a.biases + (r + k - span_r0) * a.groups;
+      const float* xs = a.x_sums + t * a.groups;
+      float y = horizontal_sum(acc[k][t]);
+      for (int64_t j = 0; j < a.groups; ++j) y += z[j] * xs[j];
+      out[t * n_out + r + k] = bias ? y + bias[r + k] : y;
+    }
+}
+
+// kRows * T stays at 4 or fewer, as each row and token holds two sums.
+template <int kBits, int T>
+void affine_span(const AffineRows& a, const float* x, int64_t r0, int64_t r1, const float* bias, float* out,
+                 int64_t n_out) {
+  constexpr int kRows = T == 1 ? 4 : T == 2 ? 2 : 1;
+  int64_t r = r0;
+  for (; r + kRows <= r1; r += kRows) affine_rows<kBits, T, kRows>(a, x, r, r0, bias, out, n_out);
+  for (; r < r1; ++r) affine_rows<kBits, T, 1>(a, x, r, r0, bias, out, n_out);
+}
+
+template <int kBits>
+void affine_span(int64_t T, const AffineRows& a, const float* x, int64_t r0, int64_t r1, const float* bias,
+                 float* out, int64_t n_out) {
+  switch (T) {
+    case 1: return affine_span<kBits, 1>(a, x, r0, r1, bias, out, n_out);
+    case 2: return affine_span<kBits, 2>(a, x, r0, r1, bias, out, n_out);
+    case 3: return affine_span<kBits, 3>(a, x, r0, r1, bias, out, n_out);
+    case 4: return affine_span<kBits, 4>(a, x, r0, r1, bias, out, n_out);
+  }
+}
+
+std::vector<float> bias_as_f32(const Tensor& bias) {
+  std::vector<float> b;
+  if (bias.defined()) {
+    b.resize(size_t(bias.numel()));
+    load_f32(bias, 0, bias.numel(), b.data());
+  }
+  return b;
+}
+
+}  // namespace
+
+bool direct_matvec(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
+  const int64_t T = x.dim(0), in = x.dim(1), n_out = w.dim(0);
+  if (!g_direct_matvec || T > kMaxTokens) return false;
+  const std::vector<float> b = bias_as_f32(bias);
+  const float* bias_f32 = b.empty() ? nullptr : b.data();
+  const auto* weights = static_cast<const uint8_t*>(w.raw());
+  const size_t row_bytes = size_t(in) * dtype_size(w.dtype());
+  const float* xp = x.data<float>();
+  float* yp = out.data<float>();
+  parallel_for((n_out + kRowsPerChunk - 1) / kRowsPerChunk, 1, [&](int64_t c0, int64_t c1) {
+    const int64_t r0 = c0 * kRowsPerChunk, r1 = std::min(n_out, c1 * kRowsPerChunk);
+    switch (w.dtype()) {
+      case DType::f32: return dense_span<DType::f32>(T, xp, in, weights, row_bytes, r0, r1, bias_f32, yp, n_out);
+      case DType::f16: return dense_span<DType::f16>(T, xp, in, weights, row_bytes, r0, r1, bias_f32, yp, n_out);
+      case DType::bf16: return dense_span<DType::bf16>(T, xp, in, weights, row_bytes, r0, r1, bias_f32, yp, n_out);
+      default: fail("direct_matvec: {} weights are not a float dtype", dtype_name(w.dtype()));
+    }
+  });
+  ++g_direct_matvec_runs;
+  return true;
+}
+
+bool direct_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out) {
+  const int64_t T = x.dim(0), in = x.dim(1), n_out = w.packed.dim(0);
+  // Groups of whole 8-code runs, so a run never straddles two groups.
+  if (!g_direct_matvec || T > kMaxTokens || w.group_size % 8 != 0) return false;
+  const int64_t groups = in / w.group_size;
+  const std::vector<float> b = bias_as_f32(bias);
+  const float* bias_f32 = b.empty() ? nullptr : b.data();
+  std::vector<float> x_sums(size_t(T * groups));  // [T, groups]
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < groups; ++j) {
+      const float* xg = x.data<float>() + t * in + j * w.group_size;
+      float s = 0;
+      for (int64_t i = 0; i < w.group_size; ++i) s += xg[i];
+      x_sums[size_t(t * groups + j)] = s;
+    }
+  parallel_for((n_out + kRowsPerChunk - 1) / kRowsPerChunk, 1, [&](int64_t c0, int64_t c1) {
+    const int64_t r0 = c0 * kRowsPerChunk, r1 = std::min(n_out, c1 * kRowsPerChunk);
+    std::vector<float> scales(size_t((r1 - r0) * groups)), biases(scales.size());
+    load_f32(w.scales, r0 * groups, (r1 - r0) * groups, scales.data());
+    load_f32(w.biases, r0 * groups, (r1 - r0) * groups, biases.data());
+    const AffineRows a{w.packed.data<uint32_t>(), w.packed.dim(1), in, w.group_size, groups, scales.data(),
+                       biases.data(), x_sums.data()};
+    if (w.bits == 4)
+      affine_span<4>(T, a, x.data<float>(), r0, r1, bias_f32, out.data<float>(), n_out);
+    else
+      affine_span<8>(T, a, x.data<float>(), r0, r1, bias_f32, out.data<float>(), n_out);
+  });
+  ++g_direct_matvec_runs;
+  return true;
+}
+
+#else  // no AVX2: the staged forms serve every call
+
+bool direct_matvec(const Tensor&, const Tensor&, const Tensor&, Tensor&) { return false; }
+bool direct_affine_matvec(const Tensor&, const AffineWeight&, const Tensor&, Tensor&) { return false; }
+
+#endif
+
+}  // namespace mere::ops::cpu

@@ -1,0 +1,120 @@
+// Lever cpu_direct_matvec (ops/cpu/decode_matvec.cpp): the CPU's 1-4-token
+// matvecs on the stored weights in registers, against the staged forms
+// (the weights written out as f32 first) and the dequantized matmul.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "engine/levers.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/ops.h"
+#include "quant/affine_quantize.h"
+#include "test_util.h"
+
+namespace mere {
+namespace {
+
+Tensor random_matrix(int64_t rows, int64_t cols, uint32_t seed, float mean, float sd) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(mean, sd);
+  std::vector<float> v(size_t(rows * cols));
+  for (float& x : v) x = normal(rng);
+  return Tensor::from_floats(v, {rows, cols});
+}
+
+// The lever set for one scope, restored after.
+struct DirectMatvec {
+  explicit DirectMatvec(bool on) { ops::cpu::set_direct_matvec(on); }
+  ~DirectMatvec() { ops::cpu::set_direct_matvec(false); }
+};
+
+Tensor linear_with(bool direct, const Tensor& x, const Weight& w, const Tensor& bias) {
+  DirectMatvec lever(direct);
+  return ops::linear(x, w, bias);
+}
+
+// Within f32 reordering of the staged product: the sums run in another order.
+// The affine form's two terms (scale * sum(q * x) and bias * sum(x)) cancel in
+// part, so its rounding shows larger against the result (AffineLinear's bound).
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what, float relative = 2e-6f) {
+  float max_ref = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
+  const test::MaxDiff d = test::max_abs_diff(got, want);
+  EXPECT_LE(d.diff, relative * max_ref) << what << ": worst at " << d.index << " of " << want.numel();
+}
+
+TEST(CpuDirectMatvec, DenseMatchesTheStagedProduct) {
+  // 37 rows: blocks of 4 and 2 rows and a rest; 100 columns: 12 runs of 8 and a tail of 4.
+  const int64_t out = 37, in = 100;
+  int checked = 0;
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (int64_t T : {1, 2, 3, 4}) {
+      const Tensor w = random_matrix(out, in, uint32_t(T), 0.0f, 0.05f).to(dt);
+      const Tensor x = random_matrix(T, in, uint32_t(10 + T), 0.3f, 1.0f);
+      const Tensor bias = random_matrix(1, out, 7, 0.0f, 1.0f).reshape({out});
+      for (const Tensor& b : {Tensor(), bias}) {
+        const int64_t runs = ops::cpu::direct_matvec_runs();
+        const Tensor got = linear_with(true, x, w, b);
+        EXPECT_EQ(ops::cpu::direct_matvec_runs(), runs + 1) << "the direct form did not run";
+        expect_close(got, linear_with(false, x, w, b),
+                     std::string(dtype_name(dt)) + " T " + std::to_string(T) + (b.defined() ? " bias" : ""));
+        ++checked;
+      }
+    }
+  EXPECT_EQ(checked, 24);
+}
+
+TEST(CpuDirectMatvec, AffineMatchesTheDequantizedProduct) {
+  const int64_t out = 37, in = 384;
+  int checked = 0;
+  for (int bits : {4, 8})
+    for (int g : {32, 64, 128})
+      for (int64_t T : {1, 2, 3, 4}) {
+        const AffineWeight a = quantize_affine(random_matrix(out, in, uint32_t(bits * g), 0.0f, 0.05f).to(DType::bf16),
+                                               bits, g, DType::bf16);
+        const Weight w(a, in);
+        const Tensor dense = w.dequantize(DType::f32);
+        // A mean, so the biases' bias * sum(x) term matters.
+        const Tensor x = random_matrix(T, in, uint32_t(T * 7 + bits), 0.3f, 1.0f);
+        const Tensor bias = random_matrix(1, out, 9, 0.0f, 1.0f).reshape({out});
+        for (const Tensor& b : {Tensor(), bias}) {
+          const int64_t runs = ops::cpu::direct_matvec_runs();
+          const Tensor got = linear_with(true, x, w, b);
+          EXPECT_EQ(ops::cpu::direct_matvec_runs(), runs + 1) << "the direct form did not run";
+          const std::string what =
+              "int" + std::to_string(bits) + " g" + std::to_string(g) + " T " + std::to_string(T);
+          expect_close(got, linear_with(false, x, dense, b), what + " against the dequantized product", 1e-5f);
+          expect_close(got, linear_with(false, x, w, b), what + " against the staged fused kernel", 1e-5f);
+          ++checked;
+        }
+      }
+  EXPECT_EQ(checked, 48);
+}
+
+TEST(CpuDirectMatvec, RunsOnlyWhereItApplies) {
+  const Tensor w = random_matrix(16, 64, 1, 0.0f, 0.05f).to(DType::bf16);
+  const Weight q(quantize_affine(w, 4, 32, DType::bf16), 64);
+  const Tensor five = random_matrix(5, 64, 2, 0.0f, 1.0f), one = random_matrix(1, 64, 3, 0.0f, 1.0f);
+  const int64_t runs = ops::cpu::direct_matvec_runs();
+  linear_with(true, five, w, Tensor());  // 5 tokens: the staged form
+  linear_with(true, five, q, Tensor());
+  linear_with(false, one, w, Tensor());  // the lever off
+  linear_with(false, one, q, Tensor());
+  EXPECT_EQ(ops::cpu::direct_matvec_runs(), runs);
+  linear_with(true, one, w, Tensor());
+  linear_with(true, one, q, Tensor());
+  EXPECT_EQ(ops::cpu::direct_matvec_runs(), runs + 2);
+}
+
+TEST(CpuDirectMatvec, LeverReachesTheCpuOnly) {
+  Levers on;
+  on.cpu_direct_matvec = true;
+  EXPECT_TRUE(on.load_options(Device::cpu).cpu_direct_matvec);
+  EXPECT_FALSE(on.load_options(Device::cuda).cpu_direct_matvec);
+  EXPECT_FALSE(Levers::all_off().load_options(Device::cpu).cpu_direct_matvec);
+  EXPECT_NE(on.describe(Device::cpu).find("cpu_direct_matvec=on"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mere
