@@ -237,11 +237,12 @@ class Auditor {
             arm.dir = quantized_dir(s);
             break;
           case LeverSpec::Kind::engine:
-            if (o_.device == Device::cpu) {
+            if (o_.device != engine_lever_device(s.engine_lever)) {
+              const bool cpu = o_.device == Device::cpu;
               arm.result.not_applicable = true;
               arm.result.not_engaged = fmt::format(
-                  "{} is a lever of the CUDA backend; on the CPU it has no effect, so there is nothing to measure",
-                  s.engine_lever);
+                  "{} is a lever of the {} backend; on the {} it has no effect, so there is nothing to measure",
+                  s.engine_lever, cpu ? "CUDA" : "CPU", cpu ? "CPU" : "GPU");
               return;
             }
             set_engine_lever(arm.levers, s.engine_lever, s.engine_on);

@@ -19,6 +19,10 @@ std::vector<std::string> engine_lever_names() {
           "streamed_weights", "cpu_direct_matvec"};
 }
 
+Device engine_lever_device(const std::string& name) {
+  return name == "cpu_direct_matvec" ? Device::cpu : Device::cuda;
+}
+
 LeverSpec parse_lever(const std::string& text) {
   const size_t eq = text.find('=');
   MERE_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < text.size(),

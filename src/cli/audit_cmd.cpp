@@ -60,7 +60,7 @@ void add_audit_command(CLI::App& app) {
   cmd->add_option("--lever", f->levers,
                   "A lever to gate, NAME=VALUE: kv=bf16|affine8|affine4 (kv=default: the baseline itself, an A/A control), "
                   "weights=int8|int4[:g32|:g64|:g128], or an "
-                  "engine lever (CUDA) such as fused_projections=on; repeatable")
+                  "engine lever such as fused_projections=on (CUDA) or cpu_direct_matvec=on (CPU); repeatable")
       ->required();
   cmd->add_flag("--combine", f->combine,
                 "Also gate the levers together (the last given of each kind: one KV mode, one weight format, each "

@@ -192,5 +192,17 @@ TEST(Levers, StreamedWeightsIsACudaLever) {
                             &LoadOptions::streamed_weights);
 }
 
+// cpu_direct_matvec: on by default, the CPU's lever (off on CUDA), switched by its variable.
+TEST(Levers, CpuDirectMatvecIsOnByDefaultAndCpuOnly) {
+  EXPECT_TRUE(Levers{}.cpu_direct_matvec);
+  EXPECT_FALSE(Levers::all_off().cpu_direct_matvec);
+  EXPECT_TRUE(Levers{}.load_options(Device::cpu).cpu_direct_matvec);
+  EXPECT_FALSE(Levers{}.load_options(Device::cuda).cpu_direct_matvec);
+  EXPECT_NE(Levers{}.describe(Device::cpu).find("cpu_direct_matvec=on"), std::string::npos);
+  ScopedEnv off("MERERUN_CPU_DIRECT_MATVEC", "0");
+  EXPECT_FALSE(Levers::from_env().cpu_direct_matvec);
+  EXPECT_FALSE(Levers::from_env().load_options(Device::cpu).cpu_direct_matvec);
+}
+
 }  // namespace
 }  // namespace mere

@@ -1,4 +1,4 @@
-// Lever cpu_direct_matvec (ops/cpu/decode_matvec.cpp): the CPU's 1-4-token
+// Lever cpu_direct_matvec (ops/cpu/decode_matvec.cpp): the CPU's 1-8-token
 // matvecs on the stored weights in registers, against the staged forms
 // (the weights written out as f32 first) and the dequantized matmul.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <random>
 
-#include "engine/levers.h"
+#include "audit/inputs.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #include "quant/affine_quantize.h"
@@ -49,7 +49,7 @@ TEST(CpuDirectMatvec, DenseMatchesTheStagedProduct) {
   const int64_t out = 37, in = 100;
   int checked = 0;
   for (DType dt : {DType::f32, DType::f16, DType::bf16})
-    for (int64_t T : {1, 2, 3, 4}) {
+    for (int64_t T : {1, 2, 3, 4, 7}) {
       const Tensor w = random_matrix(out, in, uint32_t(T), 0.0f, 0.05f).to(dt);
       const Tensor x = random_matrix(T, in, uint32_t(10 + T), 0.3f, 1.0f);
       const Tensor bias = random_matrix(1, out, 7, 0.0f, 1.0f).reshape({out});
@@ -62,7 +62,7 @@ TEST(CpuDirectMatvec, DenseMatchesTheStagedProduct) {
         ++checked;
       }
     }
-  EXPECT_EQ(checked, 24);
+  EXPECT_EQ(checked, 30);
 }
 
 TEST(CpuDirectMatvec, AffineMatchesTheDequantizedProduct) {
@@ -70,7 +70,7 @@ TEST(CpuDirectMatvec, AffineMatchesTheDequantizedProduct) {
   int checked = 0;
   for (int bits : {4, 8})
     for (int g : {32, 64, 128})
-      for (int64_t T : {1, 2, 3, 4}) {
+      for (int64_t T : {1, 2, 3, 4, 8}) {
         const AffineWeight a = quantize_affine(random_matrix(out, in, uint32_t(bits * g), 0.0f, 0.05f).to(DType::bf16),
                                                bits, g, DType::bf16);
         const Weight w(a, in);
@@ -89,16 +89,16 @@ TEST(CpuDirectMatvec, AffineMatchesTheDequantizedProduct) {
           ++checked;
         }
       }
-  EXPECT_EQ(checked, 48);
+  EXPECT_EQ(checked, 60);
 }
 
 TEST(CpuDirectMatvec, RunsOnlyWhereItApplies) {
   const Tensor w = random_matrix(16, 64, 1, 0.0f, 0.05f).to(DType::bf16);
   const Weight q(quantize_affine(w, 4, 32, DType::bf16), 64);
-  const Tensor five = random_matrix(5, 64, 2, 0.0f, 1.0f), one = random_matrix(1, 64, 3, 0.0f, 1.0f);
+  const Tensor nine = random_matrix(9, 64, 2, 0.0f, 1.0f), one = random_matrix(1, 64, 3, 0.0f, 1.0f);
   const int64_t runs = ops::cpu::direct_matvec_runs();
-  linear_with(true, five, w, Tensor());  // 5 tokens: the staged form
-  linear_with(true, five, q, Tensor());
+  linear_with(true, nine, w, Tensor());  // 9 tokens: the staged form
+  linear_with(true, nine, q, Tensor());
   linear_with(false, one, w, Tensor());  // the lever off
   linear_with(false, one, q, Tensor());
   EXPECT_EQ(ops::cpu::direct_matvec_runs(), runs);
@@ -107,13 +107,13 @@ TEST(CpuDirectMatvec, RunsOnlyWhereItApplies) {
   EXPECT_EQ(ops::cpu::direct_matvec_runs(), runs + 2);
 }
 
-TEST(CpuDirectMatvec, LeverReachesTheCpuOnly) {
-  Levers on;
-  on.cpu_direct_matvec = true;
-  EXPECT_TRUE(on.load_options(Device::cpu).cpu_direct_matvec);
-  EXPECT_FALSE(on.load_options(Device::cuda).cpu_direct_matvec);
-  EXPECT_FALSE(Levers::all_off().load_options(Device::cpu).cpu_direct_matvec);
-  EXPECT_NE(on.describe(Device::cpu).find("cpu_direct_matvec=on"), std::string::npos);
+// The switch itself: Levers.CpuDirectMatvecIsOnByDefaultAndCpuOnly.
+TEST(CpuDirectMatvec, AuditGatesItOnTheCpu) {
+  // mere audit measures it on the CPU and calls it not applicable on the GPU.
+  const std::vector<std::string> names = engine_lever_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "cpu_direct_matvec"), names.end());
+  EXPECT_EQ(engine_lever_device("cpu_direct_matvec"), Device::cpu);
+  EXPECT_EQ(engine_lever_device("fused_projections"), Device::cuda);
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ void store_rows(const Tensor& x, AffineRows& dst, int64_t pos);
 void load_f32(const Tensor& src, int64_t offset, int64_t n, float* dst);
 float dot(const float* a, const float* b, int64_t n);
 
-// Lever cpu_direct_matvec: linear and affine_linear of 1-4 tokens convert the
+// Lever cpu_direct_matvec: linear and affine_linear of 1-8 tokens convert the
 // stored weights in registers instead of staging rows as f32 (decode_matvec.cpp).
 // The direct forms return false where they do not apply (more tokens, no AVX2,
 // groups not of whole 8-code runs, the lever off); direct_matvec_runs counts the

@@ -1,7 +1,8 @@
-// Decode matvecs on the CPU (lever cpu_direct_matvec): x [T <= 4, in] f32 against
+// Decode matvecs on the CPU (lever cpu_direct_matvec): x [T <= 8, in] f32 against
 // the weights as they are stored (f32/f16/bf16 rows, MLX affine int8/int4 codes).
-// Each 8 weights are converted to f32 in AVX2 registers and used for every token
-// at once, a few rows at a time so that x's loads serve several rows. The staged
+// Each 8 weights are converted to f32 in AVX2 registers and used for up to 4
+// tokens at once (5-8 take a second pass over each chunk of rows, from L2), a
+// few rows at a time so that x's loads serve several rows. The staged
 // forms (cpu::linear, cpu::affine_linear) write a block of rows out as f32 first,
 // which pays where the rows serve many tokens (prefill) but at one token costs
 // several times what reading the weights does.
@@ -35,8 +36,11 @@ int64_t direct_matvec_runs() { return g_direct_matvec_runs; }
 #ifdef MERE_CPU_DIRECT_MATVEC
 namespace {
 
-constexpr int64_t kMaxTokens = 4;
-constexpr int64_t kRowsPerChunk = 64;  // rows a thread takes at a time
+constexpr int64_t kMaxTokens = 8;
+// A pass takes up to 4 tokens (its sums fill the registers); more tokens take
+// another pass over each chunk of rows, from L2 the second time.
+constexpr int64_t kTokensPerPass = 4;
+constexpr int64_t kRowsPerChunk = 64;
 
 float horizontal_sum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -146,7 +150,8 @@ __m256 codes8(const uint32_t* row, int64_t i) {
 struct AffineRows {
   const uint32_t* packed;  // the weight's codes, `words` per row
   int64_t words, in, group, groups;
-  const float* scales;  // this span's rows' scales and biases as f32, `groups` per row
+  int64_t first_row;    // the row whose scales and biases the two below start with
+  const float* scales;  // as f32, `groups` per row
   const float* biases;
   const float* x_sums;  // [T, groups]
 };
@@ -154,8 +159,7 @@ struct AffineRows {
 // kRows rows [r, r + kRows) of an affine weight times T tokens. Each group's
 // sum(q * x) gathers in its own lanes, then scaled into the row's lanes.
 template <int kBits, int T, int kRows>
-void affine_rows(const AffineRows& a, const float* x, int64_t r, int64_t span_r0, const float* bias, float* out,
-                 int64_t n_out) {
+void affine_rows(const AffineRows& a, const float* x, int64_t r, const float* bias, float* out, int64_t n_out) {
   __m256 acc[kRows][T];
   zero(acc);
   for (int64_t j = 0; j < a.groups; ++j) {
@@ -181,7 +185,7 @@ void affine_rows(const AffineRows& a, const float* x, int64_t r, int64_t span_r0
     }
     #pragma GCC unroll 8
     for (int k = 0; k < kRows; ++k) {
-      const __m256 scale = _mm256_set1_ps(a.scales[(r + k - span_r0) * a.groups + j]);
+      const __m256 scale = _mm256_set1_ps(a.scales[(r + k - a.first_row) * a.groups + j]);
       #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) acc[k][t] = _mm256_fmadd_ps(scale, group_acc[k][t], acc[k][t]);
     }
@@ -190,7 +194,7 @@ void affine_rows(const AffineRows& a, const float* x, int64_t r, int64_t span_r0
   for (int k = 0; k < kRows; ++k)
     #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
-      const float* z = a.biases + (r + k - span_r0) * a.groups;
+      const float* z = a.biases + (r + k - a.first_row) * a.groups;
       const float* xs = a.x_sums + t * a.groups;
       float y = horizontal_sum(acc[k][t]);
       for (int64_t j = 0; j < a.groups; ++j) y += z[j] * xs[j];
@@ -204,8 +208,8 @@ void affine_span(const AffineRows& a, const float* x, int64_t r0, int64_t r1, co
                  int64_t n_out) {
   constexpr int kRows = T == 1 ? 4 : T == 2 ? 2 : 1;
   int64_t r = r0;
-  for (; r + kRows <= r1; r += kRows) affine_rows<kBits, T, kRows>(a, x, r, r0, bias, out, n_out);
-  for (; r < r1; ++r) affine_rows<kBits, T, 1>(a, x, r, r0, bias, out, n_out);
+  for (; r + kRows <= r1; r += kRows) affine_rows<kBits, T, kRows>(a, x, r, bias, out, n_out);
+  for (; r < r1; ++r) affine_rows<kBits, T, 1>(a, x, r, bias, out, n_out);
 }
 
 template <int kBits>
@@ -240,13 +244,15 @@ bool direct_matvec(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor&
   const float* xp = x.data<float>();
   float* yp = out.data<float>();
   parallel_for((n_out + kRowsPerChunk - 1) / kRowsPerChunk, 1, [&](int64_t c0, int64_t c1) {
-    const int64_t r0 = c0 * kRowsPerChunk, r1 = std::min(n_out, c1 * kRowsPerChunk);
-    switch (w.dtype()) {
-      case DType::f32: return dense_span<DType::f32>(T, xp, in, weights, row_bytes, r0, r1, bias_f32, yp, n_out);
-      case DType::f16: return dense_span<DType::f16>(T, xp, in, weights, row_bytes, r0, r1, bias_f32, yp, n_out);
-      case DType::bf16: return dense_span<DType::bf16>(T, xp, in, weights, row_bytes, r0, r1, bias_f32, yp, n_out);
-      default: fail("direct_matvec: {} weights are not a float dtype", dtype_name(w.dtype()));
-    }
+    for (int64_t r0 = c0 * kRowsPerChunk; r0 < std::min(n_out, c1 * kRowsPerChunk); r0 += kRowsPerChunk)
+      for (int64_t t0 = 0; t0 < T; t0 += kTokensPerPass) {
+        const int64_t r1 = std::min(n_out, r0 + kRowsPerChunk), tokens = std::min(kTokensPerPass, T - t0);
+        const float* xt = xp + t0 * in;
+        float* yt = yp + t0 * n_out;
+        if (w.dtype() == DType::f32) dense_span<DType::f32>(tokens, xt, in, weights, row_bytes, r0, r1, bias_f32, yt, n_out);
+        if (w.dtype() == DType::f16) dense_span<DType::f16>(tokens, xt, in, weights, row_bytes, r0, r1, bias_f32, yt, n_out);
+        if (w.dtype() == DType::bf16) dense_span<DType::bf16>(tokens, xt, in, weights, row_bytes, r0, r1, bias_f32, yt, n_out);
+      }
   });
   ++g_direct_matvec_runs;
   return true;
@@ -268,16 +274,23 @@ bool direct_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& 
       x_sums[size_t(t * groups + j)] = s;
     }
   parallel_for((n_out + kRowsPerChunk - 1) / kRowsPerChunk, 1, [&](int64_t c0, int64_t c1) {
-    const int64_t r0 = c0 * kRowsPerChunk, r1 = std::min(n_out, c1 * kRowsPerChunk);
-    std::vector<float> scales(size_t((r1 - r0) * groups)), biases(scales.size());
-    load_f32(w.scales, r0 * groups, (r1 - r0) * groups, scales.data());
-    load_f32(w.biases, r0 * groups, (r1 - r0) * groups, biases.data());
-    const AffineRows a{w.packed.data<uint32_t>(), w.packed.dim(1), in, w.group_size, groups, scales.data(),
-                       biases.data(), x_sums.data()};
-    if (w.bits == 4)
-      affine_span<4>(T, a, x.data<float>(), r0, r1, bias_f32, out.data<float>(), n_out);
-    else
-      affine_span<8>(T, a, x.data<float>(), r0, r1, bias_f32, out.data<float>(), n_out);
+    std::vector<float> scales(size_t(kRowsPerChunk * groups)), biases(scales.size());
+    for (int64_t r0 = c0 * kRowsPerChunk; r0 < std::min(n_out, c1 * kRowsPerChunk); r0 += kRowsPerChunk) {
+      const int64_t r1 = std::min(n_out, r0 + kRowsPerChunk);
+      load_f32(w.scales, r0 * groups, (r1 - r0) * groups, scales.data());
+      load_f32(w.biases, r0 * groups, (r1 - r0) * groups, biases.data());
+      for (int64_t t0 = 0; t0 < T; t0 += kTokensPerPass) {
+        const int64_t tokens = std::min(kTokensPerPass, T - t0);
+        const AffineRows a{w.packed.data<uint32_t>(), w.packed.dim(1), in, w.group_size, groups, r0,
+                           scales.data(), biases.data(), x_sums.data() + t0 * groups};
+        const float* xt = x.data<float>() + t0 * in;
+        float* yt = out.data<float>() + t0 * n_out;
+        if (w.bits == 4)
+          affine_span<4>(tokens, a, xt, r0, r1, bias_f32, yt, n_out);
+        else
+          affine_span<8>(tokens, a, xt, r0, r1, bias_f32, yt, n_out);
+      }
+    }
   });
   ++g_direct_matvec_runs;
   return true;
