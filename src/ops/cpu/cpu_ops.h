@@ -34,7 +34,7 @@ float dot(const float* a, const float* b, int64_t n);
 // Lever cpu_direct_matvec: linear and affine_linear of 1-8 tokens convert the
 // stored weights in registers instead of staging rows as f32 (decode_matvec.cpp).
 // The direct forms return false where they do not apply (more tokens, no AVX2,
-// groups not of whole 8-code runs, the lever off); direct_matvec_runs counts the
+// groups not of whole 8-byte runs of codes, the lever off); direct_matvec_runs counts the
 // calls they served.
 void set_direct_matvec(bool on);
 int64_t direct_matvec_runs();

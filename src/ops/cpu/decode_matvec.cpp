@@ -132,19 +132,37 @@ void dense_span(int64_t T, const float* x, int64_t in, const uint8_t* w, size_t 
   }
 }
 
-// Codes i..i+7 of a row (i a multiple of 8, so they share a 4-bit word or two
-// 8-bit words), as f32. A 4-bit word broadcast to every lane is shifted by 4 *
-// lane: lane k holds code k, the word's k-th lowest nibble, as MLX packs them.
+// Codes a step takes at once: 8 bytes of the row either way.
 template <int kBits>
-__m256 codes8(const uint32_t* row, int64_t i) {
+constexpr int64_t kCodesPerStep = kBits == 4 ? 16 : 8;
+
+// The codes i..i + kCodesPerStep - 1 of a row as f32, 8 a vector. MLX packs a
+// 4-bit code k of a word at bits 4k, so byte b holds codes 2b (low nibble) and
+// 2b + 1 (high): the 8 bytes widened to lanes give the even codes masked and the
+// odd ones shifted, matched by x deinterleaved the same way (deinterleave_x).
+template <int kBits>
+void codes(const uint32_t* row, int64_t i, __m256 (&q)[kCodesPerStep<kBits> / 8]) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(row) + uint64_t(i) * kBits / 8;
+  const __m256i lanes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
   if constexpr (kBits == 4) {
-    const __m256i word = _mm256_set1_epi32(int(row[uint64_t(i) / 8]));
-    const __m256i shifted = _mm256_srlv_epi32(word, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-    return _mm256_cvtepi32_ps(_mm256_and_si256(shifted, _mm256_set1_epi32(0xf)));
+    q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(lanes, _mm256_set1_epi32(0xf)));
+    q[1] = _mm256_cvtepi32_ps(_mm256_srli_epi32(lanes, 4));
   } else {
-    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint8_t*>(row) + i));
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    q[0] = _mm256_cvtepi32_ps(lanes);
   }
+}
+
+// x [T, in] with each 16 values as their 8 even ones then their 8 odd ones, the
+// order codes<4> gives a step's codes in.
+std::vector<float> deinterleave_x(const float* x, int64_t T, int64_t in) {
+  std::vector<float> out(size_t(T * in));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < in; c += 16)
+      for (int64_t l = 0; l < 8; ++l) {
+        out[size_t(t * in + c + l)] = x[t * in + c + 2 * l];
+        out[size_t(t * in + c + 8 + l)] = x[t * in + c + 2 * l + 1];
+      }
+  return out;
 }
 
 struct AffineRows {
@@ -162,9 +180,12 @@ template <int kBits, int T, int kRows>
 void affine_rows(const AffineRows& a, const float* x, int64_t r, const float* bias, float* out, int64_t n_out) {
   __m256 acc[kRows][T];
   zero(acc);
+  constexpr int kVectors = kCodesPerStep<kBits> / 8;
   for (int64_t j = 0; j < a.groups; ++j) {
-    __m256 group_acc[kRows][T];
-    zero(group_acc);
+    // A sum per vector of a step, so a step's multiply-adds do not wait on each other.
+    __m256 group_acc[kVectors][kRows][T];
+    #pragma GCC unroll 2
+    for (auto& sums : group_acc) zero(sums);
     // The hardware prefetcher, tracking kRows short streams a page at most, falls
     // behind (int8 read at half the bandwidth): ask for the next kRows rows' group
     // now, a block ahead. (A prefetch past the weight's end is dropped, never a fault.)
@@ -172,22 +193,26 @@ void affine_rows(const AffineRows& a, const float* x, int64_t r, const float* bi
     for (int k = 0; k < kRows; ++k)
       _mm_prefetch(reinterpret_cast<const char*>(a.packed + (r + k + kRows) * a.words) + j * a.group * kBits / 8,
                    _MM_HINT_T0);
-    for (int64_t i = j * a.group; i < (j + 1) * a.group; i += 8) {
-      __m256 xt[T];
-      #pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) xt[t] = _mm256_loadu_ps(x + t * a.in + i);
+    for (int64_t i = j * a.group; i < (j + 1) * a.group; i += kCodesPerStep<kBits>) {
       #pragma GCC unroll 8
       for (int k = 0; k < kRows; ++k) {
-        const __m256 q = codes8<kBits>(a.packed + (r + k) * a.words, i);
+        __m256 q[kVectors];
+        codes<kBits>(a.packed + (r + k) * a.words, i, q);
         #pragma GCC unroll 8
-        for (int t = 0; t < T; ++t) group_acc[k][t] = _mm256_fmadd_ps(q, xt[t], group_acc[k][t]);
+        for (int t = 0; t < T; ++t)
+          #pragma GCC unroll 2
+          for (int v = 0; v < kVectors; ++v)
+            group_acc[v][k][t] = _mm256_fmadd_ps(q[v], _mm256_loadu_ps(x + t * a.in + i + 8 * v), group_acc[v][k][t]);
       }
     }
     #pragma GCC unroll 8
     for (int k = 0; k < kRows; ++k) {
       const __m256 scale = _mm256_set1_ps(a.scales[(r + k - a.first_row) * a.groups + j]);
       #pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) acc[k][t] = _mm256_fmadd_ps(scale, group_acc[k][t], acc[k][t]);
+      for (int t = 0; t < T; ++t) {
+        const __m256 sum = kVectors == 1 ? group_acc[0][k][t] : _mm256_add_ps(group_acc[0][k][t], group_acc[kVectors - 1][k][t]);
+        acc[k][t] = _mm256_fmadd_ps(scale, sum, acc[k][t]);
+      }
     }
   }
   #pragma GCC unroll 8
@@ -260,8 +285,9 @@ bool direct_matvec(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor&
 
 bool direct_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out) {
   const int64_t T = x.dim(0), in = x.dim(1), n_out = w.packed.dim(0);
-  // Groups of whole 8-code runs, so a run never straddles two groups.
-  if (!g_direct_matvec || T > kMaxTokens || w.group_size % 8 != 0) return false;
+  // Groups of whole steps (8 bytes of codes), so a step never straddles two groups.
+  const int64_t step = w.bits == 4 ? kCodesPerStep<4> : kCodesPerStep<8>;
+  if (!g_direct_matvec || T > kMaxTokens || w.group_size % step != 0) return false;
   const int64_t groups = in / w.group_size;
   const std::vector<float> b = bias_as_f32(bias);
   const float* bias_f32 = b.empty() ? nullptr : b.data();
@@ -273,6 +299,8 @@ bool direct_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& 
       for (int64_t i = 0; i < w.group_size; ++i) s += xg[i];
       x_sums[size_t(t * groups + j)] = s;
     }
+  const std::vector<float> x_deinterleaved = w.bits == 4 ? deinterleave_x(x.data<float>(), T, in) : std::vector<float>();
+  const float* xp = w.bits == 4 ? x_deinterleaved.data() : x.data<float>();
   parallel_for((n_out + kRowsPerChunk - 1) / kRowsPerChunk, 1, [&](int64_t c0, int64_t c1) {
     std::vector<float> scales(size_t(kRowsPerChunk * groups)), biases(scales.size());
     for (int64_t r0 = c0 * kRowsPerChunk; r0 < std::min(n_out, c1 * kRowsPerChunk); r0 += kRowsPerChunk) {
@@ -283,7 +311,7 @@ bool direct_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& 
         const int64_t tokens = std::min(kTokensPerPass, T - t0);
         const AffineRows a{w.packed.data<uint32_t>(), w.packed.dim(1), in, w.group_size, groups, r0,
                            scales.data(), biases.data(), x_sums.data() + t0 * groups};
-        const float* xt = x.data<float>() + t0 * in;
+        const float* xt = xp + t0 * in;
         float* yt = out.data<float>() + t0 * n_out;
         if (w.bits == 4)
           affine_span<4>(tokens, a, xt, r0, r1, bias_f32, yt, n_out);
