@@ -54,6 +54,7 @@ Levers Levers::from_env() {
   l.fused_moe_gate_up = env_flag("MERERUN_PSI_FUSED_MOE", l.fused_moe_gate_up);
   l.prefix_cache = env_flag("MERERUN_PREFIX_CACHE", l.prefix_cache);
   l.cpu_direct_matvec = env_flag("MERERUN_CPU_DIRECT_MATVEC", l.cpu_direct_matvec);
+  l.cpu_tiled_matmul = env_flag("MERERUN_CPU_TILED_MATMUL", l.cpu_tiled_matmul);
   return l;
 }
 
@@ -61,7 +62,8 @@ std::string Levers::describe(Device device) const {
   auto on = [](bool b) { return b ? "on" : "off"; };
   if (device == Device::cpu)
     return std::string("levers: prefix_cache=") + on(prefix_cache) + " fused_moe_gate_up=" + on(fused_moe_gate_up) +
-           " cpu_direct_matvec=" + on(cpu_direct_matvec) + " (the others are CUDA levers)";
+           " cpu_direct_matvec=" + on(cpu_direct_matvec) + " cpu_tiled_matmul=" + on(cpu_tiled_matmul) +
+           " (the others are CUDA levers)";
   return std::string("levers: cuda_graphs=") + on(cuda_graphs) + " pipelined_decode=" + on(pipelined_decode) +
          " fused_projections=" + on(fused_projections) +
          " fused_rope_store=" + on(fused_rope_store) + " rope_in_attention=" + on(rope_in_attention) +
@@ -108,7 +110,8 @@ LoadOptions Levers::load_options(Device device) const {
                      .streamed_weights = streamed_weights && cuda,
                      .tensor_core_affine_gemm = cuda ? tensor_core_affine_gemm : LeverMode::off,
                      .fuse_moe_gate_up = fused_moe_gate_up,
-                     .cpu_direct_matvec = cpu_direct_matvec && !cuda};
+                     .cpu_direct_matvec = cpu_direct_matvec && !cuda,
+                     .cpu_tiled_matmul = cpu_tiled_matmul && !cuda};
 }
 
 }  // namespace mere

@@ -31,7 +31,8 @@ void apply_launch_settings(const LoadOptions& o) {
                             .streamed_weights = o.streamed_weights,
                             .tensor_core_affine_gemm = o.tensor_core_affine_gemm != LeverMode::off,
                             .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on,
-                            .cpu_direct_matvec = o.cpu_direct_matvec});
+                            .cpu_direct_matvec = o.cpu_direct_matvec,
+                            .cpu_tiled_matmul = o.cpu_tiled_matmul});
 }
 
 Tensor Model::forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const {

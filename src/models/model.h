@@ -69,6 +69,8 @@ struct LoadOptions {
   bool fuse_moe_gate_up = false;
   // CPU decode matvecs on the stored weights in registers (lever cpu_direct_matvec).
   bool cpu_direct_matvec = false;
+  // CPU prefill matmuls in register tiles (lever cpu_tiled_matmul).
+  bool cpu_tiled_matmul = false;
 };
 
 // Sets how kernels run (ops::set_launch_settings) from a model's options; each

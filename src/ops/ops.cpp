@@ -185,6 +185,7 @@ void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const 
 
 void set_launch_settings(const LaunchSettings& settings) {
   cpu::set_direct_matvec(settings.cpu_direct_matvec);
+  cpu::set_tiled_matmul(settings.cpu_tiled_matmul);
   cuda::set_launch_settings(settings);
 }
 void set_decode_keys(int64_t keys) { cuda::set_decode_keys(keys); }

@@ -92,6 +92,7 @@ struct LaunchSettings {
   bool tensor_core_affine_gemm = false;
   bool affine_gemm_at_every_size = false;
   bool cpu_direct_matvec = false;  // lever cpu_direct_matvec: CPU decode matvecs convert weights in registers
+  bool cpu_tiled_matmul = false;  // lever cpu_tiled_matmul: CPU prefill matmuls in register tiles
 };
 void set_launch_settings(const LaunchSettings& settings);
 

@@ -204,5 +204,16 @@ TEST(Levers, CpuDirectMatvecIsOnByDefaultAndCpuOnly) {
   EXPECT_FALSE(Levers::from_env().load_options(Device::cpu).cpu_direct_matvec);
 }
 
+// cpu_tiled_matmul: likewise on by default and the CPU's.
+TEST(Levers, CpuTiledMatmulIsOnByDefaultAndCpuOnly) {
+  EXPECT_TRUE(Levers{}.cpu_tiled_matmul);
+  EXPECT_FALSE(Levers::all_off().cpu_tiled_matmul);
+  EXPECT_TRUE(Levers{}.load_options(Device::cpu).cpu_tiled_matmul);
+  EXPECT_FALSE(Levers{}.load_options(Device::cuda).cpu_tiled_matmul);
+  EXPECT_NE(Levers{}.describe(Device::cpu).find("cpu_tiled_matmul=on"), std::string::npos);
+  ScopedEnv off("MERERUN_CPU_TILED_MATMUL", "0");
+  EXPECT_FALSE(Levers::from_env().cpu_tiled_matmul);
+}
+
 }  // namespace
 }  // namespace mere

@@ -1,6 +1,7 @@
 // Lever cpu_direct_matvec (ops/cpu/decode_matvec.cpp): the CPU's 1-8-token
 // matvecs on the stored weights in registers, against the staged forms
-// (the weights written out as f32 first) and the dequantized matmul.
+// (the weights written out as f32 first) and the dequantized matmul; and lever
+// cpu_tiled_matmul: those staged forms' blocks multiplied in register tiles.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,11 +24,20 @@ Tensor random_matrix(int64_t rows, int64_t cols, uint32_t seed, float mean, floa
   return Tensor::from_floats(v, {rows, cols});
 }
 
-// The lever set for one scope, restored after.
+// The levers set for one scope, restored after.
 struct DirectMatvec {
   explicit DirectMatvec(bool on) { ops::cpu::set_direct_matvec(on); }
   ~DirectMatvec() { ops::cpu::set_direct_matvec(false); }
 };
+struct TiledMatmul {
+  explicit TiledMatmul(bool on) { ops::cpu::set_tiled_matmul(on); }
+  ~TiledMatmul() { ops::cpu::set_tiled_matmul(false); }
+};
+
+Tensor tiled_linear(bool tiled, const Tensor& x, const Weight& w, const Tensor& bias) {
+  TiledMatmul lever(tiled);
+  return ops::linear(x, w, bias);
+}
 
 Tensor linear_with(bool direct, const Tensor& x, const Weight& w, const Tensor& bias) {
   DirectMatvec lever(direct);
@@ -107,12 +117,56 @@ TEST(CpuDirectMatvec, RunsOnlyWhereItApplies) {
   EXPECT_EQ(ops::cpu::direct_matvec_runs(), runs + 2);
 }
 
+// Prefill's staged blocks in register tiles: 9-40 tokens (passes of 4 and a
+// rest), dense f32/f16/bf16 (a column tail) and affine int4/int8 dequantized
+// per block, against the dot-per-row form and the dequantized product.
+TEST(CpuTiledMatmul, MatchesTheStagedProduct) {
+  const int64_t out = 37;
+  int checked = 0;
+  for (int64_t T : {9, 13, 40}) {
+    const Tensor bias = random_matrix(1, out, 5, 0.0f, 1.0f).reshape({out});
+    for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+      const int64_t in = 100;
+      const Tensor w = random_matrix(out, in, uint32_t(T), 0.0f, 0.05f).to(dt);
+      const Tensor x = random_matrix(T, in, uint32_t(20 + T), 0.3f, 1.0f);
+      const int64_t blocks = ops::cpu::tiled_matmul_blocks();
+      const Tensor got = tiled_linear(true, x, w, bias);
+      EXPECT_GT(ops::cpu::tiled_matmul_blocks(), blocks) << "the tiled product did not run";
+      expect_close(got, tiled_linear(false, x, w, bias), std::string(dtype_name(dt)) + " T " + std::to_string(T));
+      ++checked;
+    }
+    for (int bits : {4, 8})
+      for (int g : {32, 64, 128}) {
+        const int64_t in = 384;
+        const AffineWeight a =
+            quantize_affine(random_matrix(out, in, uint32_t(bits + g), 0.0f, 0.05f).to(DType::bf16), bits, g, DType::bf16);
+        const Weight q(a, in);
+        const Tensor x = random_matrix(T, in, uint32_t(30 + T), 0.3f, 1.0f);
+        const int64_t blocks = ops::cpu::tiled_matmul_blocks();
+        const Tensor got = tiled_linear(true, x, q, bias);
+        EXPECT_GT(ops::cpu::tiled_matmul_blocks(), blocks) << "the tiled product did not run";
+        const std::string what = "int" + std::to_string(bits) + " g" + std::to_string(g) + " T " + std::to_string(T);
+        expect_close(got, tiled_linear(false, x, q.dequantize(DType::f32), bias), what + " against the dequantized",
+                     1e-5f);
+        expect_close(got, tiled_linear(false, x, q, bias), what + " against the fused staged kernel", 1e-5f);
+        ++checked;
+      }
+  }
+  EXPECT_EQ(checked, 27);
+  // Off, the staged form keeps its dot products.
+  const int64_t blocks = ops::cpu::tiled_matmul_blocks();
+  tiled_linear(false, random_matrix(9, 64, 1, 0.0f, 1.0f), random_matrix(16, 64, 2, 0.0f, 1.0f), Tensor());
+  EXPECT_EQ(ops::cpu::tiled_matmul_blocks(), blocks);
+}
+
 // The switch itself: Levers.CpuDirectMatvecIsOnByDefaultAndCpuOnly.
 TEST(CpuDirectMatvec, AuditGatesItOnTheCpu) {
   // mere audit measures it on the CPU and calls it not applicable on the GPU.
   const std::vector<std::string> names = engine_lever_names();
   EXPECT_NE(std::find(names.begin(), names.end(), "cpu_direct_matvec"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "cpu_tiled_matmul"), names.end());
   EXPECT_EQ(engine_lever_device("cpu_direct_matvec"), Device::cpu);
+  EXPECT_EQ(engine_lever_device("cpu_tiled_matmul"), Device::cpu);
   EXPECT_EQ(engine_lever_device("fused_projections"), Device::cuda);
 }
 

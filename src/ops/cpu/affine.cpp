@@ -4,6 +4,8 @@
 // so the codes are never scaled one by one and sum(x) per group is computed once per
 // token. Threads split the output features in blocks of rows, like the dense
 // cpu::linear: each block's codes are unpacked to f32 once and reused for every token.
+// With lever cpu_tiled_matmul the block is dequantized instead and multiplied in
+// register tiles (tiled_rows_product).
 #include <algorithm>
 #include <vector>
 
@@ -83,6 +85,7 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
       x_sums[size_t(t * groups + j)] = s;
     }
 
+  const bool tiled = tiled_matmul_applies();
   const int64_t n_blocks = (n_out + kRowsPerBlock - 1) / kRowsPerBlock;
   parallel_for(n_blocks, 1, [&](int64_t block_begin, int64_t block_end) {
     std::vector<float> codes(size_t(kRowsPerBlock * in)), scales(size_t(kRowsPerBlock * groups)),
@@ -96,6 +99,18 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
         unpack<8>(packed, rows * in, codes.data());
       load_f32(w.scales, r0 * groups, rows * groups, scales.data());
       load_f32(w.biases, r0 * groups, rows * groups, biases.data());
+      if (tiled) {  // the rows dequantized (w = scale * q + bias), then a dense f32 product
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < groups; ++j) {
+            const float scale = scales[size_t(r * groups + j)], shift = biases[size_t(r * groups + j)];
+            float* v = codes.data() + r * in + j * g;
+#pragma omp simd
+            for (int64_t i = 0; i < g; ++i) v[i] = scale * v[i] + shift;
+          }
+        tiled_rows_product(x.data<float>(), T, in, codes.data(), rows, bias_f32.empty() ? nullptr : bias_f32.data() + r0,
+                           out.data<float>() + r0, n_out);
+        continue;
+      }
       for (int64_t t = 0; t < T; ++t) {
         const float* xt = x.data<float>() + t * in;
         const float* xs = x_sums.data() + t * groups;

@@ -41,6 +41,18 @@ int64_t direct_matvec_runs();
 bool direct_matvec(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
 bool direct_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out);
 
+// Lever cpu_tiled_matmul: the staged forms multiply each block of rows, once in
+// f32, by the tokens in register tiles (the direct form's f32 kernel, 4 tokens a
+// pass) instead of one dot product per row and token. tiled_rows_product: out[t,
+// r] (+)= rows[r] . x[t] (+ bias[r]) for n_rows rows of `in` f32 values, out's
+// rows n_out apart; false where it does not apply (the lever off, no AVX2).
+// tiled_matmul_blocks counts the blocks it multiplied.
+void set_tiled_matmul(bool on);
+int64_t tiled_matmul_blocks();
+bool tiled_matmul_applies();
+bool tiled_rows_product(const float* x, int64_t T, int64_t in, const float* rows, int64_t n_rows, const float* bias,
+                        float* out, int64_t n_out);
+
 // Mixture of experts (ops.h), arguments checked and outputs allocated.
 void moe_route(const Tensor& logits, const MoeRouting& routing, const Tensor& correction, MoeChoice& choice);
 void moe_experts(const Tensor& x, const ExpertWeights& experts, const MoeChoice& choice, Tensor& out);

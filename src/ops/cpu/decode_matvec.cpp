@@ -25,13 +25,15 @@
 namespace mere::ops::cpu {
 namespace {
 
-std::atomic<bool> g_direct_matvec{false};
-std::atomic<int64_t> g_direct_matvec_runs{0};
+std::atomic<bool> g_direct_matvec{false}, g_tiled_matmul{false};
+std::atomic<int64_t> g_direct_matvec_runs{0}, g_tiled_blocks{0};
 
 }  // namespace
 
 void set_direct_matvec(bool on) { g_direct_matvec = on; }
 int64_t direct_matvec_runs() { return g_direct_matvec_runs; }
+void set_tiled_matmul(bool on) { g_tiled_matmul = on; }
+int64_t tiled_matmul_blocks() { return g_tiled_blocks; }
 
 #ifdef MERE_CPU_DIRECT_MATVEC
 namespace {
@@ -324,10 +326,26 @@ bool direct_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& 
   return true;
 }
 
+bool tiled_matmul_applies() { return g_tiled_matmul; }
+
+bool tiled_rows_product(const float* x, int64_t T, int64_t in, const float* rows, int64_t n_rows, const float* bias,
+                        float* out, int64_t n_out) {
+  if (!g_tiled_matmul) return false;
+  for (int64_t t0 = 0; t0 < T; t0 += kTokensPerPass)
+    dense_span<DType::f32>(std::min(kTokensPerPass, T - t0), x + t0 * in, in, reinterpret_cast<const uint8_t*>(rows),
+                           size_t(in) * sizeof(float), 0, n_rows, bias, out + t0 * n_out, n_out);
+  ++g_tiled_blocks;
+  return true;
+}
+
 #else  // no AVX2: the staged forms serve every call
 
 bool direct_matvec(const Tensor&, const Tensor&, const Tensor&, Tensor&) { return false; }
 bool direct_affine_matvec(const Tensor&, const AffineWeight&, const Tensor&, Tensor&) { return false; }
+bool tiled_matmul_applies() { return false; }
+bool tiled_rows_product(const float*, int64_t, int64_t, const float*, int64_t, const float*, float*, int64_t) {
+  return false;
+}
 
 #endif
 

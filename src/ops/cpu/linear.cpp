@@ -23,6 +23,9 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
     for (int64_t b = block_begin; b < block_end; ++b) {
       int64_t r0 = b * kRowsPerBlock, r1 = std::min(n_out, r0 + kRowsPerBlock);
       load_f32(w, r0 * in, (r1 - r0) * in, rows.data());
+      if (tiled_rows_product(x.data<float>(), T, in, rows.data(), r1 - r0,
+                             bias_f32.empty() ? nullptr : bias_f32.data() + r0, out.data<float>() + r0, n_out))
+        continue;
       for (int64_t t = 0; t < T; ++t) {
         const float* xt = x.data<float>() + t * in;
         float* yt = out.data<float>() + t * n_out;
