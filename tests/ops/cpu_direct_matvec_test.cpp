@@ -138,8 +138,8 @@ TEST(CpuTiledMatmul, MatchesTheStagedProduct) {
     for (int bits : {4, 8})
       for (int g : {32, 64, 128}) {
         const int64_t in = 384;
-        const AffineWeight a =
-            quantize_affine(random_matrix(out, in, uint32_t(bits + g), 0.0f, 0.05f).to(DType::bf16), bits, g, DType::bf16);
+        const Tensor w = random_matrix(out, in, uint32_t(bits + g), 0.0f, 0.05f).to(DType::bf16);
+        const AffineWeight a = quantize_affine(w, bits, g, DType::bf16);
         const Weight q(a, in);
         const Tensor x = random_matrix(T, in, uint32_t(30 + T), 0.3f, 1.0f);
         const int64_t blocks = ops::cpu::tiled_matmul_blocks();

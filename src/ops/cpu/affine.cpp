@@ -107,8 +107,8 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
 #pragma omp simd
             for (int64_t i = 0; i < g; ++i) v[i] = scale * v[i] + shift;
           }
-        tiled_rows_product(x.data<float>(), T, in, codes.data(), rows, bias_f32.empty() ? nullptr : bias_f32.data() + r0,
-                           out.data<float>() + r0, n_out);
+        const float* block_bias = bias_f32.empty() ? nullptr : bias_f32.data() + r0;
+        tiled_rows_product(x.data<float>(), T, in, codes.data(), rows, block_bias, out.data<float>() + r0, n_out);
         continue;
       }
       for (int64_t t = 0; t < T; ++t) {

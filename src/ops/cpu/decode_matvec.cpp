@@ -9,6 +9,9 @@
 //
 // The affine form keeps the fused dequantize-dot of cpu::affine_linear: per
 // group, scale * sum(q * x) + bias * sum(x), with sum(x) per group once per token.
+//
+// The f32 kernel also serves prefill (lever cpu_tiled_matmul): the staged forms'
+// blocks of rows, converted once, multiplied by the tokens 4 at a time.
 #include <algorithm>
 #include <atomic>
 #include <vector>
@@ -212,7 +215,8 @@ void affine_rows(const AffineRows& a, const float* x, int64_t r, const float* bi
       const __m256 scale = _mm256_set1_ps(a.scales[(r + k - a.first_row) * a.groups + j]);
       #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
-        const __m256 sum = kVectors == 1 ? group_acc[0][k][t] : _mm256_add_ps(group_acc[0][k][t], group_acc[kVectors - 1][k][t]);
+        const __m256 sum =
+            kVectors == 1 ? group_acc[0][k][t] : _mm256_add_ps(group_acc[0][k][t], group_acc[kVectors - 1][k][t]);
         acc[k][t] = _mm256_fmadd_ps(scale, sum, acc[k][t]);
       }
     }
@@ -229,7 +233,7 @@ void affine_rows(const AffineRows& a, const float* x, int64_t r, const float* bi
     }
 }
 
-// kRows * T stays at 4 or fewer, as each row and token holds two sums.
+// kRows * T stays at 4 or fewer, as each row and token holds two sums (three for 4-bit codes).
 template <int kBits, int T>
 void affine_span(const AffineRows& a, const float* x, int64_t r0, int64_t r1, const float* bias, float* out,
                  int64_t n_out) {
@@ -270,15 +274,18 @@ bool direct_matvec(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor&
   const size_t row_bytes = size_t(in) * dtype_size(w.dtype());
   const float* xp = x.data<float>();
   float* yp = out.data<float>();
+  using Span = void (*)(int64_t, const float*, int64_t, const uint8_t*, size_t, int64_t, int64_t, const float*, float*,
+                        int64_t);
+  const Span span = w.dtype() == DType::f32   ? Span(dense_span<DType::f32>)
+                    : w.dtype() == DType::f16 ? Span(dense_span<DType::f16>)
+                                              : Span(dense_span<DType::bf16>);
   parallel_for((n_out + kRowsPerChunk - 1) / kRowsPerChunk, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t r0 = c0 * kRowsPerChunk; r0 < std::min(n_out, c1 * kRowsPerChunk); r0 += kRowsPerChunk)
       for (int64_t t0 = 0; t0 < T; t0 += kTokensPerPass) {
         const int64_t r1 = std::min(n_out, r0 + kRowsPerChunk), tokens = std::min(kTokensPerPass, T - t0);
         const float* xt = xp + t0 * in;
         float* yt = yp + t0 * n_out;
-        if (w.dtype() == DType::f32) dense_span<DType::f32>(tokens, xt, in, weights, row_bytes, r0, r1, bias_f32, yt, n_out);
-        if (w.dtype() == DType::f16) dense_span<DType::f16>(tokens, xt, in, weights, row_bytes, r0, r1, bias_f32, yt, n_out);
-        if (w.dtype() == DType::bf16) dense_span<DType::bf16>(tokens, xt, in, weights, row_bytes, r0, r1, bias_f32, yt, n_out);
+        span(tokens, xt, in, weights, row_bytes, r0, r1, bias_f32, yt, n_out);
       }
   });
   ++g_direct_matvec_runs;
@@ -301,7 +308,8 @@ bool direct_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& 
       for (int64_t i = 0; i < w.group_size; ++i) s += xg[i];
       x_sums[size_t(t * groups + j)] = s;
     }
-  const std::vector<float> x_deinterleaved = w.bits == 4 ? deinterleave_x(x.data<float>(), T, in) : std::vector<float>();
+  const std::vector<float> x_deinterleaved =
+      w.bits == 4 ? deinterleave_x(x.data<float>(), T, in) : std::vector<float>();
   const float* xp = w.bits == 4 ? x_deinterleaved.data() : x.data<float>();
   parallel_for((n_out + kRowsPerChunk - 1) / kRowsPerChunk, 1, [&](int64_t c0, int64_t c1) {
     std::vector<float> scales(size_t(kRowsPerChunk * groups)), biases(scales.size());
