@@ -10,7 +10,11 @@ const char* lever_mode_name(LeverMode mode) {
   return mode == LeverMode::on ? "on" : mode == LeverMode::off ? "off" : "auto";
 }
 
-void apply_launch_settings(const LoadOptions& o) {
+void apply_launch_settings(const LoadOptions& o, Device device) {
+  if (device == Device::cpu) {
+    ops::set_cpu_settings({.direct_matvec = o.cpu_direct_matvec, .tiled_matmul = o.cpu_tiled_matmul});
+    return;
+  }
   ops::set_launch_settings({.programmatic = o.programmatic_launch,
                             .matvec_split_k = o.matvec_split_k,
                             .fp8_activation_gemm = o.fp8_activation_gemm,
@@ -30,9 +34,7 @@ void apply_launch_settings(const LoadOptions& o) {
                             .wide_batch_stages = o.wide_batch_stages,
                             .streamed_weights = o.streamed_weights,
                             .tensor_core_affine_gemm = o.tensor_core_affine_gemm != LeverMode::off,
-                            .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on,
-                            .cpu_direct_matvec = o.cpu_direct_matvec,
-                            .cpu_tiled_matmul = o.cpu_tiled_matmul});
+                            .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on});
 }
 
 Tensor Model::forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const {

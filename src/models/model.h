@@ -73,9 +73,9 @@ struct LoadOptions {
   bool cpu_tiled_matmul = false;
 };
 
-// Sets how kernels run (ops::set_launch_settings) from a model's options; each
-// family calls it before it runs.
-void apply_launch_settings(const LoadOptions& o);
+// Sets how kernels run on `device` from a model's options (ops::set_launch_settings
+// on CUDA, ops::set_cpu_settings on the CPU); each family calls it before it runs.
+void apply_launch_settings(const LoadOptions& o, Device device);
 
 struct ModelInfo {
   std::string model_type;   // config.json's model_type, e.g. "qwen3"

@@ -173,7 +173,7 @@ std::unique_ptr<SeqState> Qwen3Moe::make_state(int64_t capacity, KvCacheMode kv_
 Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* const> states, bool all_logits) const {
   const LlamaConfig& k = cfg_.dense;
   const int64_t T = ids.numel();
-  apply_launch_settings(info_.options);
+  apply_launch_settings(info_.options, info_.device);
 
   Tensor h = ops::embed(tok_embed_, ids);                                   // [T, d_model], the residual
   if (info_.folds_norms) return run_folded(h, pos, states, all_logits);

@@ -183,10 +183,10 @@ void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const 
   add_inplace(h, linear(silu_mul_halves(gate_up), w, bias));
 }
 
-void set_launch_settings(const LaunchSettings& settings) {
-  cpu::set_direct_matvec(settings.cpu_direct_matvec);
-  cpu::set_tiled_matmul(settings.cpu_tiled_matmul);
-  cuda::set_launch_settings(settings);
+void set_launch_settings(const LaunchSettings& settings) { cuda::set_launch_settings(settings); }
+void set_cpu_settings(const CpuSettings& settings) {
+  cpu::set_direct_matvec(settings.direct_matvec);
+  cpu::set_tiled_matmul(settings.tiled_matmul);
 }
 void set_decode_keys(int64_t keys) { cuda::set_decode_keys(keys); }
 void set_cached_rows_final(bool final) { cuda::set_cached_rows_final(final); }

@@ -64,8 +64,8 @@ bool one_token_matvec_on_tensor_cores(const Weight& w, bool formed_input = false
 // step can move its own position on.
 void advance_position(Tensor& pos, int32_t by);
 
-// How kernels launch from now on (the CUDA levers, and the CPU's one); a model
-// sets this before it runs.
+// How CUDA kernels launch from now on (no effect on the CPU); a CUDA model sets
+// this before it runs.
 struct LaunchSettings {
   bool programmatic = false;    // lever programmatic_launch: start during the previous kernel's tail
   bool matvec_split_k = false;  // lever matvec_split_k: several warps per row when a matrix has few rows
@@ -91,10 +91,16 @@ struct LaunchSettings {
   // tiles, where it measured faster (auto), or at every size (on).
   bool tensor_core_affine_gemm = false;
   bool affine_gemm_at_every_size = false;
-  bool cpu_direct_matvec = false;  // lever cpu_direct_matvec: CPU decode matvecs convert weights in registers
-  bool cpu_tiled_matmul = false;  // lever cpu_tiled_matmul: CPU prefill matmuls in register tiles
 };
 void set_launch_settings(const LaunchSettings& settings);
+
+// How the CPU's matmuls run from now on (no effect on CUDA); a CPU model sets
+// this before it runs.
+struct CpuSettings {
+  bool direct_matvec = false;  // lever cpu_direct_matvec: decode matvecs convert the stored weights in registers
+  bool tiled_matmul = false;   // lever cpu_tiled_matmul: prefill matmuls in register tiles
+};
+void set_cpu_settings(const CpuSettings& settings);
 
 // The key count each sequence sees in the decode step whose kernels are launched
 // next (its new token included; 0: unknown, the default, as in prefill): a

@@ -192,27 +192,31 @@ TEST(Levers, StreamedWeightsIsACudaLever) {
                             &LoadOptions::streamed_weights);
 }
 
-// cpu_direct_matvec: on by default, the CPU's lever (off on CUDA), switched by its variable.
-TEST(Levers, CpuDirectMatvecIsOnByDefaultAndCpuOnly) {
-  EXPECT_TRUE(Levers{}.cpu_direct_matvec);
-  EXPECT_FALSE(Levers::all_off().cpu_direct_matvec);
-  EXPECT_TRUE(Levers{}.load_options(Device::cpu).cpu_direct_matvec);
-  EXPECT_FALSE(Levers{}.load_options(Device::cuda).cpu_direct_matvec);
-  EXPECT_NE(Levers{}.describe(Device::cpu).find("cpu_direct_matvec=on"), std::string::npos);
-  ScopedEnv off("MERERUN_CPU_DIRECT_MATVEC", "0");
-  EXPECT_FALSE(Levers::from_env().cpu_direct_matvec);
-  EXPECT_FALSE(Levers::from_env().load_options(Device::cpu).cpu_direct_matvec);
+// A default lever of the CPU backend: on, off in the CUDA load options and in
+// all_off, switched by its variable, and described on the CPU.
+void expect_default_cpu_lever(const char* variable, const std::string& name, bool Levers::*lever,
+                              bool LoadOptions::*option) {
+  EXPECT_TRUE(Levers{}.*lever) << name;
+  EXPECT_TRUE(Levers{}.load_options(Device::cpu).*option) << name;
+  EXPECT_FALSE(Levers::all_off().*lever) << name;
+  EXPECT_FALSE(Levers{}.load_options(Device::cuda).*option) << name;
+  for (const char* value : {"0", "1"}) {
+    ScopedEnv env(variable, value);
+    const bool on = value[0] == '1';
+    EXPECT_EQ(Levers::from_env().load_options(Device::cpu).*option, on) << name;
+    const std::string described = name + (on ? "=on" : "=off");
+    EXPECT_NE(Levers::from_env().describe(Device::cpu).find(described), std::string::npos) << name;
+  }
 }
 
-// cpu_tiled_matmul: likewise on by default and the CPU's.
+TEST(Levers, CpuDirectMatvecIsOnByDefaultAndCpuOnly) {
+  expect_default_cpu_lever("MERERUN_CPU_DIRECT_MATVEC", "cpu_direct_matvec", &Levers::cpu_direct_matvec,
+                           &LoadOptions::cpu_direct_matvec);
+}
+
 TEST(Levers, CpuTiledMatmulIsOnByDefaultAndCpuOnly) {
-  EXPECT_TRUE(Levers{}.cpu_tiled_matmul);
-  EXPECT_FALSE(Levers::all_off().cpu_tiled_matmul);
-  EXPECT_TRUE(Levers{}.load_options(Device::cpu).cpu_tiled_matmul);
-  EXPECT_FALSE(Levers{}.load_options(Device::cuda).cpu_tiled_matmul);
-  EXPECT_NE(Levers{}.describe(Device::cpu).find("cpu_tiled_matmul=on"), std::string::npos);
-  ScopedEnv off("MERERUN_CPU_TILED_MATMUL", "0");
-  EXPECT_FALSE(Levers::from_env().cpu_tiled_matmul);
+  expect_default_cpu_lever("MERERUN_CPU_TILED_MATMUL", "cpu_tiled_matmul", &Levers::cpu_tiled_matmul,
+                           &LoadOptions::cpu_tiled_matmul);
 }
 
 }  // namespace

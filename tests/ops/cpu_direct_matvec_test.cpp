@@ -8,6 +8,8 @@
 #include <random>
 
 #include "audit/inputs.h"
+#include "engine/levers.h"
+#include "models/model.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #include "quant/affine_quantize.h"
@@ -157,6 +159,25 @@ TEST(CpuTiledMatmul, MatchesTheStagedProduct) {
   const int64_t blocks = ops::cpu::tiled_matmul_blocks();
   tiled_linear(false, random_matrix(9, 64, 1, 0.0f, 1.0f), random_matrix(16, 64, 2, 0.0f, 1.0f), Tensor());
   EXPECT_EQ(ops::cpu::tiled_matmul_blocks(), blocks);
+}
+
+// A CPU model sets both levers from its load options before it runs: with the
+// defaults its prefill (12 tokens) takes the tiled product and its decode step
+// the direct matvec; loaded with every lever off, neither.
+TEST(CpuDirectMatvec, ACpuModelRunsWithItsLevers) {
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  for (const Levers& levers : {Levers{}, Levers::all_off()}) {
+    const bool on = levers.cpu_direct_matvec;
+    const std::unique_ptr<Model> model =
+        load_model(test::model_dir("demo"), Device::cpu, levers.load_options(Device::cpu));
+    auto state = model->make_state(32);
+    const int64_t blocks = ops::cpu::tiled_matmul_blocks();
+    model->forward(prompt, *state, /*all_logits=*/false);
+    EXPECT_EQ(ops::cpu::tiled_matmul_blocks() > blocks, on) << "prefill, levers " << (on ? "default" : "off");
+    const int64_t runs = ops::cpu::direct_matvec_runs();
+    model->forward({13}, *state, /*all_logits=*/false);
+    EXPECT_EQ(ops::cpu::direct_matvec_runs() > runs, on) << "decode, levers " << (on ? "default" : "off");
+  }
 }
 
 // The switch itself: Levers.CpuDirectMatvecIsOnByDefaultAndCpuOnly.
