@@ -257,7 +257,7 @@ struct AttentionSplits {
   Tensor out;       // f32 [T, n_heads, splits, head_dim]
   // Instead of the three above, where the splits merged in clusters (lever
   // cluster_attention_merge): the output, f32 [T, n_heads, head_dim].
-  Tensor merged;
+  Tensor merged{};
   // The splits the launches wrote, at most out's (the wide grid's: the rest
   // are empty, and a merge need not read them); 0: all of them.
   int live = 0;

@@ -377,9 +377,10 @@ TEST(LlamaGpu, WideBatchStagesMoveOnlyTheRoundingOnTheLlama3_8B_Shape) {
     auto off = random_model("llama3-8b", Device::cuda, narrow, 1, RandomQuant::parse(quant));
     auto on = random_model("llama3-8b", Device::cuda, wide, 1, RandomQuant::parse(quant));
     const bool takes_it = std::string(quant) == "int8";
-    if (takes_it)
+    if (takes_it) {
       for (int n : {5, 8})
         EXPECT_FALSE(step_moved_past(*off, *on, n, 1e-3f, "int8 wide stages, one step of " + std::to_string(n) + " tokens"));
+    }
     for (int n : takes_it ? std::vector<int>{2} : std::vector<int>{2, 8}) {
       const auto [want, got] = one_decode_step(*off, *on, n);
       EXPECT_EQ(test::max_abs_diff(got, want).diff, 0.0f) << quant << ", one step of " << n << " tokens";

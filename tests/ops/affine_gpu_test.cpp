@@ -376,9 +376,9 @@ TEST_F(Affine, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
                                           c.splits, c.head_dim);
     Weight w(random_affine(c.out, in, c.bits, c.group, DType::bf16, uint64_t(c.T * 5 + c.splits)), in);
     const Weight wg = w.to_device(Device::cuda);
-    ops::AttentionSplits cpu{random({c.T, c.heads, c.splits}, DType::f32, 21, 4.0f),
-                             random({c.T, c.heads, c.splits}, DType::f32, 22, 20.0f, 30.0f),
-                             random({c.T, c.heads, c.splits, c.head_dim}, DType::f32, 23, 10.0f)};
+    ops::AttentionSplits cpu{.max = random({c.T, c.heads, c.splits}, DType::f32, 21, 4.0f),
+                             .sum = random({c.T, c.heads, c.splits}, DType::f32, 22, 20.0f, 30.0f),
+                             .out = random({c.T, c.heads, c.splits, c.head_dim}, DType::f32, 23, 10.0f)};
     // Every third split of a row after its first is empty.
     for (int64_t r = 0; r < c.T * c.heads; ++r)
       for (int64_t s = 1; s < c.splits; s += 3) cpu.max.data<float>()[r * c.splits + s] = -INFINITY;
@@ -398,7 +398,7 @@ TEST_F(Affine, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
         merged.data<float>()[r * c.head_dim + d] = float(num / den);
       }
     }
-    const ops::AttentionSplits splits{gpu(cpu.max), gpu(cpu.sum), gpu(cpu.out)};
+    const ops::AttentionSplits splits{.max = gpu(cpu.max), .sum = gpu(cpu.sum), .out = gpu(cpu.out)};
     const Tensor residual = random({c.T, c.out}, DType::f32, 24), bias = random({c.out}, DType::f32, 25, 0.1f);
     Tensor want = residual.clone();
     ops::add_inplace(want, ops::linear(merged, w.dequantize(DType::f32), bias));
@@ -436,7 +436,7 @@ TEST_F(Affine, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
     // (a huge max, NaN outputs) would poison the merge if it were read.
     if (c.splits > 2) {
       const int64_t live = (c.splits + 1) / 2;
-      ops::AttentionSplits part{cpu.max.clone(), cpu.sum.clone(), cpu.out.clone()};
+      ops::AttentionSplits part{.max = cpu.max.clone(), .sum = cpu.sum.clone(), .out = cpu.out.clone()};
       Tensor only_live = cpu.max.clone();  // the same partials, marked empty past `live`, as attention would
       for (int64_t r = 0; r < c.T * c.heads; ++r)
         for (int64_t s = live; s < c.splits; ++s) {
@@ -444,8 +444,8 @@ TEST_F(Affine, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
           part.max.data<float>()[r * c.splits + s] = 1e30f;
           for (int64_t d = 0; d < c.head_dim; ++d) part.out.data<float>()[(r * c.splits + s) * c.head_dim + d] = NAN;
         }
-      const ops::AttentionSplits marked{gpu(only_live), gpu(cpu.sum), gpu(cpu.out)};
-      ops::AttentionSplits garbage{gpu(part.max), gpu(part.sum), gpu(part.out)};
+      const ops::AttentionSplits marked{.max = gpu(only_live), .sum = gpu(cpu.sum), .out = gpu(cpu.out)};
+      ops::AttentionSplits garbage{.max = gpu(part.max), .sum = gpu(part.sum), .out = gpu(part.out)};
       garbage.live = int(live);
       ops::set_launch_settings({.tensor_core_affine_matvec = true});
       Tensor want_live = gpu(residual), got_live = gpu(residual);
@@ -557,7 +557,9 @@ TEST_F(Affine, DownProjWithNoSplitFittingL1TakesTheMostWarpsAndMatchesTheReferen
   ASSERT_TRUE(mere::cuda::affine_matvec_mma_supports(a, T, 2));
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  if (sms == 132) EXPECT_EQ(mere::cuda::affine_matvec_mma_split(a, T, 2), 8);
+  if (sms == 132) {
+    EXPECT_EQ(mere::cuda::affine_matvec_mma_split(a, T, 2), 8);
+  }
   Tensor y = Tensor::empty({T, out}, DType::f32, Device::cuda);
   Tensor scratch = Tensor::empty({mere::cuda::affine_matvec_mma_scratch_bytes(a, T, 2)}, DType::u8, Device::cuda);
   const Tensor xg = gpu(x);
@@ -630,8 +632,9 @@ TEST_F(Affine, WideBatchStagesMoveOnlyTheRounding) {
       EXPECT_EQ(on.names, off.names) << label;
       EXPECT_EQ(std::memcmp(on.y.raw(), off.y.raw(), on.y.size_bytes()), 0) << label;
     }
-    if (on.split == off.split)
+    if (on.split == off.split) {
       EXPECT_EQ(std::memcmp(on.y.raw(), off.y.raw(), on.y.size_bytes()), 0) << label << ": the same split";
+    }
     EXPECT_LE(relative_error(on.y, off.y, label + ", wide against 128-byte stages"), 1e-5f);
     EXPECT_LE(relative_error(on.y, want, label + ", wide stages"), 1e-3f);
     EXPECT_LE(relative_error(off.y, want, label + ", 128-byte stages"), 1e-3f);
@@ -678,8 +681,9 @@ TEST_F(Affine, DeepDenseRingAtOneTokenOfInt8MovesOnlyTheRounding) {
       EXPECT_EQ(on.names[1], off.names[1]) << label;
       EXPECT_EQ(std::memcmp(on.y.raw(), off.y.raw(), on.y.size_bytes()), 0) << label;
     }
-    if (on.split == off.split)
+    if (on.split == off.split) {
       EXPECT_EQ(std::memcmp(on.y.raw(), off.y.raw(), on.y.size_bytes()), 0) << label << ": the same split";
+    }
     EXPECT_GE(on.split, off.split) << label;
     EXPECT_LE(relative_error(off.y, want, label + ", three stages"), 1e-5f);
     EXPECT_LE(relative_error(on.y, want, label + ", deep ring"), 1e-5f);

@@ -103,8 +103,9 @@ TEST(CpuOps, UnmergedAttentionIsGpuOnlyAndChecked) {
   EXPECT_FALSE(ops::attention_unmerged(q, k, v, pos, 1.0f, {}, splits));
   EXPECT_FALSE(splits.out.defined());
 
-  const ops::AttentionSplits partials{Tensor::zeros({1, 2, 3}, DType::f32), Tensor::zeros({1, 2, 3}, DType::f32),
-                                      Tensor::zeros({1, 2, 3, 2}, DType::f32)};
+  const ops::AttentionSplits partials{.max = Tensor::zeros({1, 2, 3}, DType::f32),
+                                      .sum = Tensor::zeros({1, 2, 3}, DType::f32),
+                                      .out = Tensor::zeros({1, 2, 3, 2}, DType::f32)};
   auto message = [](auto&& run) {
     try {
       run();
@@ -118,8 +119,9 @@ TEST(CpuOps, UnmergedAttentionIsGpuOnlyAndChecked) {
   const Weight too_wide(Tensor::zeros({4, 5}, DType::f32));  // 5 columns for 2 heads x 2
   EXPECT_NE(message([&] { ops::attention_linear_add(h, partials, too_wide); }).find("attention_linear_add"),
             std::string::npos);
-  const ops::AttentionSplits mismatched{Tensor::zeros({1, 2, 2}, DType::f32), Tensor::zeros({1, 2, 3}, DType::f32),
-                                        Tensor::zeros({1, 2, 3, 2}, DType::f32)};
+  const ops::AttentionSplits mismatched{.max = Tensor::zeros({1, 2, 2}, DType::f32),
+                                        .sum = Tensor::zeros({1, 2, 3}, DType::f32),
+                                        .out = Tensor::zeros({1, 2, 3, 2}, DType::f32)};
   EXPECT_NE(message([&] { ops::merge_attention(mismatched); }).find("do not fit"), std::string::npos);
 }
 
