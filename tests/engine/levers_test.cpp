@@ -115,22 +115,28 @@ TEST(Levers, ClusterAttentionMergeIsOnAndFollowsWideAttentionBlocks) {
   EXPECT_THROW(Levers::from_env(), Error);
 }
 
-// A CUDA lever on by default: off in all_off() and on the CPU, switched by
-// `variable` to either value, which the lever line shows.
-void expect_default_cuda_lever(const char* variable, const std::string& name, bool Levers::*lever,
-                               bool LoadOptions::*option) {
+// A lever on by default on its `home` device: off in all_off() and on the other
+// device, switched by `variable` to either value, which the lever line shows.
+void expect_default_lever(Device home, const char* variable, const std::string& name, bool Levers::*lever,
+                          bool LoadOptions::*option) {
+  const Device other = home == Device::cuda ? Device::cpu : Device::cuda;
   EXPECT_TRUE(Levers{}.*lever) << name;
-  EXPECT_TRUE(Levers{}.load_options(Device::cuda).*option) << name;
+  EXPECT_TRUE(Levers{}.load_options(home).*option) << name;
   EXPECT_FALSE(Levers::all_off().*lever) << name;
-  EXPECT_FALSE(Levers{}.load_options(Device::cpu).*option) << name;
+  EXPECT_FALSE(Levers{}.load_options(other).*option) << name;
   for (const char* value : {"0", "1"}) {
     ScopedEnv env(variable, value);
     const bool on = value[0] == '1';
     EXPECT_EQ(Levers::from_env().*lever, on) << name;
-    EXPECT_EQ(Levers::from_env().load_options(Device::cuda).*option, on) << name;
+    EXPECT_EQ(Levers::from_env().load_options(home).*option, on) << name;
     const std::string described = name + (on ? "=on" : "=off");
-    EXPECT_NE(Levers::from_env().describe(Device::cuda).find(described), std::string::npos) << name;
+    EXPECT_NE(Levers::from_env().describe(home).find(described), std::string::npos) << name;
   }
+}
+
+void expect_default_cuda_lever(const char* variable, const std::string& name, bool Levers::*lever,
+                               bool LoadOptions::*option) {
+  expect_default_lever(Device::cuda, variable, name, lever, option);
 }
 
 // A lever that acts through another (`needed`) is off in the CUDA load
@@ -192,31 +198,15 @@ TEST(Levers, StreamedWeightsIsACudaLever) {
                             &LoadOptions::streamed_weights);
 }
 
-// A default lever of the CPU backend: on, off in the CUDA load options and in
-// all_off, switched by its variable, and described on the CPU.
-void expect_default_cpu_lever(const char* variable, const std::string& name, bool Levers::*lever,
-                              bool LoadOptions::*option) {
-  EXPECT_TRUE(Levers{}.*lever) << name;
-  EXPECT_TRUE(Levers{}.load_options(Device::cpu).*option) << name;
-  EXPECT_FALSE(Levers::all_off().*lever) << name;
-  EXPECT_FALSE(Levers{}.load_options(Device::cuda).*option) << name;
-  for (const char* value : {"0", "1"}) {
-    ScopedEnv env(variable, value);
-    const bool on = value[0] == '1';
-    EXPECT_EQ(Levers::from_env().load_options(Device::cpu).*option, on) << name;
-    const std::string described = name + (on ? "=on" : "=off");
-    EXPECT_NE(Levers::from_env().describe(Device::cpu).find(described), std::string::npos) << name;
-  }
-}
-
+// The CPU's own levers.
 TEST(Levers, CpuDirectMatvecIsOnByDefaultAndCpuOnly) {
-  expect_default_cpu_lever("MERERUN_CPU_DIRECT_MATVEC", "cpu_direct_matvec", &Levers::cpu_direct_matvec,
-                           &LoadOptions::cpu_direct_matvec);
+  expect_default_lever(Device::cpu, "MERERUN_CPU_DIRECT_MATVEC", "cpu_direct_matvec", &Levers::cpu_direct_matvec,
+                       &LoadOptions::cpu_direct_matvec);
 }
 
 TEST(Levers, CpuTiledMatmulIsOnByDefaultAndCpuOnly) {
-  expect_default_cpu_lever("MERERUN_CPU_TILED_MATMUL", "cpu_tiled_matmul", &Levers::cpu_tiled_matmul,
-                           &LoadOptions::cpu_tiled_matmul);
+  expect_default_lever(Device::cpu, "MERERUN_CPU_TILED_MATMUL", "cpu_tiled_matmul", &Levers::cpu_tiled_matmul,
+                       &LoadOptions::cpu_tiled_matmul);
 }
 
 }  // namespace
