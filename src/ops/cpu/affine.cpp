@@ -70,22 +70,9 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
   const int64_t g = w.group_size, groups = in / g, words = w.packed.dim(1);
   constexpr int64_t kRowsPerBlock = 16;
 
-  std::vector<float> bias_f32;
-  if (bias.defined()) {
-    bias_f32.resize(size_t(n_out));
-    load_f32(bias, 0, n_out, bias_f32.data());
-  }
-  std::vector<float> x_sums(size_t(T * groups));  // [T, groups]
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < groups; ++j) {
-      const float* xg = x.data<float>() + t * in + j * g;
-      float s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < g; ++i) s += xg[i];
-      x_sums[size_t(t * groups + j)] = s;
-    }
-
-  const bool tiled = tiled_matmul_applies();
+  const std::vector<float> bias_f32 = to_f32(bias);
+  const bool tiled = tiled_matmul_applies();  // dequantized rows: no bias * sum(x) term
+  const std::vector<float> x_sums = tiled ? std::vector<float>() : group_sums(x, g);  // [T, groups]
   const int64_t n_blocks = (n_out + kRowsPerBlock - 1) / kRowsPerBlock;
   parallel_for(n_blocks, 1, [&](int64_t block_begin, int64_t block_end) {
     std::vector<float> codes(size_t(kRowsPerBlock * in)), scales(size_t(kRowsPerBlock * groups)),

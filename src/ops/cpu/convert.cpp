@@ -50,6 +50,29 @@ void convert(const Tensor& src, Tensor& dst) {
 }
 
 // Eight-lane partial sums let the compiler vectorise without reassociating globally.
+std::vector<float> to_f32(const Tensor& t) {
+  std::vector<float> out;
+  if (t.defined()) {
+    out.resize(size_t(t.numel()));
+    load_f32(t, 0, t.numel(), out.data());
+  }
+  return out;
+}
+
+std::vector<float> group_sums(const Tensor& x, int64_t group) {
+  const int64_t T = x.dim(0), in = x.dim(1), groups = in / group;
+  std::vector<float> sums(size_t(T * groups));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < groups; ++j) {
+      const float* xg = x.data<float>() + t * in + j * group;
+      float s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < group; ++i) s += xg[i];
+      sums[size_t(t * groups + j)] = s;
+    }
+  return sums;
+}
+
 float dot(const float* a, const float* b, int64_t n) {
   float acc = 0;
 #pragma omp simd reduction(+ : acc)

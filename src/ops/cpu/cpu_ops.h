@@ -30,6 +30,11 @@ void store_rows(const Tensor& x, AffineRows& dst, int64_t pos);
 // element `offset` into dst as f32.
 void load_f32(const Tensor& src, int64_t offset, int64_t n, float* dst);
 float dot(const float* a, const float* b, int64_t n);
+// A whole float tensor (a bias) as f32; empty for an undefined one.
+std::vector<float> to_f32(const Tensor& t);
+// x [T, in] f32 summed over each group of `group` columns: [T, in / group]
+// (the bias term of the affine dequantize-dot, bias * sum(x)).
+std::vector<float> group_sums(const Tensor& x, int64_t group);
 
 // Lever cpu_direct_matvec: linear and affine_linear of 1-8 tokens convert the
 // stored weights in registers instead of staging rows as f32 (decode_matvec.cpp).

@@ -254,21 +254,12 @@ void affine_span(int64_t T, const AffineRows& a, const float* x, int64_t r0, int
   }
 }
 
-std::vector<float> bias_as_f32(const Tensor& bias) {
-  std::vector<float> b;
-  if (bias.defined()) {
-    b.resize(size_t(bias.numel()));
-    load_f32(bias, 0, bias.numel(), b.data());
-  }
-  return b;
-}
-
 }  // namespace
 
 bool direct_matvec(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
   const int64_t T = x.dim(0), in = x.dim(1), n_out = w.dim(0);
   if (!g_direct_matvec || T > kMaxTokens) return false;
-  const std::vector<float> b = bias_as_f32(bias);
+  const std::vector<float> b = to_f32(bias);
   const float* bias_f32 = b.empty() ? nullptr : b.data();
   const auto* weights = static_cast<const uint8_t*>(w.raw());
   const size_t row_bytes = size_t(in) * dtype_size(w.dtype());
@@ -298,16 +289,9 @@ bool direct_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& 
   const int64_t step = w.bits == 4 ? kCodesPerStep<4> : kCodesPerStep<8>;
   if (!g_direct_matvec || T > kMaxTokens || w.group_size % step != 0) return false;
   const int64_t groups = in / w.group_size;
-  const std::vector<float> b = bias_as_f32(bias);
+  const std::vector<float> b = to_f32(bias);
   const float* bias_f32 = b.empty() ? nullptr : b.data();
-  std::vector<float> x_sums(size_t(T * groups));  // [T, groups]
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < groups; ++j) {
-      const float* xg = x.data<float>() + t * in + j * w.group_size;
-      float s = 0;
-      for (int64_t i = 0; i < w.group_size; ++i) s += xg[i];
-      x_sums[size_t(t * groups + j)] = s;
-    }
+  const std::vector<float> x_sums = group_sums(x, w.group_size);  // [T, groups]
   const std::vector<float> x_deinterleaved =
       w.bits == 4 ? deinterleave_x(x.data<float>(), T, in) : std::vector<float>();
   const float* xp = w.bits == 4 ? x_deinterleaved.data() : x.data<float>();

@@ -28,11 +28,7 @@ const std::array<float, 256>& e4m3_table() {
 void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& out) {
   const int64_t T = x.dim(0), in = x.dim(1), n_out = w.values.dim(0), block = w.block;
   const int64_t scale_cols = w.scale_inv.dim(1);
-  std::vector<float> bias_f32;
-  if (bias.defined()) {
-    bias_f32.resize(size_t(n_out));
-    load_f32(bias, 0, n_out, bias_f32.data());
-  }
+  const std::vector<float> bias_f32 = to_f32(bias);
   const std::array<float, 256>& table = e4m3_table();
   const uint8_t* values = w.values.data<uint8_t>();
   const float* scale_inv = w.scale_inv.data<float>();

@@ -12,11 +12,7 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
   if (direct_matvec(x, w, bias, out)) return;
   const int64_t T = x.dim(0), in = x.dim(1), n_out = w.dim(0);
   constexpr int64_t kRowsPerBlock = 16;
-  std::vector<float> bias_f32;
-  if (bias.defined()) {
-    bias_f32.resize(size_t(n_out));
-    load_f32(bias, 0, n_out, bias_f32.data());
-  }
+  const std::vector<float> bias_f32 = to_f32(bias);
   const int64_t n_blocks = (n_out + kRowsPerBlock - 1) / kRowsPerBlock;
   parallel_for(n_blocks, 1, [&](int64_t block_begin, int64_t block_end) {
     std::vector<float> rows(size_t(kRowsPerBlock * in));
