@@ -16,11 +16,13 @@ std::vector<std::string> engine_lever_names() {
           "int16_activation_matvec", "tensor_core_fp8_matvec", "tensor_core_affine_gemm",
           "rope_in_attention", "wide_attention_blocks", "cluster_attention_merge",
           "routing_in_experts", "deep_moe_ring", "deep_dense_ring", "wide_batch_stages",
-          "streamed_weights", "cpu_direct_matvec", "cpu_tiled_matmul"};
+          "streamed_weights", "cpu_direct_matvec", "cpu_tiled_matmul",
+          "cpu_vnni_matvec"};
 }
 
 Device engine_lever_device(const std::string& name) {
-  return name == "cpu_direct_matvec" || name == "cpu_tiled_matmul" ? Device::cpu : Device::cuda;
+  return name == "cpu_direct_matvec" || name == "cpu_tiled_matmul" || name == "cpu_vnni_matvec" ? Device::cpu
+                                                                                                 : Device::cuda;
 }
 
 LeverSpec parse_lever(const std::string& text) {

@@ -55,6 +55,7 @@ Levers Levers::from_env() {
   l.prefix_cache = env_flag("MERERUN_PREFIX_CACHE", l.prefix_cache);
   l.cpu_direct_matvec = env_flag("MERERUN_CPU_DIRECT_MATVEC", l.cpu_direct_matvec);
   l.cpu_tiled_matmul = env_flag("MERERUN_CPU_TILED_MATMUL", l.cpu_tiled_matmul);
+  l.cpu_vnni_matvec = env_flag("MERERUN_CPU_VNNI_MATVEC", l.cpu_vnni_matvec);
   return l;
 }
 
@@ -63,6 +64,7 @@ std::string Levers::describe(Device device) const {
   if (device == Device::cpu)
     return std::string("levers: prefix_cache=") + on(prefix_cache) + " fused_moe_gate_up=" + on(fused_moe_gate_up) +
            " cpu_direct_matvec=" + on(cpu_direct_matvec) + " cpu_tiled_matmul=" + on(cpu_tiled_matmul) +
+           " cpu_vnni_matvec=" + on(cpu_vnni_matvec) +
            " (the others are CUDA levers)";
   return std::string("levers: cuda_graphs=") + on(cuda_graphs) + " pipelined_decode=" + on(pipelined_decode) +
          " fused_projections=" + on(fused_projections) +
@@ -111,7 +113,8 @@ LoadOptions Levers::load_options(Device device) const {
                      .tensor_core_affine_gemm = cuda ? tensor_core_affine_gemm : LeverMode::off,
                      .fuse_moe_gate_up = fused_moe_gate_up,
                      .cpu_direct_matvec = cpu_direct_matvec && !cuda,
-                     .cpu_tiled_matmul = cpu_tiled_matmul && !cuda};
+                     .cpu_tiled_matmul = cpu_tiled_matmul && !cuda,
+                     .cpu_vnni_matvec = cpu_vnni_matvec && !cuda};
 }
 
 }  // namespace mere

@@ -197,6 +197,11 @@ struct Levers {
   // Default: audit of the demo (bf16, int8, int4) KL 3e-13 to 6e-13 nats,
   // greedy 100%, prefill +115% / +80% / +83% (docs/levers.md).
   bool cpu_tiled_matmul = true;
+  // The CPU's affine decode matvecs (1-8 tokens, MLX int8/int4) as integer dot
+  // products on AVX-512 VNNI: x per group rounded to 23 bits as three s8 digits
+  // (as tensor_core_affine_matvec on the GPU), codes times digits summed exactly
+  // in s32. CPUs without AVX-512 VNNI keep cpu_direct_matvec's f32 kernels.
+  bool cpu_vnni_matvec = false;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
   // MERERUN_ROPE_IN_ATTENTION, MERERUN_WIDE_ATTENTION_BLOCKS, MERERUN_CLUSTER_ATTENTION_MERGE,
@@ -225,7 +230,8 @@ struct Levers {
                   .fused_moe_gate_up = false,
                   .prefix_cache = false,
                   .cpu_direct_matvec = false,
-                  .cpu_tiled_matmul = false};
+                  .cpu_tiled_matmul = false,
+                  .cpu_vnni_matvec = false};
   }
   // The levers in effect on `device`, for the line a run prints.
   std::string describe(Device device) const;

@@ -12,7 +12,8 @@ const char* lever_mode_name(LeverMode mode) {
 
 void apply_launch_settings(const LoadOptions& o, Device device) {
   if (device == Device::cpu) {
-    ops::set_cpu_settings({.direct_matvec = o.cpu_direct_matvec, .tiled_matmul = o.cpu_tiled_matmul});
+    ops::set_cpu_settings(
+        {.direct_matvec = o.cpu_direct_matvec, .tiled_matmul = o.cpu_tiled_matmul, .vnni_matvec = o.cpu_vnni_matvec});
     return;
   }
   ops::set_launch_settings({.programmatic = o.programmatic_launch,

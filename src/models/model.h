@@ -71,6 +71,8 @@ struct LoadOptions {
   bool cpu_direct_matvec = false;
   // CPU prefill matmuls in register tiles (lever cpu_tiled_matmul).
   bool cpu_tiled_matmul = false;
+  // CPU affine decode matvecs as integer dot products (lever cpu_vnni_matvec).
+  bool cpu_vnni_matvec = false;
 };
 
 // Sets how kernels run on `device` from a model's options (ops::set_launch_settings

@@ -99,6 +99,7 @@ void set_launch_settings(const LaunchSettings& settings);
 struct CpuSettings {
   bool direct_matvec = false;  // lever cpu_direct_matvec: decode matvecs convert the stored weights in registers
   bool tiled_matmul = false;   // lever cpu_tiled_matmul: prefill matmuls in register tiles
+  bool vnni_matvec = false;    // lever cpu_vnni_matvec: affine decode matvecs as integer dot products
 };
 void set_cpu_settings(const CpuSettings& settings);
 

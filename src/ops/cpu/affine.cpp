@@ -65,7 +65,7 @@ float scaled_group_dots(int group_size, const float* x, const float* q, const fl
 }  // namespace
 
 void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out) {
-  if (direct_affine_matvec(x, w, bias, out)) return;
+  if (vnni_affine_matvec(x, w, bias, out) || direct_affine_matvec(x, w, bias, out)) return;
   const int64_t T = x.dim(0), in = x.dim(1), n_out = w.packed.dim(0);
   const int64_t g = w.group_size, groups = in / g, words = w.packed.dim(1);
   constexpr int64_t kRowsPerBlock = 16;

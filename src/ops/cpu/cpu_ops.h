@@ -46,6 +46,17 @@ int64_t direct_matvec_runs();
 bool direct_matvec(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
 bool direct_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out);
 
+// Lever cpu_vnni_matvec: affine_linear of 1-8 tokens as integer dot products
+// (AVX-512 VNNI) of the codes and x rounded per group to 23 bits, three s8 digits
+// (vnni_matvec.cpp); ahead of direct_affine_matvec where both apply. False where
+// it does not apply (the lever off, no AVX-512 VNNI, more tokens, groups above
+// 1,024 or not of whole 32-byte steps but int4 g32, x not finite); vnni_matvec_runs
+// counts the calls it served.
+void set_vnni_matvec(bool on);
+int64_t vnni_matvec_runs();
+bool vnni_available();
+bool vnni_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out);
+
 // Lever cpu_tiled_matmul: the staged forms multiply each block of rows, once in
 // f32, by the tokens in register tiles (the direct form's f32 kernel, 4 tokens a
 // pass) instead of one dot product per row and token. tiled_rows_product: out[t,
