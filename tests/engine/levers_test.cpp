@@ -204,6 +204,11 @@ TEST(Levers, CpuDirectMatvecIsOnByDefaultAndCpuOnly) {
                        &LoadOptions::cpu_direct_matvec);
 }
 
+TEST(Levers, CpuVnniMatvecIsOnByDefaultAndCpuOnly) {
+  expect_default_lever(Device::cpu, "MERERUN_CPU_VNNI_MATVEC", "cpu_vnni_matvec", &Levers::cpu_vnni_matvec,
+                       &LoadOptions::cpu_vnni_matvec);
+}
+
 TEST(Levers, CpuTiledMatmulIsOnByDefaultAndCpuOnly) {
   expect_default_lever(Device::cpu, "MERERUN_CPU_TILED_MATMUL", "cpu_tiled_matmul", &Levers::cpu_tiled_matmul,
                        &LoadOptions::cpu_tiled_matmul);
