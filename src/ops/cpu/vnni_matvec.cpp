@@ -1,6 +1,6 @@
 // Affine decode matvecs on the CPU's integer dot products (lever cpu_vnni_matvec):
 // x [T <= 8, in] f32 against MLX int8/int4 codes, on AVX-512 VNNI's vpdpbusd
-// (4 u8 x s8 products added into each s32 lane, 32 per instruction).
+// (4 u8 x s8 products added into each of 16 s32 lanes, 64 an instruction).
 //
 // The f32 kernels (decode_matvec.cpp) spend a conversion and a multiply-add on
 // every weight, and at 4 bits that, not memory, bounds them. Here the codes stay
