@@ -227,7 +227,7 @@ void affine_rows(const AffineRows& a, const float* x, int64_t r, const float* bi
     for (int t = 0; t < T; ++t) {
       const float* z = a.biases + (r + k - a.first_row) * a.groups;
       const float* xs = a.x_sums + t * a.groups;
-      // dot's 8-lane sums: one chain of scalar adds cost a quarter of a g64 matvec.
+      // dot's 8-lane sums, not one chain of scalar adds a row.
       const float y = horizontal_sum(acc[k][t]) + dot(z, xs, a.groups);
       out[t * n_out + r + k] = bias ? y + bias[r + k] : y;
     }

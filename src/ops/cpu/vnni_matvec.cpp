@@ -58,10 +58,13 @@ constexpr int kDigits = 3;
 // A step: 64 bytes of a row's codes, 128 int4 or 64 int8 codes.
 constexpr int64_t codes_per_step(int bits) { return bits == 4 ? 128 : 64; }
 
-// x's digits: for token t, digit d, `digits[(t * kDigits + d) * in + i]`; at 4
-// bits each 128 values as their 64 even ones then their 64 odd ones, the order
-// a step's low and high nibbles come in. powers[t * groups + j] = 2^-k of the group.
+// x's digits: for token t, digit d, `digits[(t * kDigits + d) * stride + i]`,
+// stride = in rounded up to whole steps (a last step part-filled with codes
+// reads zero digits past them); at 4 bits each 128 values as their 64 even ones
+// then their 64 odd ones, the order a step's low and high nibbles come in.
+// powers[t * groups + j] = 2^-k of the group.
 struct XDigits {
+  int64_t stride = 0;
   std::vector<int8_t> digits;
   std::vector<float> powers;
 };
@@ -71,7 +74,8 @@ struct XDigits {
 // Groups are of whole 16-value vectors (vnni_affine_matvec).
 MERE_VNNI_TARGET bool make_digits(const float* x, int64_t T, int64_t in, int64_t group, int bits, XDigits& d) {
   const int64_t groups = in / group, step = codes_per_step(bits);
-  d.digits.resize(size_t(T * kDigits * in));
+  d.stride = (in + step - 1) / step * step;
+  d.digits.assign(size_t(T * kDigits * d.stride), 0);
   d.powers.assign(size_t(T * groups), 0.0f);
   const __m512i half = _mm512_set1_epi32(128), byte = _mm512_set1_epi32(255);
   // 16 digits as their 8 even ones, then their 8 odd ones (the int4 layout).
@@ -102,7 +106,7 @@ MERE_VNNI_TARGET bool make_digits(const float* x, int64_t T, int64_t in, int64_t
           const __m512i low =
               digit == kDigits - 1 ? v : _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(v, half), byte), half);
           v = _mm512_srai_epi32(_mm512_sub_epi32(v, low), 8);
-          int8_t* out = d.digits.data() + (t * kDigits + digit) * in;
+          int8_t* out = d.digits.data() + (t * kDigits + digit) * d.stride;
           const __m128i bytes = _mm512_cvtepi32_epi8(low);
           if (bits == 8) {
             _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c), bytes);
@@ -135,12 +139,16 @@ struct AffineRows {
   const float* biases;   // as f32, `groups` per row
   const float* x_sums;   // [T, groups], of x itself
   const int8_t* digits;  // XDigits of the pass's first token
+  int64_t stride;        // and its stride
 };
 
 // kRows rows [r, r + kRows) of the weight times T tokens. A block: one group of
 // whole steps, or one step of kGroupsPerStep groups, lane l of its sums
 // belonging to group l * kGroupsPerStep / 16 (lane l holds codes 8l..8l+7 at 4
-// bits, taking each nibble of 32 bytes, and 4l..4l+3 at 8 bits).
+// bits, taking each nibble of 32 bytes, and 4l..4l+3 at 8 bits). A row's last
+// step may hold fewer groups: x's digits past the row are zeros, so its empty
+// lanes sum 0 whatever factors they read; its codes past the row load as zeros
+// (masked), never read past the weight's end.
 template <int kBits, int T, int kRows, int kGroupsPerStep>
 MERE_VNNI_TARGET void vnni_rows(const AffineRows& a, int64_t r, const float* bias, float* out, int64_t n_out) {
   constexpr int64_t kStep = codes_per_step(kBits);
@@ -173,12 +181,14 @@ MERE_VNNI_TARGET void vnni_rows(const AffineRows& a, int64_t r, const float* bia
     for (int64_t i = b0; i < b0 + block; i += kStep) {
       #pragma GCC unroll 8
       for (int k = 0; k < kRows; ++k) {
-        const __m512i w = _mm512_loadu_si512(a.codes + (r + k) * a.row_bytes + i * kBits / 8);
+        const uint8_t* codes = a.codes + (r + k) * a.row_bytes + i * kBits / 8;
+        const __m512i w = i + kStep <= a.in ? _mm512_loadu_si512(codes)
+                                            : _mm512_maskz_loadu_epi8(~0ull >> (64 - (a.in - i) * kBits / 8), codes);
         #pragma GCC unroll 8
         for (int t = 0; t < T; ++t)
           #pragma GCC unroll 3
           for (int d = 0; d < kDigits; ++d) {
-            const int8_t* x = a.digits + (t * kDigits + d) * a.in + i;
+            const int8_t* x = a.digits + (t * kDigits + d) * a.stride + i;
             if constexpr (kBits == 4) {
               sums[d][k][t] = _mm512_dpbusd_epi32(sums[d][k][t], _mm512_and_si512(w, nibble), _mm512_loadu_si512(x));
               sums[d][k][t] = _mm512_dpbusd_epi32(sums[d][k][t], _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble),
@@ -209,7 +219,7 @@ MERE_VNNI_TARGET void vnni_rows(const AffineRows& a, int64_t r, const float* bia
     #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       // The biases' term, bias * sum(x) per group, joins the lanes before their
-      // one reduction (a dot product a row cost a fifth of a g64 matvec).
+      // one reduction (a separate dot product a row took a tenth of the matvec).
       const float* z = a.biases + (r + k - a.first_row) * a.groups;
       const float* xs = a.x_sums + t * a.groups;
       for (int64_t j = 0; j < a.groups; j += 16) {
@@ -258,13 +268,13 @@ bool vnni_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& bi
   const int64_t T = x.dim(0), in = x.dim(1), n_out = w.packed.dim(0);
   const int bits = w.bits;
   const int64_t group = w.group_size, step = codes_per_step(bits);
-  // A step holds 1, 2 or 4 whole groups (rows of whole steps), or a group whole
-  // steps; groups of at most 1,024, so C0 + 256 C1 (< 2^30 there) stays inside s32;
-  // groups of whole 16-value vectors for make_digits.
+  // A step holds 1, 2 or 4 whole groups (a row's last step fewer), or a group
+  // whole steps; groups of at most 1,024, so C0 + 256 C1 (< 2^30 there) stays
+  // inside s32; groups of whole 16-value vectors for make_digits.
   const int64_t groups_per_step = group < step && step % group == 0 ? step / group : 1;
   if (!g_vnni_matvec || !vnni_available() || T > kMaxTokens || (bits != 4 && bits != 8) || group > 1024 ||
       group % 16 != 0 ||
-      in % step != 0 || in % group != 0 || groups_per_step > 4 || (groups_per_step == 1 && group % step != 0))
+      in % group != 0 || groups_per_step > 4 || (groups_per_step == 1 && group % step != 0))
     return false;
   XDigits digits;
   if (!make_digits(x.data<float>(), T, in, group, bits, digits)) return false;
@@ -288,8 +298,18 @@ bool vnni_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& bi
         for (int64_t t = 0; t < tokens; ++t)
           scale_rows(scales.data(), digits.powers.data() + (t0 + t) * groups, n / groups, groups,
                      factors.data() + t * per_token);
-        const AffineRows a{codes,          row_bytes,      in, group, groups, r0, factors.data(), per_token,
-                           biases.data(), x_sums.data() + t0 * groups, digits.digits.data() + t0 * kDigits * in};
+        const AffineRows a{codes,
+                           row_bytes,
+                           in,
+                           group,
+                           groups,
+                           r0,
+                           factors.data(),
+                           per_token,
+                           biases.data(),
+                           x_sums.data() + t0 * groups,
+                           digits.digits.data() + t0 * kDigits * digits.stride,
+                           digits.stride};
         float* yt = out.data<float>() + t0 * n_out;
         if (bits == 4)
           vnni_span<4>(groups_per_step, tokens, a, r0, r1, bias_f32, yt, n_out);
