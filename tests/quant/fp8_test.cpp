@@ -18,6 +18,7 @@
 #include "io/npy.h"
 #include "io/safetensors_writer.h"
 #include "models/model.h"
+#include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #include "ops/weight.h"
 #include "quant/fp8_quantize.h"
@@ -146,6 +147,59 @@ TEST(Fp8, FusedLinearMatchesDequantizedDense) {
         EXPECT_LE(relative_error(ops::linear(x, w, b), want), 1e-5f)
             << "T=" << T << " " << c.out << "x" << c.in << " block " << c.block << (with_bias ? " bias" : "");
       }
+}
+
+// The CPU's product with lever cpu_tiled_matmul (the block scales folded into
+// the decoded rows, the register-tiled product) and without (a dot product per
+// column block, scaled after): both against the dequantized matmul.
+TEST(Fp8, CpuTiledProductMatchesDequantizedDense) {
+  struct Case { int64_t out, in; int block; };
+  for (bool tiled : {true, false})
+    for (Case c : {Case{7, 200, 128}, Case{130, 300, 128}, Case{33, 129, 128}, Case{40, 100, 64}})
+      for (int64_t T : {1, 2, 5, 17}) {
+        Weight w(random_fp8(c.out, c.in, c.block, uint64_t(c.out * 1000 + c.in)));
+        Tensor x = random_f32({T, c.in}, uint64_t(T)), b = random_f32({c.out}, 7);
+        Tensor want = ops::linear(x, w.dequantize(DType::f32), b);
+        ops::cpu::set_tiled_matmul(tiled);
+        const bool applies = ops::cpu::tiled_matmul_applies();  // false without AVX2
+        const int64_t blocks = ops::cpu::tiled_matmul_blocks();
+        const Tensor got = ops::linear(x, w, b);
+        const bool ran_tiled = ops::cpu::tiled_matmul_blocks() > blocks;
+        ops::cpu::set_tiled_matmul(false);
+        EXPECT_LE(relative_error(got, want), 1e-5f)
+            << (tiled ? "tiled " : "dots ") << "T=" << T << " " << c.out << "x" << c.in << " block " << c.block;
+        EXPECT_EQ(ran_tiled, applies);
+      }
+}
+
+// Every finite E4M3 code, decoded 16 at a time by the CPU's product (and the
+// table for a tail), is its exact value times its block's scale: a [1, 270] row
+// of codes 0..254 but the NaN code 0x7f (0 there), and 15 more, against one-hot
+// tokens; a NaN code gives NaN.
+TEST(Fp8, CpuProductDecodesEveryCodeExactly) {
+  const int64_t in = 270;
+  Tensor values = Tensor::empty({1, in}, DType::f8_e4m3);
+  for (int64_t c = 0; c < in; ++c) values.data<uint8_t>()[c] = uint8_t(c % 255 == 0x7f ? 0 : c % 255);
+  const std::vector<float> block_scales = {0.5f, 2.0f, 0.25f};
+  Weight w(Fp8Weight{values, Tensor::from_floats(block_scales, {1, 3}), 128});
+  std::vector<float> one_hot(size_t(in * in), 0.0f);
+  for (int64_t t = 0; t < in; ++t) one_hot[size_t(t * in + t)] = 1.0f;
+  const Tensor x = Tensor::from_floats(one_hot, {in, in});
+  for (bool tiled : {true, false}) {
+    ops::cpu::set_tiled_matmul(tiled);
+    const Tensor got = ops::linear(x, w, Tensor());
+    for (int64_t t = 0; t < in; ++t)
+      EXPECT_EQ(got.at(t), f8_e4m3_to_f32(values.data<uint8_t>()[t]) * block_scales[size_t(t / 128)])
+          << (tiled ? "tiled" : "dots") << " code " << int(values.data<uint8_t>()[t]);
+    for (uint8_t nan_code : {uint8_t(0x7f), uint8_t(0xff)}) {
+      Tensor bad = values.clone();
+      bad.data<uint8_t>()[5] = nan_code;
+      const Tensor y = ops::linear(Tensor::from_floats(std::vector<float>(size_t(in), 1.0f), {1, in}),
+                                   Weight(Fp8Weight{bad, Tensor::from_floats(block_scales, {1, 3}), 128}), Tensor());
+      EXPECT_TRUE(std::isnan(y.at(0))) << (tiled ? "tiled" : "dots") << " code " << int(nan_code);
+    }
+  }
+  ops::cpu::set_tiled_matmul(false);
 }
 
 TEST(Fp8, EmbedMatchesDequantizedRows) {
