@@ -13,6 +13,7 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #include "quant/affine_quantize.h"
+#include "quant/fp8_test_util.h"
 #include "test_util.h"
 
 namespace mere {
@@ -104,6 +105,36 @@ TEST(CpuDirectMatvec, AffineMatchesTheDequantizedProduct) {
   EXPECT_EQ(checked, 60);
 }
 
+// FP8 rows: blocks of 128 and 64 columns, a last block of 16 (400 columns), 137
+// rows (the scale rows change every 64 or 128, blocks of 4 rows and a rest),
+// T 1-4 and 8; a NaN code gives NaN in its row alone.
+TEST(CpuDirectMatvec, Fp8MatchesTheDequantizedProduct) {
+  int checked = 0;
+  for (int block : {128, 64})
+    for (int64_t in : {256, 400})
+      for (int64_t T : {1, 2, 3, 4, 8}) {
+        const int64_t out = 137;
+        const Weight w(test::random_fp8(out, in, block, uint64_t(block + in + T)));
+        const Tensor x = random_matrix(T, in, uint32_t(T + in), 0.3f, 1.0f);
+        const Tensor bias = random_matrix(1, out, 9, 0.0f, 1.0f).reshape({out});
+        for (const Tensor& b : {Tensor(), bias}) {
+          const int64_t runs = ops::cpu::direct_matvec_runs();
+          const Tensor got = linear_with(true, x, w, b);
+          EXPECT_EQ(ops::cpu::direct_matvec_runs(), runs + 1) << "the direct form did not run";
+          const std::string what = "block " + std::to_string(block) + " in " + std::to_string(in) + " T " +
+                                   std::to_string(T);
+          expect_close(got, linear_with(false, x, w.dequantize(DType::f32), b), what + " against the dequantized",
+                       1e-5f);
+          ++checked;
+        }
+      }
+  EXPECT_EQ(checked, 40);
+  Fp8Weight with_nan = test::random_fp8(8, 256, 128, 5);
+  with_nan.values.data<uint8_t>()[3 * 256 + 200] = 0xff;
+  const Tensor y = linear_with(true, random_matrix(1, 256, 6, 0.0f, 1.0f), Weight(with_nan), Tensor());
+  for (int64_t r = 0; r < 8; ++r) EXPECT_EQ(std::isnan(y.at(r)), r == 3) << r;
+}
+
 TEST(CpuDirectMatvec, RunsOnlyWhereItApplies) {
   const Tensor w = random_matrix(16, 64, 1, 0.0f, 0.05f).to(DType::bf16);
   const Weight q(quantize_affine(w, 4, 32, DType::bf16), 64);
@@ -113,6 +144,8 @@ TEST(CpuDirectMatvec, RunsOnlyWhereItApplies) {
   linear_with(true, nine, q, Tensor());
   linear_with(false, one, w, Tensor());  // the lever off
   linear_with(false, one, q, Tensor());
+  // FP8 rows of 72 columns: not whole 16-value steps.
+  linear_with(true, random_matrix(1, 72, 4, 0.0f, 1.0f), Weight(test::random_fp8(16, 72, 128, 1)), Tensor());
   EXPECT_EQ(ops::cpu::direct_matvec_runs(), runs);
   linear_with(true, one, w, Tensor());
   linear_with(true, one, q, Tensor());

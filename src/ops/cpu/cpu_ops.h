@@ -36,15 +36,17 @@ std::vector<float> to_f32(const Tensor& t);
 // (the bias term of the affine dequantize-dot, bias * sum(x)).
 std::vector<float> group_sums(const Tensor& x, int64_t group);
 
-// Lever cpu_direct_matvec: linear and affine_linear of 1-8 tokens convert the
-// stored weights in registers instead of staging rows as f32 (decode_matvec.cpp).
-// The direct forms return false where they do not apply (more tokens, no AVX2,
-// groups not of whole 8-byte runs of codes, the lever off); direct_matvec_runs counts the
-// calls they served.
+// Lever cpu_direct_matvec: linear, affine_linear and fp8_linear of 1-8 tokens
+// convert the stored weights in registers instead of staging rows as f32
+// (decode_matvec.cpp). The direct forms return false where they do not apply
+// (more tokens, no AVX2, groups not of whole 8-byte runs of codes, FP8 rows not
+// of whole 16-value steps, the lever off); direct_matvec_runs counts the calls
+// they served.
 void set_direct_matvec(bool on);
 int64_t direct_matvec_runs();
 bool direct_matvec(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
 bool direct_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out);
+bool direct_fp8_matvec(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& out);
 
 // Lever cpu_vnni_matvec: affine_linear of 1-8 tokens as integer dot products
 // (AVX-512 VNNI) of the codes and x rounded per group to 23 bits, three s8 digits

@@ -1,5 +1,6 @@
 // Decode matvecs on the CPU (lever cpu_direct_matvec): x [T <= 8, in] f32 against
-// the weights as they are stored (f32/f16/bf16 rows, MLX affine int8/int4 codes).
+// the weights as they are stored (f32/f16/bf16 rows, MLX affine int8/int4 codes,
+// FP8 E4M3 with 128x128 block scales).
 // Each 8 weights are converted to f32 in AVX2 registers and used for up to 4
 // tokens at once (5-8 take a second pass over each chunk of rows, from L2), a
 // few rows at a time so that x's loads serve several rows. The staged
@@ -23,6 +24,7 @@
 
 #include "core/thread_pool.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/e4m3_avx2.h"
 #include "ops/quantized_ops.h"
 
 namespace mere::ops::cpu {
@@ -254,6 +256,76 @@ void affine_span(int64_t T, const AffineRows& a, const float* x, int64_t r0, int
   }
 }
 
+struct Fp8Rows {
+  const uint8_t* values;  // E4M3, `in` per row
+  int64_t in, block;
+  const float* scale_inv;  // [rows / block, scale_cols]
+  int64_t scale_cols;
+};
+
+// kRows rows [r, r + kRows) of an FP8 weight times T tokens: each 128-column
+// block's sum(w x) gathers in its own lanes (two sums, one per 8 of a step's 16
+// values), then its block scale multiplies it into the row's lanes.
+template <int T, int kRows>
+void fp8_rows(const Fp8Rows& a, const float* x, int64_t r, const float* bias, float* out, int64_t n_out) {
+  __m256 acc[kRows][T];
+  zero(acc);
+  for (int64_t c0 = 0; c0 < a.in; c0 += a.block) {
+    __m256 block_acc[2][kRows][T];
+    zero(block_acc[0]);
+    zero(block_acc[1]);
+    #pragma GCC unroll 8
+    for (int k = 0; k < kRows; ++k)  // the next rows' block, as with the codes in affine_rows
+      _mm_prefetch(reinterpret_cast<const char*>(a.values + (r + k + kRows) * a.in + c0), _MM_HINT_T0);
+    for (int64_t i = c0; i < std::min(a.in, c0 + a.block); i += 16) {
+      #pragma GCC unroll 8
+      for (int k = 0; k < kRows; ++k) {
+        __m256 low, high;
+        e4m3x16_times_2_pow_minus_8(a.values + (r + k) * a.in + i, low, high);
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) {
+          block_acc[0][k][t] = _mm256_fmadd_ps(low, _mm256_loadu_ps(x + t * a.in + i), block_acc[0][k][t]);
+          block_acc[1][k][t] = _mm256_fmadd_ps(high, _mm256_loadu_ps(x + t * a.in + i + 8), block_acc[1][k][t]);
+        }
+      }
+    }
+    #pragma GCC unroll 8
+    for (int k = 0; k < kRows; ++k) {
+      // The decode's 2^-8 back in the scale (a power of two: exact).
+      const __m256 scale = _mm256_set1_ps(a.scale_inv[(r + k) / a.block * a.scale_cols + c0 / a.block] * 256.0f);
+      #pragma GCC unroll 8
+      for (int t = 0; t < T; ++t)
+        acc[k][t] = _mm256_fmadd_ps(scale, _mm256_add_ps(block_acc[0][k][t], block_acc[1][k][t]), acc[k][t]);
+    }
+  }
+  #pragma GCC unroll 8
+  for (int k = 0; k < kRows; ++k)
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const float y = horizontal_sum(acc[k][t]);
+      out[t * n_out + r + k] = bias ? y + bias[r + k] : y;
+    }
+}
+
+// kRows * T stays at 4 or fewer: each row and token holds three sums.
+template <int T>
+void fp8_span(const Fp8Rows& a, const float* x, int64_t r0, int64_t r1, const float* bias, float* out, int64_t n_out) {
+  constexpr int kRows = T == 1 ? 4 : T == 2 ? 2 : 1;
+  int64_t r = r0;
+  for (; r + kRows <= r1; r += kRows) fp8_rows<T, kRows>(a, x, r, bias, out, n_out);
+  for (; r < r1; ++r) fp8_rows<T, 1>(a, x, r, bias, out, n_out);
+}
+
+void fp8_span(int64_t T, const Fp8Rows& a, const float* x, int64_t r0, int64_t r1, const float* bias, float* out,
+              int64_t n_out) {
+  switch (T) {
+    case 1: return fp8_span<1>(a, x, r0, r1, bias, out, n_out);
+    case 2: return fp8_span<2>(a, x, r0, r1, bias, out, n_out);
+    case 3: return fp8_span<3>(a, x, r0, r1, bias, out, n_out);
+    case 4: return fp8_span<4>(a, x, r0, r1, bias, out, n_out);
+  }
+}
+
 }  // namespace
 
 bool direct_matvec(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
@@ -318,6 +390,22 @@ bool direct_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& 
   return true;
 }
 
+bool direct_fp8_matvec(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& out) {
+  const int64_t T = x.dim(0), in = x.dim(1), n_out = w.values.dim(0);
+  if (!g_direct_matvec || T > kMaxTokens || in % 16 != 0 || w.block % 16 != 0) return false;
+  const std::vector<float> b = to_f32(bias);
+  const float* bias_f32 = b.empty() ? nullptr : b.data();
+  const Fp8Rows a{w.values.data<uint8_t>(), in, w.block, w.scale_inv.data<float>(), w.scale_inv.dim(1)};
+  parallel_for((n_out + kRowsPerChunk - 1) / kRowsPerChunk, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t r0 = c0 * kRowsPerChunk; r0 < std::min(n_out, c1 * kRowsPerChunk); r0 += kRowsPerChunk)
+      for (int64_t t0 = 0; t0 < T; t0 += kTokensPerPass)
+        fp8_span(std::min(kTokensPerPass, T - t0), a, x.data<float>() + t0 * in, r0,
+                 std::min(n_out, r0 + kRowsPerChunk), bias_f32, out.data<float>() + t0 * n_out, n_out);
+  });
+  ++g_direct_matvec_runs;
+  return true;
+}
+
 bool tiled_matmul_applies() { return g_tiled_matmul; }
 
 bool tiled_rows_product(const float* x, int64_t T, int64_t in, const float* rows, int64_t n_rows, const float* bias,
@@ -334,6 +422,7 @@ bool tiled_rows_product(const float* x, int64_t T, int64_t in, const float* rows
 
 bool direct_matvec(const Tensor&, const Tensor&, const Tensor&, Tensor&) { return false; }
 bool direct_affine_matvec(const Tensor&, const AffineWeight&, const Tensor&, Tensor&) { return false; }
+bool direct_fp8_matvec(const Tensor&, const Fp8Weight&, const Tensor&, Tensor&) { return false; }
 bool tiled_matmul_applies() { return false; }
 bool tiled_rows_product(const float*, int64_t, int64_t, const float*, int64_t, const float*, float*, int64_t) {
   return false;

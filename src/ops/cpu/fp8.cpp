@@ -1,21 +1,19 @@
-// FP8 (E4M3, block-scaled) matmul on the CPU: a fused dequantize-dot. Threads
-// split the output rows 16 at a time; each block of rows is decoded once into
-// f32, 16 values a step through F16C (below), then multiplied by the tokens.
-// With lever cpu_tiled_matmul the block's rows carry their block scales and go
-// through the register-tiled product (decode and prefill alike); without it each
-// token takes its dot product one block of columns at a time, and the block's
-// scale multiplies that block's partial sum. The weight is never expanded
-// beyond one block of rows per thread.
+// FP8 (E4M3, block-scaled) matmul on the CPU: a fused dequantize-dot. Decode
+// (1-8 tokens) takes lever cpu_direct_matvec's kernel where it applies
+// (decode_matvec.cpp). Otherwise threads split the output rows 16 at a time;
+// each block of rows is decoded once into f32, 16 values a step through F16C
+// (below), then multiplied by the tokens. With lever cpu_tiled_matmul the
+// block's rows carry their block scales and go through the register-tiled
+// product; without it each token takes its dot product one block of columns at
+// a time, and the block's scale multiplies that block's partial sum. The weight
+// is never expanded beyond one block of rows per thread.
 #include <algorithm>
 #include <array>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__F16C__)
-#include <immintrin.h>
-#endif
-
 #include "core/thread_pool.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/e4m3_avx2.h"
 #include "ops/quantized_ops.h"
 
 namespace mere::ops::cpu {
@@ -30,25 +28,17 @@ const std::array<float, 256>& e4m3_table() {
   return table;
 }
 
-// dst[i] = e4m3(src[i]) * multiplier. An E4M3 byte shifted left by 7 within 16
-// bits, its sign moved to bit 15, is the f16 of its value times 2^-8, subnormals
-// included (both formats' subnormal steps stay 2^8 apart); F16C widens 8 of those
-// a step, and the multiplier's 256 restores the scale exactly. The NaN codes
-// (0x7f, 0xff) become f16 NaNs. A table serves the tail.
+// dst[i] = e4m3(src[i]) * multiplier: 16 values a step through F16C
+// (e4m3_avx2.h), a table for the tail.
 void decode_e4m3(const uint8_t* src, int64_t n, float multiplier, float* dst) {
   int64_t i = 0;
 #if defined(__AVX2__) && defined(__F16C__)
   const __m256 scale = _mm256_set1_ps(multiplier * 256.0f);
-  const __m256i magnitude_and_sign = _mm256_set1_epi16(int16_t(0xbf80)), low7 = _mm256_set1_epi16(0x7f),
-                nan = _mm256_set1_epi16(0x7e00);
   for (; i + 16 <= n; i += 16) {
-    // Sign-extended, the byte's sign fills bits 8-15: shifted by 7, bit 15 holds
-    // it and bit 14, which must be 0, is masked off.
-    const __m256i bytes = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-    __m256i half = _mm256_and_si256(_mm256_slli_epi16(bytes, 7), magnitude_and_sign);
-    half = _mm256_blendv_epi8(half, nan, _mm256_cmpeq_epi16(_mm256_and_si256(bytes, low7), low7));
-    _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(half)), scale));
-    _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(half, 1)), scale));
+    __m256 low, high;
+    e4m3x16_times_2_pow_minus_8(src + i, low, high);
+    _mm256_storeu_ps(dst + i, _mm256_mul_ps(low, scale));
+    _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(high, scale));
   }
 #endif
   const std::array<float, 256>& table = e4m3_table();
@@ -58,6 +48,7 @@ void decode_e4m3(const uint8_t* src, int64_t n, float multiplier, float* dst) {
 }  // namespace
 
 void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor& out) {
+  if (direct_fp8_matvec(x, w, bias, out)) return;
   const int64_t T = x.dim(0), in = x.dim(1), n_out = w.values.dim(0), block = w.block;
   const int64_t scale_cols = w.scale_inv.dim(1);
   const std::vector<float> bias_f32 = to_f32(bias);
