@@ -17,12 +17,11 @@ std::vector<std::string> engine_lever_names() {
           "rope_in_attention", "wide_attention_blocks", "cluster_attention_merge",
           "routing_in_experts", "deep_moe_ring", "deep_dense_ring", "wide_batch_stages",
           "streamed_weights", "cpu_direct_matvec", "cpu_tiled_matmul",
-          "cpu_vnni_matvec"};
+          "cpu_vnni_matvec", "cpu_vector_attention"};
 }
 
 Device engine_lever_device(const std::string& name) {
-  return name == "cpu_direct_matvec" || name == "cpu_tiled_matmul" || name == "cpu_vnni_matvec" ? Device::cpu
-                                                                                                 : Device::cuda;
+  return name.rfind("cpu_", 0) == 0 ? Device::cpu : Device::cuda;  // the CPU levers are named cpu_*
 }
 
 LeverSpec parse_lever(const std::string& text) {

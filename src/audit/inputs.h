@@ -29,8 +29,7 @@ struct LeverSpec {
 LeverSpec parse_lever(const std::string& text);
 // The engine levers --lever accepts (Levers' fields).
 std::vector<std::string> engine_lever_names();
-// The device an engine lever acts on: the CPU's own (cpu_direct_matvec, cpu_tiled_matmul,
-// cpu_vnni_matvec) or, for the rest, CUDA.
+// The device an engine lever acts on: the CPU's own (the cpu_* ones) or, for the rest, CUDA.
 Device engine_lever_device(const std::string& name);
 
 // One prompt of the set: raw text, or chat messages rendered with the model's template.

@@ -98,7 +98,8 @@ std::string layout_levers(const ModelInfo& info) {
               ? std::string(" tensor_core_affine_gemm=") + lever_mode_name(o.tensor_core_affine_gemm)
               : "") +
          (o.fuse_moe_gate_up ? " fused_moe_gate_up=on" : "") + (o.cpu_direct_matvec ? " cpu_direct_matvec=on" : "") +
-         (o.cpu_tiled_matmul ? " cpu_tiled_matmul=on" : "") + (o.cpu_vnni_matvec ? " cpu_vnni_matvec=on" : "");
+         (o.cpu_tiled_matmul ? " cpu_tiled_matmul=on" : "") + (o.cpu_vnni_matvec ? " cpu_vnni_matvec=on" : "") +
+         (o.cpu_vector_attention ? " cpu_vector_attention=on" : "");
 }
 
 // The decode loop's levers as they ran (the CPU loop is eager and reads each token).

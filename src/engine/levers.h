@@ -204,6 +204,11 @@ struct Levers {
   // Default: audit of the demo (int4, int8 g64) KL 2.7e-12 nats, greedy 100%,
   // decode +23% / +10%; Qwen3-0.6B shape int4 decode +19% (docs/levers.md).
   bool cpu_vnni_matvec = true;
+  // CPU attention by one task per token and kv head, its query heads sharing
+  // each key and value row, in AVX2 registers (4 keys a step for the scores,
+  // 32 dimensions for the values, rows prefetched, exp by a polynomial) instead
+  // of a scalar task per query head.
+  bool cpu_vector_attention = false;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
   // MERERUN_ROPE_IN_ATTENTION, MERERUN_WIDE_ATTENTION_BLOCKS, MERERUN_CLUSTER_ATTENTION_MERGE,
@@ -233,7 +238,8 @@ struct Levers {
                   .prefix_cache = false,
                   .cpu_direct_matvec = false,
                   .cpu_tiled_matmul = false,
-                  .cpu_vnni_matvec = false};
+                  .cpu_vnni_matvec = false,
+                  .cpu_vector_attention = false};
   }
   // The levers in effect on `device`, for the line a run prints.
   std::string describe(Device device) const;

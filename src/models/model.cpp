@@ -12,8 +12,10 @@ const char* lever_mode_name(LeverMode mode) {
 
 void apply_launch_settings(const LoadOptions& o, Device device) {
   if (device == Device::cpu) {
-    ops::set_cpu_settings(
-        {.direct_matvec = o.cpu_direct_matvec, .tiled_matmul = o.cpu_tiled_matmul, .vnni_matvec = o.cpu_vnni_matvec});
+    ops::set_cpu_settings({.direct_matvec = o.cpu_direct_matvec,
+                           .tiled_matmul = o.cpu_tiled_matmul,
+                           .vnni_matvec = o.cpu_vnni_matvec,
+                           .vector_attention = o.cpu_vector_attention});
     return;
   }
   ops::set_launch_settings({.programmatic = o.programmatic_launch,

@@ -73,6 +73,8 @@ struct LoadOptions {
   bool cpu_tiled_matmul = false;
   // CPU affine decode matvecs as integer dot products (lever cpu_vnni_matvec).
   bool cpu_vnni_matvec = false;
+  // CPU attention in registers, a task per kv head (lever cpu_vector_attention).
+  bool cpu_vector_attention = false;
 };
 
 // Sets how kernels run on `device` from a model's options (ops::set_launch_settings

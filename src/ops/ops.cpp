@@ -188,6 +188,7 @@ void set_cpu_settings(const CpuSettings& settings) {
   cpu::set_direct_matvec(settings.direct_matvec);
   cpu::set_tiled_matmul(settings.tiled_matmul);
   cpu::set_vnni_matvec(settings.vnni_matvec);
+  cpu::set_vector_attention(settings.vector_attention);
 }
 void set_decode_keys(int64_t keys) { cuda::set_decode_keys(keys); }
 void set_cached_rows_final(bool final) { cuda::set_cached_rows_final(final); }

@@ -1,0 +1,150 @@
+// Lever cpu_vector_attention (ops/cpu/attention.cpp): the CPU's attention by one
+// task per token and kv head in AVX2 registers, against attention computed here
+// in double precision and against the scalar form.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "audit/inputs.h"
+#include "engine/levers.h"
+#include "models/model.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace mere {
+namespace {
+
+Tensor random_tensor(Shape shape, uint32_t seed, float sd) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, sd);
+  std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
+  for (float& x : v) x = normal(rng);
+  return Tensor::from_floats(v, shape);
+}
+
+Tensor attention_with(bool vector, const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale) {
+  ops::cpu::set_vector_attention(vector);
+  Tensor out = ops::attention(q, k, v, pos0, scale);
+  ops::cpu::set_vector_attention(false);
+  return out;
+}
+
+// Causal attention in double: token t sees keys [0, pos0 + t].
+std::vector<double> reference(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale) {
+  const int64_t T = q.dim(0), H = q.dim(1), D = q.dim(2), KV = k.dim(1), group = H / KV;
+  std::vector<double> out(size_t(T * H * D), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t n = pos0 + t + 1, g = h / group;
+      std::vector<double> p(static_cast<size_t>(n));
+      double top = -INFINITY, sum = 0;
+      for (int64_t s = 0; s < n; ++s) {
+        double d = 0;
+        for (int64_t i = 0; i < D; ++i) d += double(q.at((t * H + h) * D + i)) * double(k.at((s * KV + g) * D + i));
+        p[size_t(s)] = d * scale;
+        top = std::max(top, p[size_t(s)]);
+      }
+      for (double& x : p) sum += (x = std::exp(x - top));
+      for (int64_t s = 0; s < n; ++s)
+        for (int64_t i = 0; i < D; ++i)
+          out[size_t((t * H + h) * D + i)] += p[size_t(s)] / sum * double(v.at((s * KV + g) * D + i));
+    }
+  return out;
+}
+
+double worst_error(const Tensor& got, const std::vector<double>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(double(got.at(int64_t(i))) - want[i]));
+  return worst;
+}
+
+struct Case {
+  int64_t T, heads, kv_heads, head_dim, pos0;
+};
+
+// Groups of 1, 2, 4 and 7 query heads a kv head (pairs and a single), head_dim 64,
+// 128, 80 and 72 (32-dimension steps and 8-dimension rests), 1-9 tokens after 0,
+// 5 or 300 cached keys (4-key steps and a rest of 1-3). Values are of order 1,
+// so the bound is absolute: 2e-6 against double, where the scalar form's own
+// error is of the same order.
+TEST(CpuVectorAttention, MatchesDoublePrecisionAttention) {
+  int checked = 0;
+  for (const Case& c : {Case{1, 16, 8, 128, 300}, Case{1, 14, 2, 64, 301}, Case{3, 4, 4, 80, 5}, Case{9, 32, 8, 72, 0},
+                        Case{2, 8, 2, 128, 0}, Case{1, 7, 1, 64, 1}}) {
+    const uint32_t seed = uint32_t(c.T * 100 + c.heads + c.pos0);
+    const Tensor q = random_tensor({c.T, c.heads, c.head_dim}, seed, 1.0f);
+    const Tensor k = random_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 1, 1.0f);
+    const Tensor v = random_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 2, 1.0f);
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    const std::vector<double> want = reference(q, k, v, c.pos0, scale);
+    const int64_t runs = ops::cpu::vector_attention_runs();
+    const Tensor got = attention_with(true, q, k, v, c.pos0, scale);
+    const std::string what = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) + "/" +
+                             std::to_string(c.kv_heads) + " dim " + std::to_string(c.head_dim) + " pos0 " +
+                             std::to_string(c.pos0);
+    if (ops::cpu::vector_attention_runs() == runs) GTEST_SKIP() << "no AVX2 build: the scalar form serves";
+    EXPECT_LE(worst_error(got, want), 2e-6) << what;
+    EXPECT_LE(worst_error(attention_with(false, q, k, v, c.pos0, scale), want), 2e-6) << what << " (scalar)";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 6);
+}
+
+// Scores far apart: a key that takes nearly all the weight and keys whose
+// weights fall below 2^-126 (e^x flushed to 0) keep the result.
+TEST(CpuVectorAttention, KeepsSharpSoftmaxes) {
+  const int64_t n = 40, D = 64;
+  Tensor q = random_tensor({1, 2, D}, 1, 1.0f), k = random_tensor({n, 1, D}, 2, 1.0f),
+         v = random_tensor({n, 1, D}, 3, 1.0f);
+  for (int64_t i = 0; i < D; ++i) {
+    q.data<float>()[i] = 3.0f;                // head 0 aligns with key 17
+    k.data<float>()[17 * D + i] = 3.0f;
+    k.data<float>()[5 * D + i] = -3.0f;       // and is far from key 5
+  }
+  const std::vector<double> want = reference(q, k, v, n - 1, 1.0f);
+  const Tensor got = attention_with(true, q, k, v, n - 1, 1.0f);
+  EXPECT_LE(worst_error(got, want), 2e-6);
+}
+
+// Where the form does not apply (head_dim not a multiple of 8, the lever off)
+// the scalar form runs.
+TEST(CpuVectorAttention, RunsOnlyWhereItApplies) {
+  const Tensor q = random_tensor({1, 4, 36}, 1, 1.0f), k = random_tensor({5, 2, 36}, 2, 1.0f),
+               v = random_tensor({5, 2, 36}, 3, 1.0f);
+  const int64_t runs = ops::cpu::vector_attention_runs();
+  attention_with(true, q, k, v, 4, 0.2f);
+  attention_with(false, random_tensor({1, 4, 64}, 4, 1.0f), random_tensor({5, 2, 64}, 5, 1.0f),
+                 random_tensor({5, 2, 64}, 6, 1.0f), 4, 0.2f);
+  EXPECT_EQ(ops::cpu::vector_attention_runs(), runs);
+}
+
+// A CPU model sets the lever from its load options.
+TEST(CpuVectorAttention, ACpuModelRunsWithTheLever) {
+  for (bool on : {true, false}) {
+    Levers levers;
+    levers.cpu_vector_attention = on;
+    const std::unique_ptr<Model> model =
+        load_model(test::model_dir("demo"), Device::cpu, levers.load_options(Device::cpu));
+    auto state = model->make_state(16);
+    const int64_t runs = ops::cpu::vector_attention_runs();
+    model->forward({1, 2, 3}, *state, /*all_logits=*/false);
+    model->forward({4}, *state, /*all_logits=*/false);
+    const bool ran = ops::cpu::vector_attention_runs() > runs;
+#ifdef __AVX2__
+    EXPECT_EQ(ran, on) << "lever " << (on ? "on" : "off");
+#else
+    EXPECT_FALSE(ran);
+#endif
+  }
+}
+
+TEST(CpuVectorAttention, AuditGatesItOnTheCpu) {
+  const std::vector<std::string> names = engine_lever_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "cpu_vector_attention"), names.end());
+  EXPECT_EQ(engine_lever_device("cpu_vector_attention"), Device::cpu);
+}
+
+}  // namespace
+}  // namespace mere
