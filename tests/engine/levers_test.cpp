@@ -209,6 +209,11 @@ TEST(Levers, CpuVnniMatvecIsOnByDefaultAndCpuOnly) {
                        &LoadOptions::cpu_vnni_matvec);
 }
 
+TEST(Levers, CpuVectorAttentionIsOnByDefaultAndCpuOnly) {
+  expect_default_lever(Device::cpu, "MERERUN_CPU_VECTOR_ATTENTION", "cpu_vector_attention",
+                       &Levers::cpu_vector_attention, &LoadOptions::cpu_vector_attention);
+}
+
 TEST(Levers, CpuTiledMatmulIsOnByDefaultAndCpuOnly) {
   expect_default_lever(Device::cpu, "MERERUN_CPU_TILED_MATMUL", "cpu_tiled_matmul", &Levers::cpu_tiled_matmul,
                        &LoadOptions::cpu_tiled_matmul);

@@ -5,9 +5,10 @@
 // heads that share it, so each key and value row is read once for all of them
 // (the scalar form reads them once per query head); scores, softmax and the
 // weighted values in AVX2 registers, 4 keys a step for the scores and 32 value
-// dimensions a step for the sums, the rows a few keys ahead prefetched (a kv
-// head's rows lie a whole cache row apart, a stride the hardware prefetcher
-// does not follow across pages); exp by a polynomial (about 2 ulp).
+// dimensions a step for the sums over blocks of 64 keys, the rows 64 keys ahead
+// prefetched into L2 (a kv head's rows lie a whole cache row apart, a stride
+// the hardware prefetcher does not follow across pages; into L1 the fill
+// buffers ran out first); exp by a polynomial (about 2 ulp).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -60,8 +61,8 @@ void scalar_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
 
 #ifdef MERE_CPU_VECTOR_ATTENTION
 
-// Keys ahead whose rows a step asks for.
-constexpr int64_t kPrefetchKeys = 8;
+// Keys ahead whose rows a step asks for: the scores' step and the values' step.
+constexpr int64_t kScoreAhead = 64, kValueAhead = 64;
 
 // e^x for x <= 0 (scores less their max): x = n ln2 + r, |r| <= ln2 / 2, e^r by
 // a degree-6 polynomial, 2^n into the exponent; below -87 (e^x < 2^-126) 0.
@@ -113,7 +114,7 @@ void head_scores(const HeadGroup& g, float* scores) {
     #pragma GCC unroll 4
     for (int u = 0; u < 4; ++u)
       for (int64_t i = 0; i < g.head_dim; i += 16)
-        _mm_prefetch(reinterpret_cast<const char*>(g.k + (s + u + kPrefetchKeys) * g.row + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(g.k + (s + u + kScoreAhead) * g.row + i), _MM_HINT_T1);
     __m256 acc[kHeads][4];
     #pragma GCC unroll 4
     for (auto& a : acc)
@@ -162,16 +163,26 @@ float softmax_weights(float* scores, int64_t n) {
   return 1.0f / total;
 }
 
-// out_j[i0, i0 + 8 kVectors) = sum_s weights[j][s] v_s[...] * inv_sum[j].
+// Keys a block of the weighted sum: its value rows stay in L1/L2 while the
+// passes over their head_dim take them 32 dimensions at a time, so each row is
+// fetched from memory whole, once.
+constexpr int64_t kKeysABlock = 64;
+
+// out_j[i0, i0 + 8 kVectors) (+)= sum over keys [s0, s1) of weights[j][s] v_s[...]
+// (from 0 in the first block). The first pass over a block's rows asks for the
+// rows kValueAhead keys on, whole.
 template <int kHeads, int kVectors>
-void weighted_values(const HeadGroup& g, const float* weights, const float* inv_sum, int64_t i0, float* out) {
+void weighted_values(const HeadGroup& g, const float* weights, int64_t s0, int64_t s1, int64_t i0, float* out) {
   __m256 acc[kHeads][kVectors];
   #pragma GCC unroll 4
-  for (auto& a : acc)
+  for (int j = 0; j < kHeads; ++j)
     #pragma GCC unroll 4
-    for (auto& x : a) x = _mm256_setzero_ps();
-  for (int64_t s = 0; s < g.n_keys; ++s) {
-    _mm_prefetch(reinterpret_cast<const char*>(g.v + (s + kPrefetchKeys) * g.row + i0), _MM_HINT_T0);
+    for (int u = 0; u < kVectors; ++u)
+      acc[j][u] = s0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + j * g.head_dim + i0 + 8 * u);
+  for (int64_t s = s0; s < s1; ++s) {
+    if (i0 == 0)
+      for (int64_t i = 0; i < g.head_dim; i += 16)
+        _mm_prefetch(reinterpret_cast<const char*>(g.v + (s + kValueAhead) * g.row + i), _MM_HINT_T1);
     __m256 value[kVectors];
     #pragma GCC unroll 4
     for (int u = 0; u < kVectors; ++u) value[u] = _mm256_loadu_ps(g.v + s * g.row + i0 + 8 * u);
@@ -185,8 +196,7 @@ void weighted_values(const HeadGroup& g, const float* weights, const float* inv_
   #pragma GCC unroll 4
   for (int j = 0; j < kHeads; ++j)
     #pragma GCC unroll 4
-    for (int u = 0; u < kVectors; ++u)
-      _mm256_storeu_ps(out + j * g.head_dim + i0 + 8 * u, _mm256_mul_ps(acc[j][u], _mm256_set1_ps(inv_sum[j])));
+    for (int u = 0; u < kVectors; ++u) _mm256_storeu_ps(out + j * g.head_dim + i0 + 8 * u, acc[j][u]);
 }
 
 // kHeads query heads of one kv head: the whole of attention for them.
@@ -197,9 +207,17 @@ void attend_heads(const HeadGroup& g, std::vector<float>& scores, float* out) {
   float inv_sum[kHeads];
   #pragma GCC unroll 4
   for (int j = 0; j < kHeads; ++j) inv_sum[j] = softmax_weights(scores.data() + j * g.n_keys, g.n_keys);
-  int64_t i0 = 0;
-  for (; i0 + 32 <= g.head_dim; i0 += 32) weighted_values<kHeads, 4>(g, scores.data(), inv_sum, i0, out);
-  for (; i0 < g.head_dim; i0 += 8) weighted_values<kHeads, 1>(g, scores.data(), inv_sum, i0, out);
+  for (int64_t s0 = 0; s0 < g.n_keys; s0 += kKeysABlock) {
+    const int64_t s1 = std::min(g.n_keys, s0 + kKeysABlock);
+    int64_t i0 = 0;
+    for (; i0 + 32 <= g.head_dim; i0 += 32) weighted_values<kHeads, 4>(g, scores.data(), s0, s1, i0, out);
+    for (; i0 < g.head_dim; i0 += 8) weighted_values<kHeads, 1>(g, scores.data(), s0, s1, i0, out);
+  }
+  #pragma GCC unroll 4
+  for (int j = 0; j < kHeads; ++j)
+    for (int64_t i = 0; i < g.head_dim; i += 8)
+      _mm256_storeu_ps(out + j * g.head_dim + i,
+                       _mm256_mul_ps(_mm256_loadu_ps(out + j * g.head_dim + i), _mm256_set1_ps(inv_sum[j])));
 }
 
 bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
