@@ -209,7 +209,7 @@ struct Levers {
   // 32 dimensions for the values, rows prefetched, exp by a polynomial) instead
   // of a scalar task per query head. Default: audit of the demo KL 2.7e-13 nats,
   // greedy 100%, decode +13%, prefill +11%; Qwen3-0.6B shape int4 decode after
-  // 1,024 / 4,096 cached tokens x2.2 / x3.4 (docs/levers.md).
+  // 1,024 / 4,096 cached tokens x2.4 / x4.2 (docs/levers.md).
   bool cpu_vector_attention = true;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
