@@ -273,8 +273,7 @@ bool vnni_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& bi
   // inside s32; groups of whole 16-value vectors for make_digits.
   const int64_t groups_per_step = group < step && step % group == 0 ? step / group : 1;
   if (!g_vnni_matvec || !vnni_available() || T > kMaxTokens || (bits != 4 && bits != 8) || group > 1024 ||
-      group % 16 != 0 ||
-      in % group != 0 || groups_per_step > 4 || (groups_per_step == 1 && group % step != 0))
+      group % 16 != 0 || in % group != 0 || groups_per_step > 4 || (groups_per_step == 1 && group % step != 0))
     return false;
   XDigits digits;
   if (!make_digits(x.data<float>(), T, in, group, bits, digits)) return false;
