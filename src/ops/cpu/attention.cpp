@@ -20,6 +20,7 @@
 #endif
 
 #include "core/thread_pool.h"
+#include "ops/cpu/avx2.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace mere::ops::cpu {
@@ -82,13 +83,6 @@ __m256 exp_nonpositive(__m256 x) {
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i power = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(power)));
-}
-
-float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // The four sums of a[0..3], each over its 8 lanes.

@@ -49,7 +49,6 @@ void convert(const Tensor& src, Tensor& dst) {
     out[i] = dst.dtype() == DType::bf16 ? f32_to_bf16(tmp[size_t(i)]) : f32_to_f16(tmp[size_t(i)]);
 }
 
-// Eight-lane partial sums let the compiler vectorise without reassociating globally.
 std::vector<float> to_f32(const Tensor& t) {
   std::vector<float> out;
   if (t.defined()) {
@@ -73,6 +72,7 @@ std::vector<float> group_sums(const Tensor& x, int64_t group) {
   return sums;
 }
 
+// Eight-lane partial sums let the compiler vectorise without reassociating globally.
 float dot(const float* a, const float* b, int64_t n) {
   float acc = 0;
 #pragma omp simd reduction(+ : acc)

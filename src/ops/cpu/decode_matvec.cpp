@@ -24,7 +24,7 @@
 
 #include "core/thread_pool.h"
 #include "ops/cpu/cpu_ops.h"
-#include "ops/cpu/e4m3_avx2.h"
+#include "ops/cpu/avx2.h"
 #include "ops/quantized_ops.h"
 
 namespace mere::ops::cpu {
@@ -48,13 +48,6 @@ constexpr int64_t kMaxTokens = 8;
 // another pass over each chunk of rows, from L2 the second time.
 constexpr int64_t kTokensPerPass = 4;
 constexpr int64_t kRowsPerChunk = 64;
-
-float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 template <int kRows, int T>
 void zero(__m256 (&sums)[kRows][T]) {

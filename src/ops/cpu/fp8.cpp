@@ -13,7 +13,7 @@
 
 #include "core/thread_pool.h"
 #include "ops/cpu/cpu_ops.h"
-#include "ops/cpu/e4m3_avx2.h"
+#include "ops/cpu/avx2.h"
 #include "ops/quantized_ops.h"
 
 namespace mere::ops::cpu {
@@ -29,7 +29,7 @@ const std::array<float, 256>& e4m3_table() {
 }
 
 // dst[i] = e4m3(src[i]) * multiplier: 16 values a step through F16C
-// (e4m3_avx2.h), a table for the tail.
+// (avx2.h), a table for the tail.
 void decode_e4m3(const uint8_t* src, int64_t n, float multiplier, float* dst) {
   int64_t i = 0;
 #if defined(__AVX2__) && defined(__F16C__)

@@ -1,4 +1,4 @@
-// 16 E4M3 bytes as f32 in two AVX2 vectors (ops/cpu/fp8.cpp, decode_matvec.cpp).
+// Small AVX2 steps the CPU kernels share (decode_matvec.cpp, fp8.cpp, attention.cpp).
 #pragma once
 
 #if defined(__AVX2__) && defined(__F16C__)
@@ -7,6 +7,14 @@
 #include <cstdint>
 
 namespace mere::ops::cpu {
+
+// The sum of v's 8 lanes.
+inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 
 // src[0..15] as f32, times 2^-8: an E4M3 byte shifted left by 7 within 16 bits,
 // its sign moved to bit 15, is the f16 of its value times 2^-8, subnormals
