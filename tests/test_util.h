@@ -34,4 +34,17 @@ struct MaxDiff {
 };
 MaxDiff max_abs_diff(const Tensor& a, const Tensor& b);
 
+// One of the CPU's lever switches (ops::cpu::set_*) set for a scope, off after
+// (their state between tests).
+class CpuLever {
+ public:
+  CpuLever(void (*set)(bool), bool on) : set_(set) { set_(on); }
+  ~CpuLever() { set_(false); }
+  CpuLever(const CpuLever&) = delete;
+  CpuLever& operator=(const CpuLever&) = delete;
+
+ private:
+  void (*set_)(bool);
+};
+
 }  // namespace mere::test

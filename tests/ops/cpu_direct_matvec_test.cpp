@@ -27,23 +27,13 @@ Tensor random_matrix(int64_t rows, int64_t cols, uint32_t seed, float mean, floa
   return Tensor::from_floats(v, {rows, cols});
 }
 
-// The levers set for one scope, restored after.
-struct DirectMatvec {
-  explicit DirectMatvec(bool on) { ops::cpu::set_direct_matvec(on); }
-  ~DirectMatvec() { ops::cpu::set_direct_matvec(false); }
-};
-struct TiledMatmul {
-  explicit TiledMatmul(bool on) { ops::cpu::set_tiled_matmul(on); }
-  ~TiledMatmul() { ops::cpu::set_tiled_matmul(false); }
-};
-
 Tensor tiled_linear(bool tiled, const Tensor& x, const Weight& w, const Tensor& bias) {
-  TiledMatmul lever(tiled);
+  const test::CpuLever lever(ops::cpu::set_tiled_matmul, tiled);
   return ops::linear(x, w, bias);
 }
 
 Tensor linear_with(bool direct, const Tensor& x, const Weight& w, const Tensor& bias) {
-  DirectMatvec lever(direct);
+  const test::CpuLever lever(ops::cpu::set_direct_matvec, direct);
   return ops::linear(x, w, bias);
 }
 

@@ -25,10 +25,8 @@ Tensor random_tensor(Shape shape, uint32_t seed, float sd) {
 }
 
 Tensor attention_with(bool vector, const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale) {
-  ops::cpu::set_vector_attention(vector);
-  Tensor out = ops::attention(q, k, v, pos0, scale);
-  ops::cpu::set_vector_attention(false);
-  return out;
+  const test::CpuLever lever(ops::cpu::set_vector_attention, vector);
+  return ops::attention(q, k, v, pos0, scale);
 }
 
 // Causal attention in double: token t sees keys [0, pos0 + t].

@@ -28,14 +28,8 @@ std::vector<float> normal_values(int64_t n, uint32_t seed, float mean, float sd)
   return v;
 }
 
-// The lever for one scope, restored after.
-struct VnniMatvec {
-  explicit VnniMatvec(bool on) { ops::cpu::set_vnni_matvec(on); }
-  ~VnniMatvec() { ops::cpu::set_vnni_matvec(false); }
-};
-
 Tensor linear_with(bool vnni, const Tensor& x, const Weight& w, const Tensor& bias) {
-  VnniMatvec lever(vnni);
+  const test::CpuLever lever(ops::cpu::set_vnni_matvec, vnni);
   return ops::linear(x, w, bias);
 }
 

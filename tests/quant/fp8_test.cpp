@@ -160,12 +160,15 @@ TEST(Fp8, CpuTiledProductMatchesDequantizedDense) {
         Weight w(random_fp8(c.out, c.in, c.block, uint64_t(c.out * 1000 + c.in)));
         Tensor x = random_f32({T, c.in}, uint64_t(T)), b = random_f32({c.out}, 7);
         Tensor want = ops::linear(x, w.dequantize(DType::f32), b);
-        ops::cpu::set_tiled_matmul(tiled);
-        const bool applies = ops::cpu::tiled_matmul_applies();  // false without AVX2
-        const int64_t blocks = ops::cpu::tiled_matmul_blocks();
-        const Tensor got = ops::linear(x, w, b);
-        const bool ran_tiled = ops::cpu::tiled_matmul_blocks() > blocks;
-        ops::cpu::set_tiled_matmul(false);
+        bool applies = false, ran_tiled = false;
+        Tensor got;
+        {
+          const test::CpuLever lever(ops::cpu::set_tiled_matmul, tiled);
+          applies = ops::cpu::tiled_matmul_applies();  // false without AVX2
+          const int64_t blocks = ops::cpu::tiled_matmul_blocks();
+          got = ops::linear(x, w, b);
+          ran_tiled = ops::cpu::tiled_matmul_blocks() > blocks;
+        }
         EXPECT_LE(relative_error(got, want), 1e-5f)
             << (tiled ? "tiled " : "dots ") << "T=" << T << " " << c.out << "x" << c.in << " block " << c.block;
         EXPECT_EQ(ran_tiled, applies);
@@ -186,7 +189,7 @@ TEST(Fp8, CpuProductDecodesEveryCodeExactly) {
   for (int64_t t = 0; t < in; ++t) one_hot[size_t(t * in + t)] = 1.0f;
   const Tensor x = Tensor::from_floats(one_hot, {in, in});
   for (bool tiled : {true, false}) {
-    ops::cpu::set_tiled_matmul(tiled);
+    const test::CpuLever lever(ops::cpu::set_tiled_matmul, tiled);
     const Tensor got = ops::linear(x, w, Tensor());
     for (int64_t t = 0; t < in; ++t)
       EXPECT_EQ(got.at(t), f8_e4m3_to_f32(values.data<uint8_t>()[t]) * block_scales[size_t(t / 128)])
@@ -199,7 +202,6 @@ TEST(Fp8, CpuProductDecodesEveryCodeExactly) {
       EXPECT_TRUE(std::isnan(y.at(0))) << (tiled ? "tiled" : "dots") << " code " << int(nan_code);
     }
   }
-  ops::cpu::set_tiled_matmul(false);
 }
 
 TEST(Fp8, EmbedMatchesDequantizedRows) {
