@@ -278,7 +278,9 @@ TEST_F(MoeTensorCoreGpu, FallsBackWhereItCannotRunAndMixesFormats) {
 // groups (DeepSeek-V3's form) or not, E of 12 to 256, k of 1 to 8, 1 to 8
 // tokens. The logits are multiples of 1/4, so that exact ties (to the lower
 // index) occur and the CPU's and GPU's expf cannot order a near-tie
-// differently; in the `flat` cases token 0's logits all tie.
+// differently. Without groups and with E a multiple of 32 up to 128 each warp
+// routes alone, ranking only the experts at or above a bound: all of them
+// where a token's logits all tie (token 0 of the `flat` cases).
 TEST_F(MoeTensorCoreGpu, RoutingInExpertsGivesTheRoutingKernelsChoiceBitForBit) {
   struct Case {
     std::string format;
@@ -294,7 +296,7 @@ TEST_F(MoeTensorCoreGpu, RoutingInExpertsGivesTheRoutingKernelsChoiceBitForBit) 
                         Case{"int8", 32, 12, 128, 256, {.top_k = 2}, false},
                         Case{"int4", 32, 256, 256, 256, deepseek, true},
                         Case{"int8", 128, 128, 256, 512, {.top_k = 1}, false},
-                        Case{"int4", 64, 256, 256, 512, {.top_k = 8, .renormalize = true}, false, true},
+                        Case{"int4", 64, 128, 256, 512, {.top_k = 8, .renormalize = true}, false, true},
                         Case{"int8", 64, 64, 256, 512,
                              {.score = ops::MoeRouting::Score::sigmoid, .top_k = 4, .scale = 1.5f}, true, true},
                         Case{"int4", 32, 32, 256, 512, {.top_k = 4, .renormalize = true}, false}})
@@ -332,6 +334,9 @@ TEST_F(MoeTensorCoreGpu, RoutingInExpertsGivesTheRoutingKernelsChoiceBitForBit) 
         EXPECT_EQ(routing_kernels(kernels_off), 1u) << label;
         EXPECT_EQ(routing_kernels(kernels_on), 0u) << label;
         EXPECT_EQ(kernels_on.size() + 1, kernels_off.size()) << label;
+        // The kernel of warps that route alone, where the routing allows it.
+        const cuda::MoeRouteArgs route{.E = int(s.E), .k = s.routing.top_k, .n_groups = s.routing.n_groups};
+        EXPECT_EQ(cuda::routes_in_a_warp(route), s.routing.n_groups == 1 && s.E % 32 == 0 && s.E <= 128) << label;
         const Tensor want = ops::moe_routed_experts(x, w, logits, s.routing, correction);
         EXPECT_LE(relative_error(on, want, label), 1e-5f);
       }

@@ -560,13 +560,28 @@ __device__ __forceinline__ float unpack_scale(const uint32_t* words, int i) {
 
 // Gate/up under lever routing_in_experts: the block routes its token (the
 // router's logits came from the kernel two back, final once the prepare kernel
-// between let this one start), in the space of x's image, which the block fills
-// only after its wait; the block then takes its slot's expert, and the blocks
-// of column 0 write their pair's choice for the kernels after this one.
-__device__ __forceinline__ tiles::MoeBlock routed_block(const Problem& p, uint8_t* smem) {
+// between let this one start): each warp alone in its own ring (kWarpRouted, a
+// kernel of its own: docs/benchmarks.md, forty-second session), or the whole
+// block in the space of x's image, which it fills only after its wait; the
+// block then takes its slot's expert, and the blocks of column 0 write their
+// pair's choice for the kernels after this one.
+template <bool kWarpRouted>
+__device__ __forceinline__ tiles::MoeBlock routed_block(const Problem& p, uint8_t* smem, uint8_t* warp_scratch) {
   const int pair = blockIdx.y, slot = pair % p.k;
   tiles::MoeBlock b;
   b.token = pair / p.k;
+  if constexpr (kWarpRouted) {
+    const bool writes = blockIdx.x == 0 && threadIdx.x < 32;  // warp 0 of column 0
+    int expert = 0;
+    float weight = 0;
+    route_slot_in_warp(p.route, b.token, slot, warp_scratch, writes, expert, weight);
+    if (writes && threadIdx.x == 0) {
+      p.route.ids[pair] = expert;
+      p.route.weights[pair] = weight;
+    }
+    b.expert_row0 = int64_t(expert) * p.expert_stride;
+    return b;
+  }
   const RoutingScratch s(smem, p.route.E);
   rank_experts(p.route, b.token, s);
   const int32_t expert = s.chosen[slot];
@@ -591,7 +606,8 @@ constexpr int kMinBlocksPerSm = kMmas <= 2 ? 2 : 1;
 
 // Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
 // 16 rows, warp w its tile w / split and the share w % split of its stages.
-template <int kBits, int kGroup, typename S, int kMmas, int kDigits, int kMode, int kStages, int kRowBytesAtLeast>
+template <int kBits, int kGroup, typename S, int kMmas, int kDigits, int kMode, int kStages, int kRowBytesAtLeast,
+          bool kWarpRouted = false>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
     affine_matvec_mma_kernel(const __grid_constant__ Problem p) {
   using Sh = Shape<kBits, kGroup, S, kRowBytesAtLeast>;
@@ -616,6 +632,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   const int64_t row_bytes = p.row_bytes;
   constexpr int kChunks = Sh::kRowBytes / 16;  // 16-byte chunks of a stage's row
   static_assert(32 % kChunks == 0, "a round of the lanes' copies covers whole rows");
+  static_assert(!kWarpRouted || kStages * Sh::kStageBytes >= kWarpRoutingBytes, "a warp routes in its own ring");
   constexpr int kCopies = kTileRows * kChunks / 32;  // of them per lane and stage
   constexpr int kCopyRows = 32 / kChunks;            // rows a round of copies covers
   constexpr int kSb = Sh::kScaleRowBytes;
@@ -626,7 +643,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   if constexpr (kMarks) PHASE_MARK(0);
   // Mixture of experts: the block's token and its expert's rows (up rows from d_ff on).
   const tiles::MoeBlock moe = kMode == kMoeGateUp && p.route.logits
-                                  ? routed_block(p, smem)
+                                  ? routed_block<kWarpRouted>(p, smem, ring)
                                   : tiles::moe_block<kMode>(p.ids, p.k, p.expert_stride, part);
   const int token = moe.token, slot = moe.slot;
   const int64_t expert_row0 = moe.expert_row0, up_row0 = expert_row0 - p.d_ff;
@@ -847,8 +864,9 @@ struct Variant {
   static constexpr int kWeightBits = kBits;
   static constexpr int kMmaCount = kMmas;
   static constexpr int kDigitCount = kDigits;
-  template <int kMode, int kStages = Sh::kStages>
-  static constexpr auto kernel_for = affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits, kMode, kStages, 128>;
+  template <int kMode, int kStages = Sh::kStages, bool kWarpRouted = false>
+  static constexpr auto kernel_for =
+      affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits, kMode, kStages, 128, kWarpRouted>;
   static constexpr auto kernel = kernel_for<kDense>;
   // Lever wide_batch_stages: 256 bytes of each row a stage at 5-8 tokens (two
   // digits) of int8 weights with 16-bit scales (g32 and g64: g128's stages
@@ -900,9 +918,9 @@ struct Variant {
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, kWarps * 32, size_t(smem));
     return blocks;
   }
-  template <int kMode = kDense, int kStages = Sh::kStages>
+  template <int kMode = kDense, int kStages = Sh::kStages, bool kWarpRouted = false>
   static int blocks_per_sm(int64_t smem) {
-    return occupancy<kernel_for<kMode, kStages>>(smem);
+    return occupancy<kernel_for<kMode, kStages, kWarpRouted>>(smem);
   }
 
   // The experts' decode matvecs, one token's image (T = 1 layout) per block.
@@ -929,10 +947,10 @@ struct Variant {
     int per_sm = 0, split = 0, n_units = 0;
     dim3 grid;
   };
-  template <int kMode, int kStages>
+  template <int kMode, int kStages, bool kWarpRouted = false>
   static MoeGrid moe_grid_for(const MoeExpertsArgs& a, int64_t in) {
     MoeGrid g;
-    g.per_sm = blocks_per_sm<kMode, kStages>(layout_for(in, 1, kStages).total);
+    g.per_sm = blocks_per_sm<kMode, kStages, kWarpRouted>(layout_for(in, 1, kStages).total);
     if (g.per_sm < 1) return g;
     const int64_t slots = int64_t(g.per_sm) * sm_count();
     const int64_t blocks_y = tiles::moe_block_rows<kMode>(a.T, a.k);
@@ -955,11 +973,20 @@ struct Variant {
                       moe_grid_for<kMode, kDeepRingStages>(a, in).per_sm > 0;
     return deep ? kDeepRingStages : Sh::kStages;
   }
+  // Gate/up that routes its token takes the kernel of warps that route alone where routes_in_a_warp.
   template <int kMode, int kStages>
   static cudaError_t launch_moe_with(const MoeExpertsArgs& a, const ExpertMatrix& m, const ExpertMatrix& up,
                                      int64_t in, const uint8_t* staged, float* y, cudaStream_t stream) {
+    if constexpr (kMode == kMoeGateUp)
+      if (a.route.logits && routes_in_a_warp(a.route))
+        return launch_moe_as<kMode, kStages, true>(a, m, up, in, staged, y, stream);
+    return launch_moe_as<kMode, kStages, false>(a, m, up, in, staged, y, stream);
+  }
+  template <int kMode, int kStages, bool kWarpRouted>
+  static cudaError_t launch_moe_as(const MoeExpertsArgs& a, const ExpertMatrix& m, const ExpertMatrix& up,
+                                   int64_t in, const uint8_t* staged, float* y, cudaStream_t stream) {
     const Layout l = layout_for(in, 1, kStages);
-    const MoeGrid g = moe_grid_for<kMode, kStages>(a, in);
+    const MoeGrid g = moe_grid_for<kMode, kStages, kWarpRouted>(a, in);
     if (g.per_sm < 1) return cudaErrorInvalidValue;
     const int out = tiles::moe_rows<kMode>(a.d_ff, a.d_model);
     Problem p{};
@@ -985,7 +1012,8 @@ struct Variant {
     if constexpr (kMode == kMoeGateUp) {
       p.route = a.route;
       PHASE_PROBE_REPORT("start", "routing: scored", "routing: counted", "stages about to issue", "waited",
-                         "x and first stages in", "end");
+                         "x and first stages in", "end", "warp routing: max", "warp routing: bound",
+                         "warp routing: gathered");
     }
     p.accumulate = kMode == kMoeDown && a.accumulate;  // the residual add (moe_launchers.h)
     p.k = int(a.k);
@@ -995,7 +1023,8 @@ struct Variant {
     p.up_packed = static_cast<const uint8_t*>(up.w);
     p.up_scales = up.scales;
     p.up_biases = up.biases;
-    return launch_kernel(kernel_for<kMode, kStages>, g.grid, dim3(kWarps * 32), size_t(l.total), stream, p);
+    return launch_kernel(kernel_for<kMode, kStages, kWarpRouted>, g.grid, dim3(kWarps * 32), size_t(l.total), stream,
+                         p);
   }
   // One launch of the prepare kernel: x [T, d] or the gate/up products [2][pairs][d_ff]
   // (silu-gated, scaled by the routing weights) into one image per token of `in` columns.
@@ -1333,10 +1362,14 @@ MmaKernelLocal affine_matvec_mma_most_local() {
         visit_expert_variant(m, [&](auto v) {
           using V = decltype(v);
           check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp>), w, 1, 3, "gate/up");
+          check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp, V::Sh::kStages, true>), w, 1, 3,
+                "gate/up, each warp routing");
           check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown>), w, 1, 3, "down");
           if constexpr (V::kWeightBits == 8) {  // lever deep_moe_ring's
             check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp, kDeepRingStages>), w, 1, 3,
                   "gate/up, deep ring");
+            check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp, kDeepRingStages, true>), w, 1, 3,
+                  "gate/up, deep ring, each warp routing");
             check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown, kDeepRingStages>), w, 1, 3,
                   "down, deep ring");
           }

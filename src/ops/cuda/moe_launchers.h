@@ -38,6 +38,14 @@ struct MoeRouteArgs {
 };
 // One block per token (moe_routing.cuh); E at most kMaxRoutedExperts.
 constexpr int kMaxRoutedExperts = 1024;
+// Whether the experts' gate/up that routes its token runs the kernel in which
+// each warp routes alone (moe_routing.cuh, route_slot_in_warp): no expert
+// groups, and at most kWarpRoutedExperts experts, a multiple of 32; else the
+// kernel whose block ranks the experts together.
+constexpr int kWarpRoutedExperts = 128;
+inline bool routes_in_a_warp(const MoeRouteArgs& a) {
+  return a.n_groups <= 1 && a.E % 32 == 0 && a.E <= kWarpRoutedExperts;
+}
 cudaError_t launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 
 struct MoeExpertsArgs {

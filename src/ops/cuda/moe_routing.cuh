@@ -1,7 +1,8 @@
 // How a router's logits choose one token's experts, by one block: the routing
 // kernel's body (moe.cu), and under lever routing_in_experts the first thing
-// each block of the tensor-core experts' gate/up does (affine_matvec_mma.cu), so
-// that both give the same ids and weights bit for bit.
+// each block of the tensor-core experts' gate/up does (affine_matvec_mma.cu),
+// there by each warp alone where routes_in_a_warp (route_slot_in_warp), so
+// that all give the same ids and weights bit for bit.
 #pragma once
 
 #include <climits>
@@ -139,6 +140,103 @@ __device__ __forceinline__ void rank_experts(const MoeRouteArgs& a, int64_t t, c
     if (rank < a.k) s.chosen[rank] = e, s.chosen_score[rank] = s.score[e];
   }
   __syncthreads();
+}
+
+// Routing by one warp alone, where routes_in_a_warp (moe_launchers.h): each
+// warp of a gate/up block computes its slot's expert with no barrier, so that
+// it issues its first weight stages sooner (docs/benchmarks.md, forty-second
+// session), the scores in registers with warp 0's arithmetic above (the same
+// bits). Every chosen expert's pick is at least the k-th largest of the lanes'
+// best picks (k lanes hold one that large), and an expert at or above that
+// bound has the same rank among those experts as among all, since every expert
+// before it is one of them; so only they are ranked (usually about k, all E
+// at worst), in their index order. The warp's own shared memory it works in:
+constexpr int kWarpRoutingBytes = (3 * kWarpRoutedExperts + 2 * 32) * 4;
+
+// Slot `slot`'s expert of token t, and (with_weight) its routing weight as
+// chosen_weight gives it.
+__device__ __forceinline__ void route_slot_in_warp(const MoeRouteArgs& a, int64_t t, int slot, void* warp_scratch,
+                                                   bool with_weight, int& expert, float& weight) {
+  constexpr int kLanePicks = kWarpRoutedExperts / 32;
+  const int lane = threadIdx.x % 32, picks = a.E / 32;
+  const float* logits = a.logits + t * a.E;
+  float score[kLanePicks], pick[kLanePicks];  // expert lane + 32 j
+#pragma unroll
+  for (int j = 0; j < kLanePicks; ++j) score[j] = j < picks ? logits[lane + 32 * j] : 0.0f;
+  if (a.sigmoid) {
+#pragma unroll
+    for (int j = 0; j < kLanePicks; ++j)
+      if (j < picks) score[j] = 1.0f / (1.0f + expf(-score[j]));
+  } else {
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kLanePicks; ++j)
+      if (j < picks) m = fmaxf(m, score[j]);
+    m = warp_max(m);
+    PHASE_MARK(7);  // max
+    float sum = 0;
+#pragma unroll
+    for (int j = 0; j < kLanePicks; ++j)
+      if (j < picks) sum += score[j] = expf(score[j] - m);
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int j = 0; j < kLanePicks; ++j)
+      if (j < picks) score[j] /= sum;
+  }
+  float best = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kLanePicks; ++j) {
+    const float p = j < picks ? score[j] + (a.correction ? a.correction[lane + 32 * j] : 0.0f) : -INFINITY;
+    pick[j] = isnan(p) ? -INFINITY : p;
+    best = fmaxf(best, pick[j]);
+  }
+  PHASE_MARK(1);  // scored
+  // The bound: the lanes' best picks in order (larger, ties to the lower lane), the k-th of them.
+  int lane_rank = 0;
+#pragma unroll
+  for (int o = 0; o < 32; ++o) {
+    const float ob = __shfl_sync(0xffffffffu, best, o);
+    lane_rank += ob > best || (ob == best && o < lane);
+  }
+  const float bound = __shfl_sync(0xffffffffu, best, __ffs(__ballot_sync(0xffffffffu, lane_rank == a.k - 1)) - 1);
+  PHASE_MARK(8);  // bound
+  // The experts at or above it, in index order, into the warp's scratch.
+  float* cand_pick = static_cast<float*>(warp_scratch);
+  float* cand_score = cand_pick + kWarpRoutedExperts;
+  int* cand_expert = reinterpret_cast<int*>(cand_score + kWarpRoutedExperts);
+  float* chosen_score = reinterpret_cast<float*>(cand_expert + kWarpRoutedExperts);
+  int* chosen_expert = reinterpret_cast<int*>(chosen_score + 32);
+  int count = 0;
+  const unsigned lanes_below = (1u << lane) - 1;
+#pragma unroll
+  for (int j = 0; j < kLanePicks; ++j) {
+    const bool in = j < picks && pick[j] >= bound;
+    const unsigned mask = __ballot_sync(0xffffffffu, in);
+    const int at = count + __popc(mask & lanes_below);
+    if (in) cand_pick[at] = pick[j], cand_score[at] = score[j], cand_expert[at] = lane + 32 * j;
+    count += __popc(mask);
+  }
+  __syncwarp();
+  PHASE_MARK(9);  // gathered
+  // Each candidate's rank among them, its rank among all experts; the k first are chosen.
+  for (int c = lane; c < count; c += 32) {
+    const float v = cand_pick[c];
+    int rank = 0;
+    for (int o = 0; o < count; ++o) {
+      const float ov = cand_pick[o];
+      rank += ov > v || (ov == v && o < c);
+    }
+    if (rank < a.k) chosen_expert[rank] = cand_expert[c], chosen_score[rank] = cand_score[c];
+  }
+  __syncwarp();
+  expert = chosen_expert[slot];
+  if (with_weight) {
+    float sum = 0;  // in slot order, as chosen_weight adds them
+    for (int i = 0; i < a.k; ++i) sum += chosen_score[i];
+    weight = (a.renormalize ? chosen_score[slot] / sum : chosen_score[slot]) * a.scale;
+  }
+  PHASE_MARK(2);  // counted
+  __syncwarp();  // every lane has read the scratch
 }
 
 // The routing weight of chosen slot j (after rank_experts): its score, divided
