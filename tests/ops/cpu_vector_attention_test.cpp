@@ -62,15 +62,18 @@ struct Case {
   int64_t T, heads, kv_heads, head_dim, pos0;
 };
 
-// Groups of 1, 2, 4 and 7 query heads a kv head (pairs and a single), head_dim 64,
-// 128, 80 and 72 (32-dimension steps and 8-dimension rests), 1-9 tokens after 0,
-// 5 or 300 cached keys (4-key steps and a rest of 1-3). Values are of order 1,
+// Groups of 1, 2, 3, 4 and 7 query heads a kv head (pairs and a single), head_dim
+// 64, 128, 80 and 72 (32-dimension steps and 8-dimension rests), 1-9 tokens after
+// 0, 5 or 300 cached keys (4-key steps and a rest of 1-3); prompts of 21-37 tokens
+// make tiles of several tokens (packed blocks; pairs across two tokens; a last
+// tile part-filled; keys past one block). Values are of order 1,
 // so the bound is absolute: 2e-6 against double, where the scalar form's own
 // error is of the same order.
 TEST(CpuVectorAttention, MatchesDoublePrecisionAttention) {
   int checked = 0;
   for (const Case& c : {Case{1, 16, 8, 128, 300}, Case{1, 14, 2, 64, 301}, Case{3, 4, 4, 80, 5}, Case{9, 32, 8, 72, 0},
-                        Case{2, 8, 2, 128, 0}, Case{1, 7, 1, 64, 1}}) {
+                        Case{2, 8, 2, 128, 0}, Case{1, 7, 1, 64, 1}, Case{37, 6, 2, 64, 290},
+                        Case{21, 8, 8, 128, 0}, Case{33, 8, 2, 256, 3}}) {
     const uint32_t seed = uint32_t(c.T * 100 + c.heads + c.pos0);
     const Tensor q = random_tensor({c.T, c.heads, c.head_dim}, seed, 1.0f);
     const Tensor k = random_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 1, 1.0f);
@@ -87,7 +90,7 @@ TEST(CpuVectorAttention, MatchesDoublePrecisionAttention) {
     EXPECT_LE(worst_error(attention_with(false, q, k, v, c.pos0, scale), want), 2e-6) << what << " (scalar)";
     ++checked;
   }
-  EXPECT_EQ(checked, 6);
+  EXPECT_EQ(checked, 9);
 }
 
 // Scores far apart: a key that takes nearly all the weight and keys whose

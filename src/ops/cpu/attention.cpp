@@ -1,14 +1,17 @@
 // Attention on the CPU: q [T, heads, head_dim] against the cache's first
 // pos0 + t + 1 keys for token t (causal), f32 throughout.
 //
-// Lever cpu_vector_attention: one task per (token, kv head) takes the query
-// heads that share it, so each key and value row is read once for all of them
-// (the scalar form reads them once per query head); scores, softmax and the
-// weighted values in AVX2 registers, 4 keys a step for the scores and 32 value
-// dimensions a step for the sums over blocks of 64 keys, the rows 64 keys ahead
-// prefetched into L2 (a kv head's rows lie a whole cache row apart, a stride
-// the hardware prefetcher does not follow across pages; into L1 the fill
-// buffers ran out first); exp by a polynomial (about 2 ulp).
+// Lever cpu_vector_attention: one task per tile (the query heads that share a
+// kv head, at up to 64 / group consecutive tokens) reads each key and value row
+// once for all its query rows (the scalar form reads them once per query head
+// and token); scores, softmax and the weighted values in AVX2 registers, 3-4
+// keys a step for the scores and 32 value dimensions a step for the sums. A
+// decode step's tile (one token) reads the cache in place, the rows 64 keys
+// ahead prefetched into L2 (a kv head's rows lie a whole cache row apart, a
+// stride the hardware prefetcher does not follow across pages; into L1 the fill
+// buffers ran out first); a prefill's tiles copy blocks of keys and values into
+// L1 and take their scores against them four rows at a time. exp by a
+// polynomial (about 2 ulp).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -92,47 +95,64 @@ __m128 four_sums(const __m256 (&a)[4]) {
   return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-struct HeadGroup {
-  const float* q;  // kHeads query rows of head_dim, head_dim apart
-  const float* k;  // key s of this kv head at k + s * row
+// One kv head's cache: key s at k + s * row, value s at v + s * row.
+struct KvHead {
+  const float* k;
   const float* v;
-  int64_t row, head_dim, n_keys;
+  int64_t row, head_dim;
   float scale;
 };
 
-// scores[j * n_keys + s] = q_j . k_s * scale for kHeads heads, 4 keys a step.
-template <int kHeads>
-void head_scores(const HeadGroup& g, float* scores) {
-  int64_t s = 0;
-  for (; s + 4 <= g.n_keys; s += 4) {
-    #pragma GCC unroll 4
-    for (int u = 0; u < 4; ++u)
-      for (int64_t i = 0; i < g.head_dim; i += 16)
-        _mm_prefetch(reinterpret_cast<const char*>(g.k + (s + u + kScoreAhead) * g.row + i), _MM_HINT_T1);
+// One query row of a tile: a query head at one token, the keys it sees
+// [0, n_keys) and where its output goes.
+struct QueryRow {
+  const float* q;
+  float* out;
+  int64_t n_keys;
+};
+
+// scores[j * stride + s] = q_j . k_s * scale for kHeads rows and keys [s0, s1),
+// kKeys keys a step (4 rows by 3 keys or 2 by 4 fill the 16 registers with a
+// query and the step's keys); the rows `prefetch` asks for are kScoreAhead keys on.
+template <int kHeads, int kKeys = 4>
+void head_scores(const KvHead& kv, const QueryRow* rows, int64_t s0, int64_t s1, bool prefetch, float* scores,
+                 int64_t stride) {
+  static_assert(kKeys == 3 || kKeys == 4);
+  int64_t s = s0;
+  for (; s + kKeys <= s1; s += kKeys) {
+    if (prefetch)
+      #pragma GCC unroll 4
+      for (int u = 0; u < kKeys; ++u)
+        for (int64_t i = 0; i < kv.head_dim; i += 16)
+          _mm_prefetch(reinterpret_cast<const char*>(kv.k + (s + u + kScoreAhead) * kv.row + i), _MM_HINT_T1);
     __m256 acc[kHeads][4];
     #pragma GCC unroll 4
     for (auto& a : acc)
       #pragma GCC unroll 4
       for (auto& x : a) x = _mm256_setzero_ps();
-    for (int64_t i = 0; i < g.head_dim; i += 8) {
-      __m256 key[4];
+    for (int64_t i = 0; i < kv.head_dim; i += 8) {
+      __m256 key[kKeys];
       #pragma GCC unroll 4
-      for (int u = 0; u < 4; ++u) key[u] = _mm256_loadu_ps(g.k + (s + u) * g.row + i);
+      for (int u = 0; u < kKeys; ++u) key[u] = _mm256_loadu_ps(kv.k + (s + u) * kv.row + i);
       #pragma GCC unroll 4
       for (int j = 0; j < kHeads; ++j) {
-        const __m256 qv = _mm256_loadu_ps(g.q + j * g.head_dim + i);
+        const __m256 qv = _mm256_loadu_ps(rows[j].q + i);
         #pragma GCC unroll 4
-        for (int u = 0; u < 4; ++u) acc[j][u] = _mm256_fmadd_ps(qv, key[u], acc[j][u]);
+        for (int u = 0; u < kKeys; ++u) acc[j][u] = _mm256_fmadd_ps(qv, key[u], acc[j][u]);
       }
     }
     #pragma GCC unroll 4
-    for (int j = 0; j < kHeads; ++j)
-      _mm_storeu_ps(scores + j * g.n_keys + s, _mm_mul_ps(four_sums(acc[j]), _mm_set1_ps(g.scale)));
+    for (int j = 0; j < kHeads; ++j) {
+      const __m128 sums = _mm_mul_ps(four_sums(acc[j]), _mm_set1_ps(kv.scale));
+      if constexpr (kKeys == 4)
+        _mm_storeu_ps(scores + j * stride + s, sums);
+      else
+        _mm_maskstore_ps(scores + j * stride + s, _mm_setr_epi32(-1, -1, -1, 0), sums);
+    }
   }
-  for (; s < g.n_keys; ++s)
+  for (; s < s1; ++s)
     #pragma GCC unroll 4
-    for (int j = 0; j < kHeads; ++j)
-      scores[j * g.n_keys + s] = dot(g.q + j * g.head_dim, g.k + s * g.row, g.head_dim) * g.scale;
+    for (int j = 0; j < kHeads; ++j) scores[j * stride + s] = dot(rows[j].q, kv.k + s * kv.row, kv.head_dim) * kv.scale;
 }
 
 // scores -> e^(score - max) in place; returns 1 / their sum.
@@ -157,32 +177,36 @@ float softmax_weights(float* scores, int64_t n) {
   return 1.0f / total;
 }
 
+// Keys a block of the scores: a block's key rows (128 KB at head_dim 128) stay
+// in L2 while every row pair of a tile takes its scores against them.
+constexpr int64_t kScoreBlock = 256;
+
 // Keys a block of the weighted sum: its value rows stay in L1/L2 while the
-// passes over their head_dim take them 32 dimensions at a time, so each row is
-// fetched from memory whole, once.
+// passes over their head_dim take them 32 dimensions at a time for every row
+// pair, so each row is fetched from memory whole, once.
 constexpr int64_t kKeysABlock = 64;
 
-// out_j[i0, i0 + 8 kVectors) (+)= sum over keys [s0, s1) of weights[j][s] v_s[...]
-// (from 0 in the first block). The first pass over a block's rows asks for the
-// rows kValueAhead keys on, whole.
+// out_j[i0, i0 + 8 kVectors) += sum over keys [s0, s1) of weights[j][s] v_s[...].
+// With `prefetch`, the first pass over a block's rows asks for the rows
+// kValueAhead keys on, whole.
 template <int kHeads, int kVectors>
-void weighted_values(const HeadGroup& g, const float* weights, int64_t s0, int64_t s1, int64_t i0, float* out) {
+void weighted_values(const KvHead& kv, const QueryRow* rows, const float* weights, int64_t stride, int64_t s0,
+                     int64_t s1, int64_t i0, bool prefetch) {
   __m256 acc[kHeads][kVectors];
   #pragma GCC unroll 4
   for (int j = 0; j < kHeads; ++j)
     #pragma GCC unroll 4
-    for (int u = 0; u < kVectors; ++u)
-      acc[j][u] = s0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + j * g.head_dim + i0 + 8 * u);
+    for (int u = 0; u < kVectors; ++u) acc[j][u] = _mm256_loadu_ps(rows[j].out + i0 + 8 * u);
   for (int64_t s = s0; s < s1; ++s) {
-    if (i0 == 0)
-      for (int64_t i = 0; i < g.head_dim; i += 16)
-        _mm_prefetch(reinterpret_cast<const char*>(g.v + (s + kValueAhead) * g.row + i), _MM_HINT_T1);
+    if (prefetch && i0 == 0)
+      for (int64_t i = 0; i < kv.head_dim; i += 16)
+        _mm_prefetch(reinterpret_cast<const char*>(kv.v + (s + kValueAhead) * kv.row + i), _MM_HINT_T1);
     __m256 value[kVectors];
     #pragma GCC unroll 4
-    for (int u = 0; u < kVectors; ++u) value[u] = _mm256_loadu_ps(g.v + s * g.row + i0 + 8 * u);
+    for (int u = 0; u < kVectors; ++u) value[u] = _mm256_loadu_ps(kv.v + s * kv.row + i0 + 8 * u);
     #pragma GCC unroll 4
     for (int j = 0; j < kHeads; ++j) {
-      const __m256 p = _mm256_broadcast_ss(weights + j * g.n_keys + s);
+      const __m256 p = _mm256_broadcast_ss(weights + j * stride + s);
       #pragma GCC unroll 4
       for (int u = 0; u < kVectors; ++u) acc[j][u] = _mm256_fmadd_ps(p, value[u], acc[j][u]);
     }
@@ -190,54 +214,134 @@ void weighted_values(const HeadGroup& g, const float* weights, int64_t s0, int64
   #pragma GCC unroll 4
   for (int j = 0; j < kHeads; ++j)
     #pragma GCC unroll 4
-    for (int u = 0; u < kVectors; ++u) _mm256_storeu_ps(out + j * g.head_dim + i0 + 8 * u, acc[j][u]);
+    for (int u = 0; u < kVectors; ++u) _mm256_storeu_ps(rows[j].out + i0 + 8 * u, acc[j][u]);
 }
 
-// kHeads query heads of one kv head: the whole of attention for them.
+// The weighted values of rows [j, j + kHeads) of a tile over keys [s0, s1).
 template <int kHeads>
-void attend_heads(const HeadGroup& g, std::vector<float>& scores, float* out) {
-  scores.resize(size_t(kHeads * g.n_keys));
-  head_scores<kHeads>(g, scores.data());
-  float inv_sum[kHeads];
-  #pragma GCC unroll 4
-  for (int j = 0; j < kHeads; ++j) inv_sum[j] = softmax_weights(scores.data() + j * g.n_keys, g.n_keys);
-  for (int64_t s0 = 0; s0 < g.n_keys; s0 += kKeysABlock) {
-    const int64_t s1 = std::min(g.n_keys, s0 + kKeysABlock);
-    int64_t i0 = 0;
-    for (; i0 + 32 <= g.head_dim; i0 += 32) weighted_values<kHeads, 4>(g, scores.data(), s0, s1, i0, out);
-    for (; i0 < g.head_dim; i0 += 8) weighted_values<kHeads, 1>(g, scores.data(), s0, s1, i0, out);
-  }
-  #pragma GCC unroll 4
-  for (int j = 0; j < kHeads; ++j)
-    for (int64_t i = 0; i < g.head_dim; i += 8)
-      _mm256_storeu_ps(out + j * g.head_dim + i,
-                       _mm256_mul_ps(_mm256_loadu_ps(out + j * g.head_dim + i), _mm256_set1_ps(inv_sum[j])));
+void pair_values(const KvHead& kv, const QueryRow* rows, const float* weights, int64_t stride, int64_t s0,
+                 int64_t s1, bool prefetch) {
+  int64_t i0 = 0;
+  for (; i0 + 32 <= kv.head_dim; i0 += 32)
+    weighted_values<kHeads, 4>(kv, rows, weights, stride, s0, s1, i0, prefetch);
+  for (; i0 < kv.head_dim; i0 += 8) weighted_values<kHeads, 1>(kv, rows, weights, stride, s0, s1, i0, prefetch);
 }
+
+// Rows [s0, s1) of one side of a kv head's cache (keys or values) copied
+// contiguous into `pack`. In the cache they lie a whole cache row apart (4 KB
+// and more), so a block of them shares a few L1 sets and falls back to L2;
+// contiguous, a block of kPackFloats stays in L1 for every row pair of a tile.
+constexpr int64_t kPackFloats = 8192;
+
+void pack_rows(const float* side, int64_t row, int64_t head_dim, int64_t s0, int64_t s1, float* pack) {
+  for (int64_t s = s0; s < s1; ++s) {
+    for (int64_t i = 0; i < head_dim; i += 16)
+      _mm_prefetch(reinterpret_cast<const char*>(side + (s + kScoreAhead) * row + i), _MM_HINT_T1);
+    std::copy_n(side + s * row, head_dim, pack + (s - s0) * head_dim);
+  }
+}
+
+// The whole of attention for a tile's query rows (the query heads of one kv
+// head at a few consecutive tokens, token-major), taken in pairs: their sums, a
+// step's keys or values and a query fit the 16 registers. A pair's scores run
+// to the later row's keys; the earlier row's weights past its own keys are 0.
+// A tile of one pair reads the cache in place; a larger one copies each block
+// of keys and of values into L1 first and serves every pair from there, so a
+// prefill reads the cache once a tile rather than once a query row.
+void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, std::vector<float>& scores,
+                 std::vector<float>& pack) {
+  const int64_t stride = rows[n_rows - 1].n_keys;
+  scores.resize(size_t(n_rows * stride));
+  auto pair_keys = [&](int64_t j) { return rows[std::min(j + 1, n_rows - 1)].n_keys; };
+  const bool packed = n_rows > 2;
+  const int64_t block = packed ? std::max<int64_t>(16, kPackFloats / kv.head_dim) : kScoreBlock;
+  if (packed) pack.resize(size_t(block * kv.head_dim));
+  const KvHead in_pack{pack.data(), pack.data(), kv.head_dim, kv.head_dim, kv.scale};
+  for (int64_t b0 = 0; b0 < stride; b0 += block) {
+    if (packed) {  // rows in fours, the rest in a pair and a single
+      pack_rows(kv.k, kv.row, kv.head_dim, b0, std::min(b0 + block, stride), pack.data());
+      for (int64_t j = 0, width = 0; j < n_rows; j += width) {
+        width = n_rows - j >= 4 ? 4 : n_rows - j >= 2 ? 2 : 1;
+        const int64_t s1 = std::min(b0 + block, rows[j + width - 1].n_keys);
+        if (b0 >= s1) continue;
+        float* from = scores.data() + j * stride + b0;
+        if (width == 4)
+          head_scores<4, 3>(in_pack, rows + j, 0, s1 - b0, false, from, stride);
+        else if (width == 2)
+          head_scores<2>(in_pack, rows + j, 0, s1 - b0, false, from, stride);
+        else
+          head_scores<1>(in_pack, rows + j, 0, s1 - b0, false, from, stride);
+      }
+      continue;
+    }
+    for (int64_t j = 0; j < n_rows; j += 2) {
+      const int64_t s1 = std::min(b0 + block, pair_keys(j));
+      if (b0 >= s1) continue;
+      float* from = scores.data() + j * stride;
+      if (n_rows - j >= 2)
+        head_scores<2>(kv, rows + j, b0, s1, j == 0, from, stride);
+      else
+        head_scores<1>(kv, rows + j, b0, s1, j == 0, from, stride);
+    }
+  }
+  std::vector<float> inv_sum(static_cast<size_t>(n_rows));
+  for (int64_t j = 0; j < n_rows; ++j) {
+    float* weights = scores.data() + j * stride;
+    inv_sum[size_t(j)] = softmax_weights(weights, rows[j].n_keys);
+    std::fill(weights + rows[j].n_keys, weights + pair_keys(j & ~int64_t(1)), 0.0f);
+    std::fill(rows[j].out, rows[j].out + kv.head_dim, 0.0f);
+  }
+  const int64_t value_block = packed ? block : kKeysABlock;
+  for (int64_t s0 = 0; s0 < stride; s0 += value_block) {
+    if (packed) pack_rows(kv.v, kv.row, kv.head_dim, s0, std::min(s0 + value_block, stride), pack.data());
+    for (int64_t j = 0; j < n_rows; j += 2) {
+      const int64_t s1 = std::min(s0 + value_block, pair_keys(j));
+      if (s0 >= s1) continue;
+      const float* weights = scores.data() + j * stride;
+      const int two = n_rows - j >= 2;
+      if (packed && two)
+        pair_values<2>(in_pack, rows + j, weights + s0, stride, 0, s1 - s0, false);
+      else if (packed)
+        pair_values<1>(in_pack, rows + j, weights + s0, stride, 0, s1 - s0, false);
+      else if (two)
+        pair_values<2>(kv, rows + j, weights, stride, s0, s1, true);
+      else
+        pair_values<1>(kv, rows + j, weights, stride, s0, s1, true);
+    }
+  }
+  for (int64_t j = 0; j < n_rows; ++j)
+    for (int64_t i = 0; i < kv.head_dim; i += 8)
+      _mm256_storeu_ps(rows[j].out + i, _mm256_mul_ps(_mm256_loadu_ps(rows[j].out + i), _mm256_set1_ps(inv_sum[size_t(j)])));
+}
+
+// Query rows a tile aims at: enough to reuse each packed block many times
+// (8, 16, 32 and 64 rows: 69, 84, 90 and 99 GFLOP/s in a 2,048-token prefill
+// on 2 cores, before the scores took rows in fours),
+// with the tile's scores (rows x keys) held under kScoreFloats (16 MB).
+constexpr int64_t kRowsATile = 64, kScoreFloats = int64_t(1) << 22;
 
 bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
   const int64_t T = q.dim(0), n_heads = q.dim(1), head_dim = q.dim(2), n_kv_heads = k.dim(1);
   if (!g_vector_attention || head_dim % 8 != 0) return false;
   const int64_t group = n_heads / n_kv_heads;
-  parallel_for(T * n_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+  const int64_t tile_tokens =
+      std::max<int64_t>(1, std::min(kRowsATile / group, kScoreFloats / (group * (pos0 + T))));
+  const int64_t n_tiles = (T + tile_tokens - 1) / tile_tokens;
+  parallel_for(n_tiles * n_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, pack;
+    std::vector<QueryRow> rows;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / n_kv_heads, kv_h = task % n_kv_heads;
-      // Query heads in pairs: their sums, a step's keys or values and a query fit the 16 registers.
-      for (int64_t j = 0; j < group; j += 2) {
-        const int64_t h = kv_h * group + j;
-        const HeadGroup g{q.data<float>() + (t * n_heads + h) * head_dim,
-                          k.data<float>() + kv_h * head_dim,
-                          v.data<float>() + kv_h * head_dim,
-                          n_kv_heads * head_dim,
-                          head_dim,
-                          pos0 + t + 1,
-                          scale};
-        float* o = out.data<float>() + (t * n_heads + h) * head_dim;
-        if (group - j >= 2)
-          attend_heads<2>(g, scores, o);
-        else
-          attend_heads<1>(g, scores, o);
-      }
+      // The last tiles see the most keys: they go first, so the chunks even out.
+      const int64_t tile = n_tiles - 1 - task / n_kv_heads, kv_h = task % n_kv_heads;
+      const KvHead kv{k.data<float>() + kv_h * head_dim, v.data<float>() + kv_h * head_dim, n_kv_heads * head_dim,
+                      head_dim, scale};
+      rows.clear();
+      for (int64_t t = tile * tile_tokens; t < std::min(T, (tile + 1) * tile_tokens); ++t)
+        for (int64_t j = 0; j < group; ++j) {
+          const int64_t at = (t * n_heads + kv_h * group + j) * head_dim;
+          rows.push_back({q.data<float>() + at, out.data<float>() + at, pos0 + t + 1});
+        }
+      attend_tile(kv, rows.data(), int64_t(rows.size()), scores, pack);
     }
   });
   ++g_vector_attention_runs;
