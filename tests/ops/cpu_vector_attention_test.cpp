@@ -7,6 +7,7 @@
 #include <random>
 
 #include "audit/inputs.h"
+#include "core/thread_pool.h"
 #include "engine/levers.h"
 #include "models/model.h"
 #include "ops/cpu/cpu_ops.h"
@@ -91,6 +92,24 @@ TEST(CpuVectorAttention, MatchesDoublePrecisionAttention) {
     ++checked;
   }
   EXPECT_EQ(checked, 9);
+}
+
+// A decode step with fewer kv heads than threads splits its keys into runs of
+// 256 or more across the threads and merges them: one kv head at 700 and 1,500
+// cached keys, and two at 2,000 (split where the machine has more than 2 threads).
+TEST(CpuVectorAttention, DecodeSplitsItsKeysAcrossThreads) {
+  for (const Case& c : {Case{1, 8, 1, 128, 700}, Case{1, 3, 1, 64, 1500}, Case{1, 4, 2, 64, 2000}}) {
+    const Tensor q = random_tensor({1, c.heads, c.head_dim}, 7, 1.0f);
+    const Tensor k = random_tensor({c.pos0 + 1, c.kv_heads, c.head_dim}, 8, 1.0f);
+    const Tensor v = random_tensor({c.pos0 + 1, c.kv_heads, c.head_dim}, 9, 1.0f);
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    const int64_t splits = ops::cpu::attention_decode_run_splits(), runs = ops::cpu::vector_attention_runs();
+    const Tensor got = attention_with(true, q, k, v, c.pos0, scale);
+    if (ops::cpu::vector_attention_runs() == runs) GTEST_SKIP() << "no AVX2 build: the scalar form serves";
+    const bool split = ops::cpu::attention_decode_run_splits() > splits;
+    EXPECT_EQ(split, thread_count() > c.kv_heads) << "kv heads " << c.kv_heads << ", threads " << thread_count();
+    EXPECT_LE(worst_error(got, reference(q, k, v, c.pos0, scale)), 2e-6) << "pos0 " << c.pos0;
+  }
 }
 
 // Scores far apart: a key that takes nearly all the weight and keys whose

@@ -30,7 +30,7 @@ namespace mere::ops::cpu {
 namespace {
 
 std::atomic<bool> g_vector_attention{false};
-std::atomic<int64_t> g_vector_attention_runs{0};
+std::atomic<int64_t> g_vector_attention_runs{0}, g_decode_run_splits{0};
 
 // One task per (token, query head): scores over the visible keys, a max-shifted
 // softmax in f32, then the weighted sum of values.
@@ -155,8 +155,8 @@ void head_scores(const KvHead& kv, const QueryRow* rows, int64_t s0, int64_t s1,
     for (int j = 0; j < kHeads; ++j) scores[j * stride + s] = dot(rows[j].q, kv.k + s * kv.row, kv.head_dim) * kv.scale;
 }
 
-// scores -> e^(score - max) in place; returns 1 / their sum.
-float softmax_weights(float* scores, int64_t n) {
+// scores -> e^(score - max) in place; returns 1 / their sum, and the max in `top`.
+float softmax_weights(float* scores, int64_t n, float& top_score) {
   __m256 top = _mm256_set1_ps(-INFINITY);
   int64_t s = 0;
   for (; s + 8 <= n; s += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(scores + s));
@@ -174,6 +174,7 @@ float softmax_weights(float* scores, int64_t n) {
   }
   float total = horizontal_sum(sum);
   for (; s < n; ++s) total += (scores[s] = std::exp(scores[s] - max_score));
+  top_score = max_score;
   return 1.0f / total;
 }
 
@@ -248,8 +249,10 @@ void pack_rows(const float* side, int64_t row, int64_t head_dim, int64_t s0, int
 // A tile of one pair reads the cache in place; a larger one copies each block
 // of keys and of values into L1 first and serves every pair from there, so a
 // prefill reads the cache once a tile rather than once a query row.
+// With `tops` and `sums`, each row's largest score and its sum of e^(score - top)
+// go there (to merge runs of keys).
 void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, std::vector<float>& scores,
-                 std::vector<float>& pack) {
+                 std::vector<float>& pack, float* tops = nullptr, float* sums = nullptr) {
   const int64_t stride = rows[n_rows - 1].n_keys;
   scores.resize(size_t(n_rows * stride));
   auto pair_keys = [&](int64_t j) { return rows[std::min(j + 1, n_rows - 1)].n_keys; };
@@ -287,7 +290,9 @@ void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, std::ve
   std::vector<float> inv_sum(static_cast<size_t>(n_rows));
   for (int64_t j = 0; j < n_rows; ++j) {
     float* weights = scores.data() + j * stride;
-    inv_sum[size_t(j)] = softmax_weights(weights, rows[j].n_keys);
+    float top = 0;
+    inv_sum[size_t(j)] = softmax_weights(weights, rows[j].n_keys, top);
+    if (tops) tops[j] = top, sums[j] = 1.0f / inv_sum[size_t(j)];
     std::fill(weights + rows[j].n_keys, weights + pair_keys(j & ~int64_t(1)), 0.0f);
     std::fill(rows[j].out, rows[j].out + kv.head_dim, 0.0f);
   }
@@ -320,9 +325,60 @@ void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, std::ve
 // with the tile's scores (rows x keys) held under kScoreFloats (16 MB).
 constexpr int64_t kRowsATile = 64, kScoreFloats = int64_t(1) << 22;
 
+// A decode step's keys in runs of at least kMinRunKeys where its kv heads are
+// fewer than the threads: each (kv head, run) a task, their outputs merged by
+// their rows' largest scores and sums (flash-decoding), so every thread reads
+// a share of the cache.
+constexpr int64_t kMinRunKeys = 256;
+
+void decode_in_runs(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_keys, float scale, int64_t runs,
+                    Tensor& out) {
+  const int64_t n_heads = q.dim(1), head_dim = q.dim(2), n_kv_heads = k.dim(1), group = n_heads / n_kv_heads;
+  const int64_t row = n_kv_heads * head_dim;
+  std::vector<float> partial(static_cast<size_t>(n_heads * runs * head_dim));
+  std::vector<float> tops(static_cast<size_t>(n_heads * runs)), sums(tops.size());
+  parallel_for(n_kv_heads * runs, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, pack;
+    std::vector<QueryRow> rows(static_cast<size_t>(group));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t kv_h = task / runs, run = task % runs;
+      const int64_t s0 = n_keys * run / runs, s1 = n_keys * (run + 1) / runs;
+      const KvHead kv{k.data<float>() + s0 * row + kv_h * head_dim, v.data<float>() + s0 * row + kv_h * head_dim,
+                      row, head_dim, scale};
+      for (int64_t j = 0; j < group; ++j)
+        rows[size_t(j)] = {q.data<float>() + (kv_h * group + j) * head_dim,
+                           partial.data() + (task * group + j) * head_dim, s1 - s0};
+      attend_tile(kv, rows.data(), group, scores, pack, tops.data() + task * group, sums.data() + task * group);
+    }
+  });
+  for (int64_t h = 0; h < n_heads; ++h) {  // each run's output weighs its share of the whole softmax
+    const int64_t kv_h = h / group, j = h % group;
+    auto at = [&](int64_t run) { return (kv_h * runs + run) * group + j; };
+    float top = -INFINITY, total = 0;
+    for (int64_t run = 0; run < runs; ++run) top = std::max(top, tops[size_t(at(run))]);
+    float* o = out.data<float>() + h * head_dim;
+    std::fill(o, o + head_dim, 0.0f);
+    for (int64_t run = 0; run < runs; ++run) {
+      const float weight = sums[size_t(at(run))] * std::exp(tops[size_t(at(run))] - top);
+      const float* part = partial.data() + at(run) * head_dim;
+      for (int64_t i = 0; i < head_dim; ++i) o[i] += weight * part[i];
+      total += weight;
+    }
+    for (int64_t i = 0; i < head_dim; ++i) o[i] /= total;
+  }
+  ++g_decode_run_splits;
+}
+
 bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
   const int64_t T = q.dim(0), n_heads = q.dim(1), head_dim = q.dim(2), n_kv_heads = k.dim(1);
   if (!g_vector_attention || head_dim % 8 != 0) return false;
+  ++g_vector_attention_runs;
+  const int64_t runs =
+      std::min((thread_count() + n_kv_heads - 1) / n_kv_heads, (pos0 + 1) / kMinRunKeys);
+  if (T == 1 && runs > 1) {
+    decode_in_runs(q, k, v, pos0 + 1, scale, runs, out);
+    return true;
+  }
   const int64_t group = n_heads / n_kv_heads;
   const int64_t tile_tokens =
       std::max<int64_t>(1, std::min(kRowsATile / group, kScoreFloats / (group * (pos0 + T))));
@@ -344,7 +400,6 @@ bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
       attend_tile(kv, rows.data(), int64_t(rows.size()), scores, pack);
     }
   });
-  ++g_vector_attention_runs;
   return true;
 }
 
@@ -358,6 +413,7 @@ bool vector_attention(const Tensor&, const Tensor&, const Tensor&, int64_t, floa
 
 void set_vector_attention(bool on) { g_vector_attention = on; }
 int64_t vector_attention_runs() { return g_vector_attention_runs; }
+int64_t attention_decode_run_splits() { return g_decode_run_splits; }
 
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
   if (!vector_attention(q, k, v, pos0, scale, out)) scalar_attention(q, k, v, pos0, scale, out);

@@ -59,12 +59,15 @@ int64_t vnni_matvec_runs();
 bool vnni_available();
 bool vnni_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& bias, Tensor& out);
 
-// Lever cpu_vector_attention: attention (attention.cpp) by one task per token and
-// kv head in AVX2 registers instead of one scalar task per query head; false
+// Lever cpu_vector_attention: attention (attention.cpp) by one task per tile (a kv
+// head's query heads at a few tokens, or a run of a decode step's keys) in AVX2
+// registers instead of one scalar task per query head and token; false
 // (the scalar form) without AVX2 or head_dim not a multiple of 8.
 // vector_attention_runs counts the calls it served.
 void set_vector_attention(bool on);
 int64_t vector_attention_runs();
+// Decode steps whose keys it split into runs across threads (fewer kv heads than threads).
+int64_t attention_decode_run_splits();
 
 // Lever cpu_tiled_matmul: the staged forms multiply each block of rows, once in
 // f32, by the tokens in register tiles (the direct form's f32 kernel, 4 tokens a
