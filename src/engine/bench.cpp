@@ -99,7 +99,7 @@ std::string layout_levers(const ModelInfo& info) {
               : "") +
          (o.fuse_moe_gate_up ? " fused_moe_gate_up=on" : "") + (o.cpu_direct_matvec ? " cpu_direct_matvec=on" : "") +
          (o.cpu_tiled_matmul ? " cpu_tiled_matmul=on" : "") + (o.cpu_vnni_matvec ? " cpu_vnni_matvec=on" : "") +
-         (o.cpu_vector_attention ? " cpu_vector_attention=on" : "");
+         (o.cpu_vector_attention ? " cpu_vector_attention=on" : "") + (o.cpu_avx512_matmul ? " cpu_avx512_matmul=on" : "");
 }
 
 // The decode loop's levers as they ran (the CPU loop is eager and reads each token).
@@ -151,27 +151,44 @@ double cpu_read_bytes_per_s() {
 }
 
 // The CPU's f32 multiply-add peak on every thread: 8 independent chains (what
-// hides the FMA latency) of 8 lanes (AVX2), on registers only.
+// hides the FMA latency) of the widest vectors it has (AVX-512 where the CPU
+// reports it, which lever cpu_avx512_matmul uses; else AVX2), on registers only.
+typedef float Lanes8 __attribute__((vector_size(32)));
+typedef float Lanes16 __attribute__((vector_size(64)));
+constexpr int kChains = 8, kSteps = 1 << 24;
+
+// One thread's chains; their sum keeps the loop from being dropped.
+template <typename Lanes>
+inline __attribute__((always_inline)) float fma_chains() {
+  constexpr int kLanes = sizeof(Lanes) / sizeof(float);
+  Lanes v[kChains];
+  const Lanes m = Lanes{} + 0.999999f, a = Lanes{} + 1e-7f;
+#pragma GCC unroll 8
+  for (int c = 0; c < kChains; ++c) v[c] = Lanes{} + float(c) * 1e-3f;
+  for (int s = 0; s < kSteps; ++s)
+#pragma GCC unroll 8
+    for (int c = 0; c < kChains; ++c) v[c] = v[c] * m + a;
+  float sum = 0;
+  for (const Lanes& x : v)
+    for (int l = 0; l < kLanes; ++l) sum += x[l];
+  return sum;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) float fma_chains_avx512() { return fma_chains<Lanes16>(); }
+bool has_avx512() { return __builtin_cpu_supports("avx512f"); }
+#else
+float fma_chains_avx512() { return 0; }
+bool has_avx512() { return false; }
+#endif
+
 double cpu_fma_flop_per_s() {
-  typedef float Lanes __attribute__((vector_size(32)));
-  constexpr int kChains = 8, kSteps = 1 << 24;
+  const bool wide = has_avx512();
   const int threads = thread_count();
   std::vector<float> sink(static_cast<size_t>(threads));
-  return median_rate(2.0 * 8 * kChains * double(kSteps) * threads, [&] {
+  return median_rate(2.0 * (wide ? 16 : 8) * kChains * double(kSteps) * threads, [&] {
     parallel_for(threads, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        Lanes v[kChains];
-        const Lanes m = Lanes{} + 0.999999f, a = Lanes{} + 1e-7f;
-#pragma GCC unroll 8
-        for (int c = 0; c < kChains; ++c) v[c] = Lanes{} + float(c) * 1e-3f;
-        for (int s = 0; s < kSteps; ++s)
-#pragma GCC unroll 8
-          for (int c = 0; c < kChains; ++c) v[c] = v[c] * m + a;
-        float sum = 0;
-        for (const Lanes& x : v)
-          for (int l = 0; l < 8; ++l) sum += x[l];
-        sink[size_t(t)] = sum;  // kept, so the loop is not dropped
-      }
+      for (int64_t t = begin; t < end; ++t) sink[size_t(t)] = wide ? fma_chains_avx512() : fma_chains<Lanes8>();
     });
   });
 }

@@ -204,13 +204,19 @@ struct Levers {
   // Default: audit of the demo (int4, int8 g64) KL 2.7e-12 nats, greedy 100%,
   // decode +23% / +10%; Qwen3-0.6B shape int4 decode +19% (docs/levers.md).
   bool cpu_vnni_matvec = true;
-  // CPU attention by one task per token and kv head, its query heads sharing
-  // each key and value row, in AVX2 registers (4 keys a step for the scores,
-  // 32 dimensions for the values, rows prefetched, exp by a polynomial) instead
-  // of a scalar task per query head. Default: audit of the demo KL 2.7e-13 nats,
-  // greedy 100%, decode +13%, prefill +11%; Qwen3-0.6B shape int4 decode after
-  // 1,024 / 4,096 cached tokens x2.4 / x4.2 (docs/levers.md).
+  // CPU attention by one task per tile (a kv head's query heads at a few
+  // tokens, sharing each key and value row; a decode step's keys split into runs
+  // where the threads outnumber the kv heads) in AVX2 registers (scores 3-4 keys
+  // a step, values 32 dimensions, a prefill's blocks copied into L1, exp by a
+  // polynomial) instead of a scalar task per query head and token. Default: audit
+  // of the demo KL 2.7e-13 nats, greedy 100%, decode +13%, prefill +11%; Qwen3-0.6B
+  // shape int4 decode after 1,024 / 4,096 cached tokens x2.4 / x4.2, a 4,096-token
+  // prefill x2.1 with the tiles (docs/levers.md).
   bool cpu_vector_attention = true;
+  // The tiled prefill product (cpu_tiled_matmul's f32 rows times the tokens) in
+  // 512-bit registers, tiles of 4 rows by 6 tokens, where the CPU has AVX-512F;
+  // elsewhere the AVX2 tile.
+  bool cpu_avx512_matmul = false;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
   // MERERUN_ROPE_IN_ATTENTION, MERERUN_WIDE_ATTENTION_BLOCKS, MERERUN_CLUSTER_ATTENTION_MERGE,
@@ -223,7 +229,7 @@ struct Levers {
   // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto),
   // MERERUN_PSI_FUSED_MOE,
   // MERERUN_PREFIX_CACHE (0|1), MERERUN_CPU_DIRECT_MATVEC, MERERUN_CPU_TILED_MATMUL,
-  // MERERUN_CPU_VNNI_MATVEC, MERERUN_CPU_VECTOR_ATTENTION
+  // MERERUN_CPU_VNNI_MATVEC, MERERUN_CPU_VECTOR_ATTENTION, MERERUN_CPU_AVX512_MATMUL
   // override the defaults.
   static Levers from_env();
   static Levers all_off() {
@@ -242,7 +248,8 @@ struct Levers {
                   .cpu_direct_matvec = false,
                   .cpu_tiled_matmul = false,
                   .cpu_vnni_matvec = false,
-                  .cpu_vector_attention = false};
+                  .cpu_vector_attention = false,
+                  .cpu_avx512_matmul = false};
   }
   // The levers in effect on `device`, for the line a run prints.
   std::string describe(Device device) const;

@@ -15,7 +15,8 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
     ops::set_cpu_settings({.direct_matvec = o.cpu_direct_matvec,
                            .tiled_matmul = o.cpu_tiled_matmul,
                            .vnni_matvec = o.cpu_vnni_matvec,
-                           .vector_attention = o.cpu_vector_attention});
+                           .vector_attention = o.cpu_vector_attention,
+                           .avx512_matmul = o.cpu_avx512_matmul});
     return;
   }
   ops::set_launch_settings({.programmatic = o.programmatic_launch,

@@ -73,8 +73,10 @@ struct LoadOptions {
   bool cpu_tiled_matmul = false;
   // CPU affine decode matvecs as integer dot products (lever cpu_vnni_matvec).
   bool cpu_vnni_matvec = false;
-  // CPU attention in registers, a task per kv head (lever cpu_vector_attention).
+  // CPU attention in registers, a task per tile (lever cpu_vector_attention).
   bool cpu_vector_attention = false;
+  // The tiled prefill product in 512-bit registers (lever cpu_avx512_matmul).
+  bool cpu_avx512_matmul = false;
 };
 
 // Sets how kernels run on `device` from a model's options (ops::set_launch_settings

@@ -100,7 +100,8 @@ struct CpuSettings {
   bool direct_matvec = false;  // lever cpu_direct_matvec: decode matvecs convert the stored weights in registers
   bool tiled_matmul = false;   // lever cpu_tiled_matmul: prefill matmuls in register tiles
   bool vnni_matvec = false;    // lever cpu_vnni_matvec: affine decode matvecs as integer dot products
-  bool vector_attention = false;  // lever cpu_vector_attention: attention in AVX2 registers, a task per kv head
+  bool vector_attention = false;  // lever cpu_vector_attention: attention in AVX2 registers, a task per tile
+  bool avx512_matmul = false;     // lever cpu_avx512_matmul: the tiled prefill product in 512-bit registers
 };
 void set_cpu_settings(const CpuSettings& settings);
 

@@ -69,6 +69,16 @@ int64_t vector_attention_runs();
 // Decode steps whose keys it split into runs across threads (fewer kv heads than threads).
 int64_t attention_decode_run_splits();
 
+// Lever cpu_avx512_matmul: tiled_rows_product in 512-bit registers, tiles of
+// 4 rows by 6 tokens (avx512_matmul.cpp), where the CPU has AVX-512F; false
+// where it does not apply (the lever off, no AVX-512F). avx512_matmul_blocks
+// counts the blocks it multiplied.
+void set_avx512_matmul(bool on);
+int64_t avx512_matmul_blocks();
+bool avx512_matmul_available();
+bool avx512_rows_product(const float* x, int64_t T, int64_t in, const float* rows, int64_t n_rows, const float* bias,
+                         float* out, int64_t n_out);
+
 // Lever cpu_tiled_matmul: the staged forms multiply each block of rows, once in
 // f32, by the tokens in register tiles (the direct form's f32 kernel, 4 tokens a
 // pass) instead of one dot product per row and token. tiled_rows_product: out[t,

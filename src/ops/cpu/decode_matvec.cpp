@@ -404,10 +404,11 @@ bool tiled_matmul_applies() { return g_tiled_matmul; }
 bool tiled_rows_product(const float* x, int64_t T, int64_t in, const float* rows, int64_t n_rows, const float* bias,
                         float* out, int64_t n_out) {
   if (!g_tiled_matmul) return false;
+  ++g_tiled_blocks;
+  if (avx512_rows_product(x, T, in, rows, n_rows, bias, out, n_out)) return true;
   for (int64_t t0 = 0; t0 < T; t0 += kTokensPerPass)
     dense_span<DType::f32>(std::min(kTokensPerPass, T - t0), x + t0 * in, in, reinterpret_cast<const uint8_t*>(rows),
                            size_t(in) * sizeof(float), 0, n_rows, bias, out + t0 * n_out, n_out);
-  ++g_tiled_blocks;
   return true;
 }
 
