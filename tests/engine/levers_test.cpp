@@ -214,6 +214,11 @@ TEST(Levers, CpuVectorAttentionIsOnByDefaultAndCpuOnly) {
                        &Levers::cpu_vector_attention, &LoadOptions::cpu_vector_attention);
 }
 
+TEST(Levers, CpuAvx512MatmulIsOnByDefaultAndCpuOnly) {
+  expect_default_lever(Device::cpu, "MERERUN_CPU_AVX512_MATMUL", "cpu_avx512_matmul", &Levers::cpu_avx512_matmul,
+                       &LoadOptions::cpu_avx512_matmul);
+}
+
 TEST(Levers, CpuTiledMatmulIsOnByDefaultAndCpuOnly) {
   expect_default_lever(Device::cpu, "MERERUN_CPU_TILED_MATMUL", "cpu_tiled_matmul", &Levers::cpu_tiled_matmul,
                        &LoadOptions::cpu_tiled_matmul);

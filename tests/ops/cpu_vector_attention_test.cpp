@@ -158,6 +158,7 @@ TEST(CpuVectorAttention, ACpuModelRunsWithTheLever) {
     EXPECT_FALSE(ran);
 #endif
   }
+  ops::set_cpu_settings({});  // the CPU kernels as before any model set them, for the tests after in this process
 }
 
 TEST(CpuVectorAttention, AuditGatesItOnTheCpu) {
