@@ -314,9 +314,11 @@ void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, std::ve
         pair_values<1>(kv, rows + j, weights, stride, s0, s1, true);
     }
   }
-  for (int64_t j = 0; j < n_rows; ++j)
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const __m256 inv = _mm256_set1_ps(inv_sum[size_t(j)]);
     for (int64_t i = 0; i < kv.head_dim; i += 8)
-      _mm256_storeu_ps(rows[j].out + i, _mm256_mul_ps(_mm256_loadu_ps(rows[j].out + i), _mm256_set1_ps(inv_sum[size_t(j)])));
+      _mm256_storeu_ps(rows[j].out + i, _mm256_mul_ps(_mm256_loadu_ps(rows[j].out + i), inv));
+  }
 }
 
 // Query rows a tile aims at: enough to reuse each packed block many times
