@@ -242,6 +242,11 @@ void pack_rows(const float* side, int64_t row, int64_t head_dim, int64_t s0, int
   }
 }
 
+// A thread's buffers for its tiles, kept from one tile to the next.
+struct TileBuffers {
+  std::vector<float> scores, pack, inv_sum;
+};
+
 // The whole of attention for a tile's query rows (the query heads of one kv
 // head at a few consecutive tokens, token-major), taken in pairs: their sums, a
 // step's keys or values and a query fit the 16 registers. A pair's scores run
@@ -251,8 +256,11 @@ void pack_rows(const float* side, int64_t row, int64_t head_dim, int64_t s0, int
 // prefill reads the cache once a tile rather than once a query row.
 // With `tops` and `sums`, each row's largest score and its sum of e^(score - top)
 // go there (to merge runs of keys).
-void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, std::vector<float>& scores,
-                 std::vector<float>& pack, float* tops = nullptr, float* sums = nullptr) {
+void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, TileBuffers& buffers, float* tops = nullptr,
+                 float* sums = nullptr) {
+  std::vector<float>& scores = buffers.scores;
+  std::vector<float>& pack = buffers.pack;
+  std::vector<float>& inv_sum = buffers.inv_sum;
   const int64_t stride = rows[n_rows - 1].n_keys;
   scores.resize(size_t(n_rows * stride));
   auto pair_keys = [&](int64_t j) { return rows[std::min(j + 1, n_rows - 1)].n_keys; };
@@ -287,7 +295,7 @@ void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, std::ve
         head_scores<1>(kv, rows + j, b0, s1, j == 0, from, stride);
     }
   }
-  std::vector<float> inv_sum(static_cast<size_t>(n_rows));
+  inv_sum.resize(static_cast<size_t>(n_rows));
   for (int64_t j = 0; j < n_rows; ++j) {
     float* weights = scores.data() + j * stride;
     float top = 0;
@@ -340,7 +348,7 @@ void decode_in_runs(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n
   std::vector<float> partial(static_cast<size_t>(n_heads * runs * head_dim));
   std::vector<float> tops(static_cast<size_t>(n_heads * runs)), sums(tops.size());
   parallel_for(n_kv_heads * runs, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, pack;
+    TileBuffers buffers;
     std::vector<QueryRow> rows(static_cast<size_t>(group));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t kv_h = task / runs, run = task % runs;
@@ -350,7 +358,7 @@ void decode_in_runs(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n
       for (int64_t j = 0; j < group; ++j)
         rows[size_t(j)] = {q.data<float>() + (kv_h * group + j) * head_dim,
                            partial.data() + (task * group + j) * head_dim, s1 - s0};
-      attend_tile(kv, rows.data(), group, scores, pack, tops.data() + task * group, sums.data() + task * group);
+      attend_tile(kv, rows.data(), group, buffers, tops.data() + task * group, sums.data() + task * group);
     }
   });
   for (int64_t h = 0; h < n_heads; ++h) {  // each run's output weighs its share of the whole softmax
@@ -386,7 +394,7 @@ bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
       std::max<int64_t>(1, std::min(kRowsATile / group, kScoreFloats / (group * (pos0 + T))));
   const int64_t n_tiles = (T + tile_tokens - 1) / tile_tokens;
   parallel_for(n_tiles * n_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, pack;
+    TileBuffers buffers;
     std::vector<QueryRow> rows;
     for (int64_t task = begin; task < end; ++task) {
       // The last tiles see the most keys: they go first, so the chunks even out.
@@ -399,7 +407,7 @@ bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
           const int64_t at = (t * n_heads + kv_h * group + j) * head_dim;
           rows.push_back({q.data<float>() + at, out.data<float>() + at, pos0 + t + 1});
         }
-      attend_tile(kv, rows.data(), int64_t(rows.size()), scores, pack);
+      attend_tile(kv, rows.data(), int64_t(rows.size()), buffers);
     }
   });
   return true;
