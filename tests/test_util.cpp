@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 namespace mere::test {
@@ -48,6 +49,14 @@ std::string read_file(const std::filesystem::path& path) {
   std::stringstream s;
   s << f.rdbuf();
   return s.str();
+}
+
+std::vector<float> normal_values(int64_t n, uint32_t seed, float mean, float sd) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(mean, sd);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = normal(rng);
+  return v;
 }
 
 MaxDiff max_abs_diff(const Tensor& a, const Tensor& b) {

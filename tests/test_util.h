@@ -34,6 +34,9 @@ struct MaxDiff {
 };
 MaxDiff max_abs_diff(const Tensor& a, const Tensor& b);
 
+// n values drawn from N(mean, sd), the same for the same seed.
+std::vector<float> normal_values(int64_t n, uint32_t seed, float mean, float sd);
+
 // One of the CPU's lever switches (ops::cpu::set_*) set for a scope, off after
 // (their state between tests).
 class CpuLever {

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 
 #include "audit/inputs.h"
 #include "engine/levers.h"
@@ -15,14 +14,6 @@
 
 namespace mere {
 namespace {
-
-std::vector<float> random_values(int64_t n, uint32_t seed, float mean, float sd) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(mean, sd);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = normal(rng);
-  return v;
-}
 
 // rows [n_rows, in] times x [T, in] into [T, n_out] with the lever on or off.
 std::vector<float> rows_product(bool avx512, const std::vector<float>& x, int64_t T, int64_t in,
@@ -45,9 +36,9 @@ TEST(CpuAvx512Matmul, MatchesTheProductInDouble) {
     for (int64_t n_rows : {1, 3, 4, 16, 37})
       for (int64_t in : {16, 100, 1024, 3000}) {
         const uint32_t seed = uint32_t(T * 1000 + n_rows * 10 + in);
-        const std::vector<float> rows = random_values(n_rows * in, seed, 0.0f, 0.05f);
-        const std::vector<float> x = random_values(T * in, seed + 1, 0.3f, 1.0f);
-        const std::vector<float> bias = random_values(n_rows, seed + 2, 0.0f, 1.0f);
+        const std::vector<float> rows = test::normal_values(n_rows * in, seed, 0.0f, 0.05f);
+        const std::vector<float> x = test::normal_values(T * in, seed + 1, 0.3f, 1.0f);
+        const std::vector<float> bias = test::normal_values(n_rows, seed + 2, 0.0f, 1.0f);
         const int64_t n_out = n_rows + 3;
         const bool with_bias = (T + n_rows) % 2 == 0;
         const int64_t blocks = ops::cpu::avx512_matmul_blocks();
@@ -74,7 +65,7 @@ TEST(CpuAvx512Matmul, MatchesTheProductInDouble) {
 
 // Off, or on a CPU without AVX-512F, the AVX2 tile serves.
 TEST(CpuAvx512Matmul, RunsOnlyWhereItApplies) {
-  const std::vector<float> rows = random_values(8 * 64, 1, 0.0f, 0.05f), x = random_values(3 * 64, 2, 0.0f, 1.0f);
+  const std::vector<float> rows = test::normal_values(8 * 64, 1, 0.0f, 0.05f), x = test::normal_values(3 * 64, 2, 0.0f, 1.0f);
   const int64_t blocks = ops::cpu::avx512_matmul_blocks();
   const std::vector<float> avx2 = rows_product(false, x, 3, 64, rows, 8, nullptr, 8);
   EXPECT_EQ(ops::cpu::avx512_matmul_blocks(), blocks);

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 
 #include "audit/inputs.h"
 #include "engine/levers.h"
@@ -20,11 +19,7 @@ namespace mere {
 namespace {
 
 Tensor random_matrix(int64_t rows, int64_t cols, uint32_t seed, float mean, float sd) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(mean, sd);
-  std::vector<float> v(size_t(rows * cols));
-  for (float& x : v) x = normal(rng);
-  return Tensor::from_floats(v, {rows, cols});
+  return Tensor::from_floats(test::normal_values(rows * cols, seed, mean, sd), {rows, cols});
 }
 
 Tensor tiled_linear(bool tiled, const Tensor& x, const Weight& w, const Tensor& bias) {

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 
 #include "audit/inputs.h"
 #include "core/thread_pool.h"
@@ -18,11 +17,7 @@ namespace mere {
 namespace {
 
 Tensor random_tensor(Shape shape, uint32_t seed, float sd) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, sd);
-  std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
-  for (float& x : v) x = normal(rng);
-  return Tensor::from_floats(v, shape);
+  return Tensor::from_floats(test::normal_values(shape_numel(shape), seed, 0.0f, sd), shape);
 }
 
 Tensor attention_with(bool vector, const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale) {

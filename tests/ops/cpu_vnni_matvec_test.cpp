@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <limits>
-#include <random>
 
 #include "audit/inputs.h"
 #include "engine/levers.h"
@@ -19,14 +18,6 @@
 
 namespace mere {
 namespace {
-
-std::vector<float> normal_values(int64_t n, uint32_t seed, float mean, float sd) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(mean, sd);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = normal(rng);
-  return v;
-}
 
 Tensor linear_with(bool vnni, const Tensor& x, const Weight& w, const Tensor& bias) {
   const test::CpuLever lever(ops::cpu::set_vnni_matvec, vnni);
@@ -83,12 +74,12 @@ struct Case {
 // 1, 2 and 4 groups a step and groups of two steps; passes of 1-4 tokens and two passes.
 void expect_matches_the_references(const Case& c, const std::vector<float>& xv, const std::string& what) {
   const int64_t rows = 37;
-  const Tensor w = Tensor::from_floats(normal_values(rows * c.in, uint32_t(c.bits * c.group + c.T), 0.0f, 0.05f),
+  const Tensor w = Tensor::from_floats(test::normal_values(rows * c.in, uint32_t(c.bits * c.group + c.T), 0.0f, 0.05f),
                                        {rows, c.in})
                        .to(DType::bf16);
   const Weight q(quantize_affine(w, c.bits, int(c.group), DType::bf16), c.in);
   const Tensor dense = q.dequantize(DType::f32);
-  const Tensor bias = Tensor::from_floats(normal_values(rows, 3, 0.0f, 1.0f), {rows});
+  const Tensor bias = Tensor::from_floats(test::normal_values(rows, 3, 0.0f, 1.0f), {rows});
   const Tensor x = Tensor::from_floats(xv, {c.T, c.in});
   for (const Tensor& b : {Tensor(), bias}) {
     const int64_t runs = ops::cpu::vnni_matvec_runs();
@@ -110,7 +101,7 @@ TEST(CpuVnniMatvec, MatchesTheProductOnXRoundedTo23Bits) {
       for (int64_t T : {1, 2, 3, 4, 5, 8}) {
         const Case c{bits, group, 512, T};
         // A mean, so the biases' bias * sum(x) term matters.
-        expect_matches_the_references(c, normal_values(T * c.in, uint32_t(T * 7 + bits), 0.3f, 1.0f),
+        expect_matches_the_references(c, test::normal_values(T * c.in, uint32_t(T * 7 + bits), 0.3f, 1.0f),
                                       "int" + std::to_string(bits) + " g" + std::to_string(group) + " T " +
                                           std::to_string(T));
         ++checked;
@@ -124,7 +115,7 @@ TEST(CpuVnniMatvec, RowsEndingInAPartStep) {
   if (!ops::cpu::vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
   for (const Case& c : {Case{4, 32, 160, 1}, Case{4, 32, 160, 3}, Case{4, 64, 192, 1}, Case{4, 64, 192, 2},
                         Case{8, 32, 96, 1}, Case{8, 32, 96, 4}})
-    expect_matches_the_references(c, normal_values(c.T * c.in, uint32_t(c.in + c.T), 0.3f, 1.0f),
+    expect_matches_the_references(c, test::normal_values(c.T * c.in, uint32_t(c.in + c.T), 0.3f, 1.0f),
                                   "int" + std::to_string(c.bits) + " g" + std::to_string(c.group) + " in " +
                                       std::to_string(c.in) + " T " + std::to_string(c.T));
 }
@@ -135,7 +126,7 @@ TEST(CpuVnniMatvec, KeepsHugeTinyAndZeroGroups) {
   if (!ops::cpu::vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
   for (int bits : {4, 8}) {
     const Case c{bits, 64, 512, 2};
-    std::vector<float> x = normal_values(c.T * c.in, 11, 0.0f, 1.0f);
+    std::vector<float> x = test::normal_values(c.T * c.in, 11, 0.0f, 1.0f);
     for (int64_t i = 0; i < 64; ++i) {
       x[size_t(i)] *= 3e5f;         // group 0: huge
       x[size_t(128 + i)] *= 1e-7f;  // group 2: tiny
@@ -148,17 +139,17 @@ TEST(CpuVnniMatvec, KeepsHugeTinyAndZeroGroups) {
 
 // Where it does not apply, the f32 kernels run and give their own result.
 TEST(CpuVnniMatvec, RunsOnlyWhereItApplies) {
-  const Tensor w = Tensor::from_floats(normal_values(16 * 512, 1, 0.0f, 0.05f), {16, 512}).to(DType::bf16);
+  const Tensor w = Tensor::from_floats(test::normal_values(16 * 512, 1, 0.0f, 0.05f), {16, 512}).to(DType::bf16);
   const Weight q4(quantize_affine(w, 4, 64, DType::bf16), 512), q8(quantize_affine(w, 8, 64, DType::bf16), 512);
-  const Tensor one = Tensor::from_floats(normal_values(512, 2, 0.0f, 1.0f), {1, 512});
-  const Tensor nine = Tensor::from_floats(normal_values(9 * 512, 3, 0.0f, 1.0f), {9, 512});
+  const Tensor one = Tensor::from_floats(test::normal_values(512, 2, 0.0f, 1.0f), {1, 512});
+  const Tensor nine = Tensor::from_floats(test::normal_values(9 * 512, 3, 0.0f, 1.0f), {9, 512});
   const int64_t runs = ops::cpu::vnni_matvec_runs();
   linear_with(false, one, q4, Tensor());  // the lever off
   linear_with(true, nine, q4, Tensor());  // 9 tokens: prefill's form
   linear_with(true, one, w, Tensor());    // not affine
   // x with a NaN or an infinity: the f32 kernels carry them as they are.
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
-    std::vector<float> xv = normal_values(512, 6, 0.0f, 1.0f);
+    std::vector<float> xv = test::normal_values(512, 6, 0.0f, 1.0f);
     xv[100] = bad;
     const Tensor x = Tensor::from_floats(xv, {1, 512});
     const Tensor got = linear_with(true, x, q8, Tensor());
