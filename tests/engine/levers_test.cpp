@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
+#include "audit/inputs.h"
 #include "core/error.h"
 #include "engine/levers.h"
 
@@ -117,9 +119,15 @@ TEST(Levers, ClusterAttentionMergeIsOnAndFollowsWideAttentionBlocks) {
 
 // A lever on by default on its `home` device: off in all_off() and on the other
 // device, switched by `variable` to either value, which the lever line shows.
+// A CPU lever is also one `mere audit --lever` takes, and gates on the CPU.
 void expect_default_lever(Device home, const char* variable, const std::string& name, bool Levers::*lever,
                           bool LoadOptions::*option) {
   const Device other = home == Device::cuda ? Device::cpu : Device::cuda;
+  if (home == Device::cpu) {
+    const std::vector<std::string> names = engine_lever_names();
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+    EXPECT_EQ(engine_lever_device(name), Device::cpu) << name;
+  }
   EXPECT_TRUE(Levers{}.*lever) << name;
   EXPECT_TRUE(Levers{}.load_options(home).*option) << name;
   EXPECT_FALSE(Levers::all_off().*lever) << name;

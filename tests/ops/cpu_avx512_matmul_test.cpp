@@ -5,7 +5,6 @@
 
 #include <cmath>
 
-#include "audit/inputs.h"
 #include "engine/levers.h"
 #include "models/model.h"
 #include "ops/cpu/cpu_ops.h"
@@ -94,12 +93,6 @@ TEST(CpuAvx512Matmul, ACpuModelsPrefillRunsWithTheLever) {
   float worst = 0;
   for (size_t i = 0; i < logits[0].size(); ++i) worst = std::max(worst, std::fabs(logits[0][i] - logits[1][i]));
   EXPECT_LE(worst, 1e-4f);
-}
-
-TEST(CpuAvx512Matmul, AuditGatesItOnTheCpu) {
-  const std::vector<std::string> names = engine_lever_names();
-  EXPECT_NE(std::find(names.begin(), names.end(), "cpu_avx512_matmul"), names.end());
-  EXPECT_EQ(engine_lever_device("cpu_avx512_matmul"), Device::cpu);
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 
 #include <cmath>
 
-#include "audit/inputs.h"
 #include "engine/levers.h"
 #include "models/model.h"
 #include "ops/cpu/cpu_ops.h"
@@ -196,17 +195,6 @@ TEST(CpuDirectMatvec, ACpuModelRunsWithItsLevers) {
     model->forward({13}, *state, /*all_logits=*/false);
     EXPECT_EQ(ops::cpu::direct_matvec_runs() > runs, on) << "decode, levers " << (on ? "default" : "off");
   }
-}
-
-// The switch itself: Levers.CpuDirectMatvecIsOnByDefaultAndCpuOnly.
-TEST(CpuDirectMatvec, AuditGatesItOnTheCpu) {
-  // mere audit measures it on the CPU and calls it not applicable on the GPU.
-  const std::vector<std::string> names = engine_lever_names();
-  EXPECT_NE(std::find(names.begin(), names.end(), "cpu_direct_matvec"), names.end());
-  EXPECT_NE(std::find(names.begin(), names.end(), "cpu_tiled_matmul"), names.end());
-  EXPECT_EQ(engine_lever_device("cpu_direct_matvec"), Device::cpu);
-  EXPECT_EQ(engine_lever_device("cpu_tiled_matmul"), Device::cpu);
-  EXPECT_EQ(engine_lever_device("fused_projections"), Device::cuda);
 }
 
 }  // namespace

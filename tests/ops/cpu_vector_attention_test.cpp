@@ -5,7 +5,6 @@
 
 #include <cmath>
 
-#include "audit/inputs.h"
 #include "core/thread_pool.h"
 #include "engine/levers.h"
 #include "models/model.h"
@@ -154,12 +153,6 @@ TEST(CpuVectorAttention, ACpuModelRunsWithTheLever) {
 #endif
   }
   ops::set_cpu_settings({});  // the CPU kernels as before any model set them, for the tests after in this process
-}
-
-TEST(CpuVectorAttention, AuditGatesItOnTheCpu) {
-  const std::vector<std::string> names = engine_lever_names();
-  EXPECT_NE(std::find(names.begin(), names.end(), "cpu_vector_attention"), names.end());
-  EXPECT_EQ(engine_lever_device("cpu_vector_attention"), Device::cpu);
 }
 
 }  // namespace

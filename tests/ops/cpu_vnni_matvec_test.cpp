@@ -8,7 +8,6 @@
 #include <cmath>
 #include <limits>
 
-#include "audit/inputs.h"
 #include "engine/levers.h"
 #include "models/model.h"
 #include "ops/cpu/cpu_ops.h"
@@ -179,12 +178,6 @@ TEST(CpuVnniMatvec, ACpuModelRunsWithTheLever) {
     model->forward({4}, *state, /*all_logits=*/false);
     EXPECT_EQ(ops::cpu::vnni_matvec_runs() > runs, on) << "lever " << (on ? "on" : "off");
   }
-}
-
-TEST(CpuVnniMatvec, AuditGatesItOnTheCpu) {
-  const std::vector<std::string> names = engine_lever_names();
-  EXPECT_NE(std::find(names.begin(), names.end(), "cpu_vnni_matvec"), names.end());
-  EXPECT_EQ(engine_lever_device("cpu_vnni_matvec"), Device::cpu);
 }
 
 }  // namespace
