@@ -219,6 +219,12 @@ struct Levers {
   // KL 3.0e-13 to 3.2e-13 nats, greedy 100%, prefill +51% / +43% / +44% / +46%;
   // Qwen3-0.6B shape pp512 int4 +53%, bf16 +74% (docs/levers.md).
   bool cpu_avx512_matmul = true;
+  // The tiled prefill product as an outer product in 512-bit registers: the
+  // tokens packed 16 to a vector once per matmul, each weight broadcast, tiles of
+  // 8 rows by 48 tokens with no horizontal sums, the columns in chunks of 512 so
+  // a tile's rows stay in L1; at 64 tokens or more where the CPU has AVX-512F,
+  // else cpu_avx512_matmul's tiles.
+  bool cpu_packed_matmul = false;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
   // MERERUN_ROPE_IN_ATTENTION, MERERUN_WIDE_ATTENTION_BLOCKS, MERERUN_CLUSTER_ATTENTION_MERGE,
@@ -231,7 +237,8 @@ struct Levers {
   // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto),
   // MERERUN_PSI_FUSED_MOE,
   // MERERUN_PREFIX_CACHE (0|1), MERERUN_CPU_DIRECT_MATVEC, MERERUN_CPU_TILED_MATMUL,
-  // MERERUN_CPU_VNNI_MATVEC, MERERUN_CPU_VECTOR_ATTENTION, MERERUN_CPU_AVX512_MATMUL
+  // MERERUN_CPU_VNNI_MATVEC, MERERUN_CPU_VECTOR_ATTENTION, MERERUN_CPU_AVX512_MATMUL,
+  // MERERUN_CPU_PACKED_MATMUL
   // override the defaults.
   static Levers from_env();
   static Levers all_off() {
@@ -251,7 +258,8 @@ struct Levers {
                   .cpu_tiled_matmul = false,
                   .cpu_vnni_matvec = false,
                   .cpu_vector_attention = false,
-                  .cpu_avx512_matmul = false};
+                  .cpu_avx512_matmul = false,
+                  .cpu_packed_matmul = false};
   }
   // The levers in effect on `device`, for the line a run prints.
   std::string describe(Device device) const;

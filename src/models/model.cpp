@@ -16,7 +16,8 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                            .tiled_matmul = o.cpu_tiled_matmul,
                            .vnni_matvec = o.cpu_vnni_matvec,
                            .vector_attention = o.cpu_vector_attention,
-                           .avx512_matmul = o.cpu_avx512_matmul});
+                           .avx512_matmul = o.cpu_avx512_matmul,
+                           .packed_matmul = o.cpu_packed_matmul});
     return;
   }
   ops::set_launch_settings({.programmatic = o.programmatic_launch,

@@ -77,6 +77,8 @@ struct LoadOptions {
   bool cpu_vector_attention = false;
   // The tiled prefill product in 512-bit registers (lever cpu_avx512_matmul).
   bool cpu_avx512_matmul = false;
+  // The tiled prefill product as an outer product of packed tokens (lever cpu_packed_matmul).
+  bool cpu_packed_matmul = false;
 };
 
 // Sets how kernels run on `device` from a model's options (ops::set_launch_settings

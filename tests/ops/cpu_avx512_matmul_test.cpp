@@ -20,7 +20,8 @@ std::vector<float> rows_product(bool avx512, const std::vector<float>& x, int64_
   const test::CpuLever tiled(ops::cpu::set_tiled_matmul, true);
   const test::CpuLever lever(ops::cpu::set_avx512_matmul, avx512);
   std::vector<float> out(static_cast<size_t>(T * n_out), NAN);
-  EXPECT_TRUE(ops::cpu::tiled_rows_product(x.data(), T, in, rows.data(), n_rows, bias, out.data(), n_out));
+  EXPECT_TRUE(ops::cpu::tiled_rows_product(ops::cpu::tiled_tokens(x.data(), T, in), rows.data(), n_rows, bias, out.data(),
+                                           n_out));
   return out;
 }
 

@@ -68,34 +68,35 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
   if (vnni_affine_matvec(x, w, bias, out) || direct_affine_matvec(x, w, bias, out)) return;
   const int64_t T = x.dim(0), in = x.dim(1), n_out = w.packed.dim(0);
   const int64_t g = w.group_size, groups = in / g, words = w.packed.dim(1);
-  constexpr int64_t kRowsPerBlock = 16;
 
   const std::vector<float> bias_f32 = to_f32(bias);
   const bool tiled = tiled_matmul_applies();  // dequantized rows: no bias * sum(x) term
   const std::vector<float> x_sums = tiled ? std::vector<float>() : group_sums(x, g);  // [T, groups]
-  const int64_t n_blocks = (n_out + kRowsPerBlock - 1) / kRowsPerBlock;
+  const TiledTokens tokens = tiled ? tiled_tokens(x.data<float>(), T, in) : TiledTokens{};
+  const int64_t block_rows = tiled_block_rows(tokens, n_out), n_blocks = (n_out + block_rows - 1) / block_rows;
   parallel_for(n_blocks, 1, [&](int64_t block_begin, int64_t block_end) {
-    std::vector<float> codes(size_t(kRowsPerBlock * in)), scales(size_t(kRowsPerBlock * groups)),
-        biases(size_t(kRowsPerBlock * groups));
+    float* codes = thread_scratch(0, size_t(block_rows * in));
+    float* scales = thread_scratch(1, size_t(block_rows * groups));
+    float* biases = thread_scratch(2, size_t(block_rows * groups));
     for (int64_t b = block_begin; b < block_end; ++b) {
-      const int64_t r0 = b * kRowsPerBlock, r1 = std::min(n_out, r0 + kRowsPerBlock), rows = r1 - r0;
+      const int64_t r0 = b * block_rows, r1 = std::min(n_out, r0 + block_rows), rows = r1 - r0;
       const uint32_t* packed = w.packed.data<uint32_t>() + r0 * words;
       if (w.bits == 4)
-        unpack<4>(packed, rows * in, codes.data());
+        unpack<4>(packed, rows * in, codes);
       else
-        unpack<8>(packed, rows * in, codes.data());
-      load_f32(w.scales, r0 * groups, rows * groups, scales.data());
-      load_f32(w.biases, r0 * groups, rows * groups, biases.data());
+        unpack<8>(packed, rows * in, codes);
+      load_f32(w.scales, r0 * groups, rows * groups, scales);
+      load_f32(w.biases, r0 * groups, rows * groups, biases);
       if (tiled) {  // the rows dequantized (w = scale * q + bias), then a dense f32 product
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t j = 0; j < groups; ++j) {
-            const float scale = scales[size_t(r * groups + j)], shift = biases[size_t(r * groups + j)];
-            float* v = codes.data() + r * in + j * g;
+            const float scale = scales[r * groups + j], shift = biases[r * groups + j];
+            float* v = codes + r * in + j * g;
 #pragma omp simd
             for (int64_t i = 0; i < g; ++i) v[i] = scale * v[i] + shift;
           }
         const float* block_bias = bias_f32.empty() ? nullptr : bias_f32.data() + r0;
-        tiled_rows_product(x.data<float>(), T, in, codes.data(), rows, block_bias, out.data<float>() + r0, n_out);
+        tiled_rows_product(tokens, codes, rows, block_bias, out.data<float>() + r0, n_out);
         continue;
       }
       for (int64_t t = 0; t < T; ++t) {
@@ -103,9 +104,9 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
         const float* xs = x_sums.data() + t * groups;
         float* yt = out.data<float>() + t * n_out;
         for (int64_t r = 0; r < rows; ++r) {
-          const float* q = codes.data() + r * in;
-          const float* s = scales.data() + r * groups;
-          const float* z = biases.data() + r * groups;
+          const float* q = codes + r * in;
+          const float* s = scales + r * groups;
+          const float* z = biases + r * groups;
           const float y = scaled_group_dots(w.group_size, xt, q, s, groups) + dot(z, xs, groups);
           yt[r0 + r] = bias_f32.empty() ? y : y + bias_f32[size_t(r0 + r)];
         }

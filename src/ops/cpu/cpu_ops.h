@@ -81,15 +81,43 @@ bool avx512_rows_product(const float* x, int64_t T, int64_t in, const float* row
 
 // Lever cpu_tiled_matmul: the staged forms multiply each block of rows, once in
 // f32, by the tokens in register tiles (the direct form's f32 kernel, 4 tokens a
-// pass) instead of one dot product per row and token. tiled_rows_product: out[t,
-// r] (+)= rows[r] . x[t] (+ bias[r]) for n_rows rows of `in` f32 values, out's
-// rows n_out apart; false where it does not apply (the lever off, no AVX2).
-// tiled_matmul_blocks counts the blocks it multiplied.
+// pass) instead of one dot product per row and token. The tokens are x [T, in],
+// made once per matmul by tiled_tokens (which packs them where lever
+// cpu_packed_matmul applies). tiled_rows_product: out[t, r] = rows[r] . x[t]
+// (+ bias[r]) for n_rows rows of `in` f32 values, out's rows n_out apart; false
+// where it does not apply (the lever off, no AVX2). tiled_matmul_blocks counts
+// the blocks it multiplied.
+struct TiledTokens {
+  const float* x = nullptr;
+  int64_t T = 0, in = 0;
+  Tensor packed;  // cpu_packed_matmul's [ceil(T / 16), in, 16] f32, tokens past T 0; else undefined
+};
+TiledTokens tiled_tokens(const float* x, int64_t T, int64_t in);
 void set_tiled_matmul(bool on);
 int64_t tiled_matmul_blocks();
 bool tiled_matmul_applies();
-bool tiled_rows_product(const float* x, int64_t T, int64_t in, const float* rows, int64_t n_rows, const float* bias,
-                        float* out, int64_t n_out);
+bool tiled_rows_product(const TiledTokens& x, const float* rows, int64_t n_rows, const float* bias, float* out,
+                        int64_t n_out);
+// Rows a staged block holds for these tokens: 16, or up to 64 for the packed
+// product (a block reads every packed token once) while each thread gets two blocks.
+int64_t tiled_block_rows(const TiledTokens& x, int64_t n_out);
+
+// Lever cpu_packed_matmul: tiled_rows_product as an outer product of the packed
+// tokens (16 to a 512-bit vector) and broadcast weights, tiles of 8 rows by 48
+// tokens (packed_matmul.cpp); tiled_tokens packs only where the CPU has AVX-512F
+// and T >= 64. False where the tokens are not packed. packed_matmul_blocks counts
+// the blocks it multiplied.
+void set_packed_matmul(bool on);
+int64_t packed_matmul_blocks();
+bool packed_rows_product(const TiledTokens& x, const float* rows, int64_t n_rows, const float* bias, float* out,
+                         int64_t n_out);
+
+// A thread's scratch floats (at least n) in one of kScratchSlots slots, kept
+// across calls: the staged forms' blocks of rows, which a matmul would otherwise
+// allocate (and zero) in each of its tasks. Valid until the thread asks for the
+// same slot again.
+constexpr int kScratchSlots = 3;
+float* thread_scratch(int slot, size_t n);
 
 // Mixture of experts (ops.h), arguments checked and outputs allocated.
 void moe_route(const Tensor& logits, const MoeRouting& routing, const Tensor& correction, MoeChoice& choice);

@@ -401,13 +401,23 @@ bool direct_fp8_matvec(const Tensor& x, const Fp8Weight& w, const Tensor& bias, 
 
 bool tiled_matmul_applies() { return g_tiled_matmul; }
 
-bool tiled_rows_product(const float* x, int64_t T, int64_t in, const float* rows, int64_t n_rows, const float* bias,
-                        float* out, int64_t n_out) {
+int64_t tiled_block_rows(const TiledTokens& x, int64_t n_out) {
+  int64_t rows = 16;
+  if (x.packed.defined())
+    while (rows < 64 && n_out / (rows * 2) >= 2 * thread_count()) rows *= 2;
+  return rows;
+}
+
+bool tiled_rows_product(const TiledTokens& x, const float* rows, int64_t n_rows, const float* bias, float* out,
+                        int64_t n_out) {
   if (!g_tiled_matmul) return false;
   ++g_tiled_blocks;
-  if (avx512_rows_product(x, T, in, rows, n_rows, bias, out, n_out)) return true;
+  const int64_t T = x.T, in = x.in;
+  if (packed_rows_product(x, rows, n_rows, bias, out, n_out) ||
+      avx512_rows_product(x.x, T, in, rows, n_rows, bias, out, n_out))
+    return true;
   for (int64_t t0 = 0; t0 < T; t0 += kTokensPerPass)
-    dense_span<DType::f32>(std::min(kTokensPerPass, T - t0), x + t0 * in, in, reinterpret_cast<const uint8_t*>(rows),
+    dense_span<DType::f32>(std::min(kTokensPerPass, T - t0), x.x + t0 * in, in, reinterpret_cast<const uint8_t*>(rows),
                            size_t(in) * sizeof(float), 0, n_rows, bias, out + t0 * n_out, n_out);
   return true;
 }
@@ -418,9 +428,8 @@ bool direct_matvec(const Tensor&, const Tensor&, const Tensor&, Tensor&) { retur
 bool direct_affine_matvec(const Tensor&, const AffineWeight&, const Tensor&, Tensor&) { return false; }
 bool direct_fp8_matvec(const Tensor&, const Fp8Weight&, const Tensor&, Tensor&) { return false; }
 bool tiled_matmul_applies() { return false; }
-bool tiled_rows_product(const float*, int64_t, int64_t, const float*, int64_t, const float*, float*, int64_t) {
-  return false;
-}
+bool tiled_rows_product(const TiledTokens&, const float*, int64_t, const float*, float*, int64_t) { return false; }
+int64_t tiled_block_rows(const TiledTokens&, int64_t) { return 16; }
 
 #endif
 

@@ -1,6 +1,6 @@
 // FP8 (E4M3, block-scaled) matmul on the CPU: a fused dequantize-dot. Decode
 // (1-8 tokens) takes lever cpu_direct_matvec's kernel where it applies
-// (decode_matvec.cpp). Otherwise threads split the output rows 16 at a time;
+// (decode_matvec.cpp). Otherwise threads split the output rows in blocks (16, up to 64 for cpu_packed_matmul);
 // each block of rows is decoded once into f32, 16 values a step through F16C
 // (below), then multiplied by the tokens. With lever cpu_tiled_matmul the
 // block's rows carry their block scales and go through the register-tiled
@@ -55,25 +55,26 @@ void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor&
   const uint8_t* values = w.values.data<uint8_t>();
   const float* scale_inv = w.scale_inv.data<float>();
   const bool tiled = tiled_matmul_applies();
-  constexpr int64_t kRowsPerTask = 16;
-  parallel_for((n_out + kRowsPerTask - 1) / kRowsPerTask, 1, [&](int64_t task_begin, int64_t task_end) {
-    std::vector<float> rows(static_cast<size_t>(kRowsPerTask * in));
-    for (int64_t r0 = task_begin * kRowsPerTask; r0 < std::min(n_out, task_end * kRowsPerTask); r0 += kRowsPerTask) {
-      const int64_t n_rows = std::min(kRowsPerTask, n_out - r0);
+  const TiledTokens tokens = tiled ? tiled_tokens(x.data<float>(), T, in) : TiledTokens{};
+  const int64_t block_rows = tiled_block_rows(tokens, n_out);
+  parallel_for((n_out + block_rows - 1) / block_rows, 1, [&](int64_t task_begin, int64_t task_end) {
+    float* rows = thread_scratch(0, size_t(block_rows * in));
+    for (int64_t r0 = task_begin * block_rows; r0 < std::min(n_out, task_end * block_rows); r0 += block_rows) {
+      const int64_t n_rows = std::min(block_rows, n_out - r0);
       for (int64_t r = 0; r < n_rows; ++r) {
         const float* scales = scale_inv + ((r0 + r) / block) * scale_cols;
         for (int64_t c = 0; c < in; c += block)  // the block scale folded in, or applied per partial sum
           decode_e4m3(values + (r0 + r) * in + c, std::min(block, in - c), tiled ? scales[c / block] : 1.0f,
-                      rows.data() + r * in + c);
+                      rows + r * in + c);
       }
       if (tiled) {
-        tiled_rows_product(x.data<float>(), T, in, rows.data(), n_rows,
-                           bias_f32.empty() ? nullptr : bias_f32.data() + r0, out.data<float>() + r0, n_out);
+        tiled_rows_product(tokens, rows, n_rows, bias_f32.empty() ? nullptr : bias_f32.data() + r0,
+                           out.data<float>() + r0, n_out);
         continue;
       }
       for (int64_t r = 0; r < n_rows; ++r) {
         const float* scales = scale_inv + ((r0 + r) / block) * scale_cols;
-        const float* row = rows.data() + r * in;
+        const float* row = rows + r * in;
         for (int64_t t = 0; t < T; ++t) {
           const float* xt = x.data<float>() + t * in;
           float y = 0;
