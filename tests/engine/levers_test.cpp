@@ -227,6 +227,11 @@ TEST(Levers, CpuAvx512MatmulIsOnByDefaultAndCpuOnly) {
                        &LoadOptions::cpu_avx512_matmul);
 }
 
+TEST(Levers, CpuPackedMatmulIsOnByDefaultAndCpuOnly) {
+  expect_default_lever(Device::cpu, "MERERUN_CPU_PACKED_MATMUL", "cpu_packed_matmul", &Levers::cpu_packed_matmul,
+                       &LoadOptions::cpu_packed_matmul);
+}
+
 TEST(Levers, CpuTiledMatmulIsOnByDefaultAndCpuOnly) {
   expect_default_lever(Device::cpu, "MERERUN_CPU_TILED_MATMUL", "cpu_tiled_matmul", &Levers::cpu_tiled_matmul,
                        &LoadOptions::cpu_tiled_matmul);
