@@ -59,6 +59,38 @@ std::vector<float> normal_values(int64_t n, uint32_t seed, float mean, float sd)
   return v;
 }
 
+Tensor normal_tensor(Shape shape, uint32_t seed, float sd) {
+  return Tensor::from_floats(normal_values(shape_numel(shape), seed, 0.0f, sd), shape);
+}
+
+std::vector<double> reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale) {
+  const int64_t T = q.dim(0), H = q.dim(1), D = q.dim(2), KV = k.dim(1), group = H / KV;
+  std::vector<double> out(size_t(T * H * D), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t n = pos0 + t + 1, g = h / group;
+      std::vector<double> p(static_cast<size_t>(n));
+      double top = -INFINITY, sum = 0;
+      for (int64_t s = 0; s < n; ++s) {
+        double d = 0;
+        for (int64_t i = 0; i < D; ++i) d += double(q.at((t * H + h) * D + i)) * double(k.at((s * KV + g) * D + i));
+        p[size_t(s)] = d * scale;
+        top = std::max(top, p[size_t(s)]);
+      }
+      for (double& x : p) sum += (x = std::exp(x - top));
+      for (int64_t s = 0; s < n; ++s)
+        for (int64_t i = 0; i < D; ++i)
+          out[size_t((t * H + h) * D + i)] += p[size_t(s)] / sum * double(v.at((s * KV + g) * D + i));
+    }
+  return out;
+}
+
+double worst_error(const Tensor& got, const std::vector<double>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(double(got.at(int64_t(i))) - want[i]));
+  return worst;
+}
+
 MaxDiff max_abs_diff(const Tensor& a, const Tensor& b) {
   MaxDiff m;
   EXPECT_EQ(a.shape(), b.shape());

@@ -36,6 +36,14 @@ MaxDiff max_abs_diff(const Tensor& a, const Tensor& b);
 
 // n values drawn from N(mean, sd), the same for the same seed.
 std::vector<float> normal_values(int64_t n, uint32_t seed, float mean, float sd);
+// An f32 tensor of N(0, sd) values.
+Tensor normal_tensor(Shape shape, uint32_t seed, float sd);
+
+// Causal attention in double: q [T, heads, D] against k, v [pos0 + T, kv_heads,
+// D], token t seeing keys [0, pos0 + t]; the output [T, heads, D] flattened.
+std::vector<double> reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale);
+// Largest |got - want| over the elements.
+double worst_error(const Tensor& got, const std::vector<double>& want);
 
 // One of the CPU's lever switches (ops::cpu::set_*) set for a scope, off after
 // (their state between tests).

@@ -99,6 +99,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "cpu_vector_attention" ? &l.cpu_vector_attention
                 : name == "cpu_avx512_matmul" ? &l.cpu_avx512_matmul
                 : name == "cpu_packed_matmul" ? &l.cpu_packed_matmul
+                : name == "cpu_avx512_attention" ? &l.cpu_avx512_attention
                                                 : nullptr;
   MERE_CHECK(field != nullptr, "--lever {}=...: unknown engine lever", name);
   *field = on;
@@ -197,7 +198,7 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
+    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
                                         lo.fuse_rope_store, lo.rope_in_attention, lo.wide_attention_blocks,
                                         lo.cluster_attention_merge,
                                         int(lo.fuse_norm_matvec), lo.programmatic_launch,
@@ -208,7 +209,8 @@ class Auditor {
                                         int(lo.tensor_core_affine_gemm), lo.routing_in_experts,
                                         lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages,
                                         lo.streamed_weights, lo.cpu_direct_matvec, lo.cpu_tiled_matmul, lo.cpu_vnni_matvec,
-                                        lo.cpu_vector_attention, lo.cpu_avx512_matmul, lo.cpu_packed_matmul);
+                                        lo.cpu_vector_attention, lo.cpu_avx512_matmul, lo.cpu_packed_matmul,
+                                        lo.cpu_avx512_attention);
     auto it = models_.find(key);
     if (it == models_.end()) {
       std::fprintf(stderr, "loading %s\n", dir.c_str());

@@ -18,7 +18,7 @@ std::vector<std::string> engine_lever_names() {
           "routing_in_experts", "deep_moe_ring", "deep_dense_ring", "wide_batch_stages",
           "streamed_weights", "cpu_direct_matvec", "cpu_tiled_matmul",
           "cpu_vnni_matvec", "cpu_vector_attention", "cpu_avx512_matmul",
-          "cpu_packed_matmul"};
+          "cpu_packed_matmul", "cpu_avx512_attention"};
 }
 
 Device engine_lever_device(const std::string& name) {

@@ -100,7 +100,8 @@ std::string layout_levers(const ModelInfo& info) {
          (o.fuse_moe_gate_up ? " fused_moe_gate_up=on" : "") + (o.cpu_direct_matvec ? " cpu_direct_matvec=on" : "") +
          (o.cpu_tiled_matmul ? " cpu_tiled_matmul=on" : "") + (o.cpu_vnni_matvec ? " cpu_vnni_matvec=on" : "") +
          (o.cpu_vector_attention ? " cpu_vector_attention=on" : "") +
-         (o.cpu_avx512_matmul ? " cpu_avx512_matmul=on" : "") + (o.cpu_packed_matmul ? " cpu_packed_matmul=on" : "");
+         (o.cpu_avx512_matmul ? " cpu_avx512_matmul=on" : "") + (o.cpu_packed_matmul ? " cpu_packed_matmul=on" : "") +
+         (o.cpu_avx512_attention ? " cpu_avx512_attention=on" : "");
 }
 
 // The decode loop's levers as they ran (the CPU loop is eager and reads each token).

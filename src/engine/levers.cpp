@@ -59,6 +59,7 @@ Levers Levers::from_env() {
   l.cpu_vector_attention = env_flag("MERERUN_CPU_VECTOR_ATTENTION", l.cpu_vector_attention);
   l.cpu_avx512_matmul = env_flag("MERERUN_CPU_AVX512_MATMUL", l.cpu_avx512_matmul);
   l.cpu_packed_matmul = env_flag("MERERUN_CPU_PACKED_MATMUL", l.cpu_packed_matmul);
+  l.cpu_avx512_attention = env_flag("MERERUN_CPU_AVX512_ATTENTION", l.cpu_avx512_attention);
   return l;
 }
 
@@ -69,7 +70,7 @@ std::string Levers::describe(Device device) const {
            " cpu_direct_matvec=" + on(cpu_direct_matvec) + " cpu_tiled_matmul=" + on(cpu_tiled_matmul) +
            " cpu_vnni_matvec=" + on(cpu_vnni_matvec) + " cpu_vector_attention=" + on(cpu_vector_attention) +
            " cpu_avx512_matmul=" + on(cpu_avx512_matmul) + " cpu_packed_matmul=" + on(cpu_packed_matmul) +
-           " (the others are CUDA levers)";
+           " cpu_avx512_attention=" + on(cpu_avx512_attention) + " (the others are CUDA levers)";
   return std::string("levers: cuda_graphs=") + on(cuda_graphs) + " pipelined_decode=" + on(pipelined_decode) +
          " fused_projections=" + on(fused_projections) +
          " fused_rope_store=" + on(fused_rope_store) + " rope_in_attention=" + on(rope_in_attention) +
@@ -121,7 +122,8 @@ LoadOptions Levers::load_options(Device device) const {
                      .cpu_vnni_matvec = cpu_vnni_matvec && !cuda,
                      .cpu_vector_attention = cpu_vector_attention && !cuda,
                      .cpu_avx512_matmul = cpu_avx512_matmul && !cuda,
-                     .cpu_packed_matmul = cpu_packed_matmul && !cuda};
+                     .cpu_packed_matmul = cpu_packed_matmul && !cuda,
+                     .cpu_avx512_attention = cpu_avx512_attention && !cuda};
 }
 
 }  // namespace mere

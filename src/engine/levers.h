@@ -228,6 +228,11 @@ struct Levers {
   // prefill +5% to +11%; Qwen3-0.6B shape int4 pp512 / pp2048 +25%, bf16 +13% /
   // +15% (docs/levers.md).
   bool cpu_packed_matmul = true;
+  // cpu_vector_attention's prefill tiles (8 query rows or more) as outer
+  // products in 512-bit registers where the CPU has AVX-512F: a block of keys
+  // packed transposed, 16 keys to a vector, scores 8 rows by 48 keys a step;
+  // the weighted values 6 rows by 64 dimensions a step; else the AVX2 tiles.
+  bool cpu_avx512_attention = false;
 
   // MERERUN_CUDA_GRAPHS, MERERUN_PIPELINED_DECODE, MERERUN_FUSED_PROJECTIONS, MERERUN_FUSED_ROPE_STORE,
   // MERERUN_ROPE_IN_ATTENTION, MERERUN_WIDE_ATTENTION_BLOCKS, MERERUN_CLUSTER_ATTENTION_MERGE,
@@ -241,7 +246,7 @@ struct Levers {
   // MERERUN_PSI_FUSED_MOE,
   // MERERUN_PREFIX_CACHE (0|1), MERERUN_CPU_DIRECT_MATVEC, MERERUN_CPU_TILED_MATMUL,
   // MERERUN_CPU_VNNI_MATVEC, MERERUN_CPU_VECTOR_ATTENTION, MERERUN_CPU_AVX512_MATMUL,
-  // MERERUN_CPU_PACKED_MATMUL
+  // MERERUN_CPU_PACKED_MATMUL, MERERUN_CPU_AVX512_ATTENTION
   // override the defaults.
   static Levers from_env();
   static Levers all_off() {
@@ -262,7 +267,8 @@ struct Levers {
                   .cpu_vnni_matvec = false,
                   .cpu_vector_attention = false,
                   .cpu_avx512_matmul = false,
-                  .cpu_packed_matmul = false};
+                  .cpu_packed_matmul = false,
+                  .cpu_avx512_attention = false};
   }
   // The levers in effect on `device`, for the line a run prints.
   std::string describe(Device device) const;

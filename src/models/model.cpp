@@ -17,7 +17,8 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                            .vnni_matvec = o.cpu_vnni_matvec,
                            .vector_attention = o.cpu_vector_attention,
                            .avx512_matmul = o.cpu_avx512_matmul,
-                           .packed_matmul = o.cpu_packed_matmul});
+                           .packed_matmul = o.cpu_packed_matmul,
+                           .avx512_attention = o.cpu_avx512_attention});
     return;
   }
   ops::set_launch_settings({.programmatic = o.programmatic_launch,

@@ -79,6 +79,8 @@ struct LoadOptions {
   bool cpu_avx512_matmul = false;
   // The tiled prefill product as an outer product of packed tokens (lever cpu_packed_matmul).
   bool cpu_packed_matmul = false;
+  // Prefill attention tiles as outer products in 512-bit registers (lever cpu_avx512_attention).
+  bool cpu_avx512_attention = false;
 };
 
 // Sets how kernels run on `device` from a model's options (ops::set_launch_settings

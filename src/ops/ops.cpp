@@ -191,6 +191,7 @@ void set_cpu_settings(const CpuSettings& settings) {
   cpu::set_vector_attention(settings.vector_attention);
   cpu::set_avx512_matmul(settings.avx512_matmul);
   cpu::set_packed_matmul(settings.packed_matmul);
+  cpu::set_avx512_attention(settings.avx512_attention);
 }
 void set_decode_keys(int64_t keys) { cuda::set_decode_keys(keys); }
 void set_cached_rows_final(bool final) { cuda::set_cached_rows_final(final); }

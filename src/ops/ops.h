@@ -103,6 +103,7 @@ struct CpuSettings {
   bool vector_attention = false;  // lever cpu_vector_attention: attention in AVX2 registers, a task per tile
   bool avx512_matmul = false;     // lever cpu_avx512_matmul: the tiled prefill product in 512-bit registers
   bool packed_matmul = false;     // lever cpu_packed_matmul: that product as an outer product of packed tokens
+  bool avx512_attention = false;  // lever cpu_avx512_attention: prefill attention tiles in 512-bit registers
 };
 void set_cpu_settings(const CpuSettings& settings);
 

@@ -15,42 +15,9 @@
 namespace mere {
 namespace {
 
-Tensor random_tensor(Shape shape, uint32_t seed, float sd) {
-  return Tensor::from_floats(test::normal_values(shape_numel(shape), seed, 0.0f, sd), shape);
-}
-
 Tensor attention_with(bool vector, const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale) {
   const test::CpuLever lever(ops::cpu::set_vector_attention, vector);
   return ops::attention(q, k, v, pos0, scale);
-}
-
-// Causal attention in double: token t sees keys [0, pos0 + t].
-std::vector<double> reference(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale) {
-  const int64_t T = q.dim(0), H = q.dim(1), D = q.dim(2), KV = k.dim(1), group = H / KV;
-  std::vector<double> out(size_t(T * H * D), 0.0);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t n = pos0 + t + 1, g = h / group;
-      std::vector<double> p(static_cast<size_t>(n));
-      double top = -INFINITY, sum = 0;
-      for (int64_t s = 0; s < n; ++s) {
-        double d = 0;
-        for (int64_t i = 0; i < D; ++i) d += double(q.at((t * H + h) * D + i)) * double(k.at((s * KV + g) * D + i));
-        p[size_t(s)] = d * scale;
-        top = std::max(top, p[size_t(s)]);
-      }
-      for (double& x : p) sum += (x = std::exp(x - top));
-      for (int64_t s = 0; s < n; ++s)
-        for (int64_t i = 0; i < D; ++i)
-          out[size_t((t * H + h) * D + i)] += p[size_t(s)] / sum * double(v.at((s * KV + g) * D + i));
-    }
-  return out;
-}
-
-double worst_error(const Tensor& got, const std::vector<double>& want) {
-  double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(double(got.at(int64_t(i))) - want[i]));
-  return worst;
 }
 
 struct Case {
@@ -70,19 +37,19 @@ TEST(CpuVectorAttention, MatchesDoublePrecisionAttention) {
                         Case{2, 8, 2, 128, 0}, Case{1, 7, 1, 64, 1}, Case{37, 6, 2, 64, 290},
                         Case{21, 8, 8, 128, 0}, Case{33, 8, 2, 256, 3}}) {
     const uint32_t seed = uint32_t(c.T * 100 + c.heads + c.pos0);
-    const Tensor q = random_tensor({c.T, c.heads, c.head_dim}, seed, 1.0f);
-    const Tensor k = random_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 1, 1.0f);
-    const Tensor v = random_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 2, 1.0f);
+    const Tensor q = test::normal_tensor({c.T, c.heads, c.head_dim}, seed, 1.0f);
+    const Tensor k = test::normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 1, 1.0f);
+    const Tensor v = test::normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 2, 1.0f);
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
-    const std::vector<double> want = reference(q, k, v, c.pos0, scale);
+    const std::vector<double> want = test::reference_attention(q, k, v, c.pos0, scale);
     const int64_t runs = ops::cpu::vector_attention_runs();
     const Tensor got = attention_with(true, q, k, v, c.pos0, scale);
     const std::string what = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) + "/" +
                              std::to_string(c.kv_heads) + " dim " + std::to_string(c.head_dim) + " pos0 " +
                              std::to_string(c.pos0);
     if (ops::cpu::vector_attention_runs() == runs) GTEST_SKIP() << "no AVX2 build: the scalar form serves";
-    EXPECT_LE(worst_error(got, want), 2e-6) << what;
-    EXPECT_LE(worst_error(attention_with(false, q, k, v, c.pos0, scale), want), 2e-6) << what << " (scalar)";
+    EXPECT_LE(test::worst_error(got, want), 2e-6) << what;
+    EXPECT_LE(test::worst_error(attention_with(false, q, k, v, c.pos0, scale), want), 2e-6) << what << " (scalar)";
     ++checked;
   }
   EXPECT_EQ(checked, 9);
@@ -93,16 +60,16 @@ TEST(CpuVectorAttention, MatchesDoublePrecisionAttention) {
 // cached keys, and two at 2,000 (split where the machine has more than 2 threads).
 TEST(CpuVectorAttention, DecodeSplitsItsKeysAcrossThreads) {
   for (const Case& c : {Case{1, 8, 1, 128, 700}, Case{1, 3, 1, 64, 1500}, Case{1, 4, 2, 64, 2000}}) {
-    const Tensor q = random_tensor({1, c.heads, c.head_dim}, 7, 1.0f);
-    const Tensor k = random_tensor({c.pos0 + 1, c.kv_heads, c.head_dim}, 8, 1.0f);
-    const Tensor v = random_tensor({c.pos0 + 1, c.kv_heads, c.head_dim}, 9, 1.0f);
+    const Tensor q = test::normal_tensor({1, c.heads, c.head_dim}, 7, 1.0f);
+    const Tensor k = test::normal_tensor({c.pos0 + 1, c.kv_heads, c.head_dim}, 8, 1.0f);
+    const Tensor v = test::normal_tensor({c.pos0 + 1, c.kv_heads, c.head_dim}, 9, 1.0f);
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
     const int64_t splits = ops::cpu::attention_decode_run_splits(), runs = ops::cpu::vector_attention_runs();
     const Tensor got = attention_with(true, q, k, v, c.pos0, scale);
     if (ops::cpu::vector_attention_runs() == runs) GTEST_SKIP() << "no AVX2 build: the scalar form serves";
     const bool split = ops::cpu::attention_decode_run_splits() > splits;
     EXPECT_EQ(split, thread_count() > c.kv_heads) << "kv heads " << c.kv_heads << ", threads " << thread_count();
-    EXPECT_LE(worst_error(got, reference(q, k, v, c.pos0, scale)), 2e-6) << "pos0 " << c.pos0;
+    EXPECT_LE(test::worst_error(got, test::reference_attention(q, k, v, c.pos0, scale)), 2e-6) << "pos0 " << c.pos0;
   }
 }
 
@@ -110,27 +77,27 @@ TEST(CpuVectorAttention, DecodeSplitsItsKeysAcrossThreads) {
 // weights fall below 2^-126 (e^x flushed to 0) keep the result.
 TEST(CpuVectorAttention, KeepsSharpSoftmaxes) {
   const int64_t n = 40, D = 64;
-  Tensor q = random_tensor({1, 2, D}, 1, 1.0f), k = random_tensor({n, 1, D}, 2, 1.0f),
-         v = random_tensor({n, 1, D}, 3, 1.0f);
+  Tensor q = test::normal_tensor({1, 2, D}, 1, 1.0f), k = test::normal_tensor({n, 1, D}, 2, 1.0f),
+         v = test::normal_tensor({n, 1, D}, 3, 1.0f);
   for (int64_t i = 0; i < D; ++i) {
     q.data<float>()[i] = 3.0f;                // head 0 aligns with key 17
     k.data<float>()[17 * D + i] = 3.0f;
     k.data<float>()[5 * D + i] = -3.0f;       // and is far from key 5
   }
-  const std::vector<double> want = reference(q, k, v, n - 1, 1.0f);
+  const std::vector<double> want = test::reference_attention(q, k, v, n - 1, 1.0f);
   const Tensor got = attention_with(true, q, k, v, n - 1, 1.0f);
-  EXPECT_LE(worst_error(got, want), 2e-6);
+  EXPECT_LE(test::worst_error(got, want), 2e-6);
 }
 
 // Where the form does not apply (head_dim not a multiple of 8, the lever off)
 // the scalar form runs.
 TEST(CpuVectorAttention, RunsOnlyWhereItApplies) {
-  const Tensor q = random_tensor({1, 4, 36}, 1, 1.0f), k = random_tensor({5, 2, 36}, 2, 1.0f),
-               v = random_tensor({5, 2, 36}, 3, 1.0f);
+  const Tensor q = test::normal_tensor({1, 4, 36}, 1, 1.0f), k = test::normal_tensor({5, 2, 36}, 2, 1.0f),
+               v = test::normal_tensor({5, 2, 36}, 3, 1.0f);
   const int64_t runs = ops::cpu::vector_attention_runs();
   attention_with(true, q, k, v, 4, 0.2f);
-  attention_with(false, random_tensor({1, 4, 64}, 4, 1.0f), random_tensor({5, 2, 64}, 5, 1.0f),
-                 random_tensor({5, 2, 64}, 6, 1.0f), 4, 0.2f);
+  attention_with(false, test::normal_tensor({1, 4, 64}, 4, 1.0f), test::normal_tensor({5, 2, 64}, 5, 1.0f),
+                 test::normal_tensor({5, 2, 64}, 6, 1.0f), 4, 0.2f);
   EXPECT_EQ(ops::cpu::vector_attention_runs(), runs);
 }
 

@@ -23,6 +23,7 @@
 #endif
 
 #include "core/thread_pool.h"
+#include "ops/cpu/attention_tile.h"
 #include "ops/cpu/avx2.h"
 #include "ops/cpu/cpu_ops.h"
 
@@ -94,22 +95,6 @@ __m128 four_sums(const __m256 (&a)[4]) {
   const __m256 s = _mm256_hadd_ps(s01, s23);  // per 128-bit half: a0 a1 a2 a3 partial sums
   return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
-
-// One kv head's cache: key s at k + s * row, value s at v + s * row.
-struct KvHead {
-  const float* k;
-  const float* v;
-  int64_t row, head_dim;
-  float scale;
-};
-
-// One query row of a tile: a query head at one token, the keys it sees
-// [0, n_keys) and where its output goes.
-struct QueryRow {
-  const float* q;
-  float* out;
-  int64_t n_keys;
-};
 
 // scores[j * stride + s] = q_j . k_s * scale for kHeads rows and keys [s0, s1),
 // kKeys keys a step (4 rows by 3 keys or 2 by 4 fill the 16 registers with a
@@ -242,6 +227,15 @@ void pack_rows(const float* side, int64_t row, int64_t head_dim, int64_t s0, int
   }
 }
 
+// out_j *= factors[j]: each row's weighted values by 1 / the sum of its weights.
+void scale_rows_by(const QueryRow* rows, int64_t n_rows, int64_t head_dim, const std::vector<float>& factors) {
+  for (int64_t j = 0; j < n_rows; ++j) {
+    const __m256 factor = _mm256_set1_ps(factors[size_t(j)]);
+    for (int64_t i = 0; i < head_dim; i += 8)
+      _mm256_storeu_ps(rows[j].out + i, _mm256_mul_ps(_mm256_loadu_ps(rows[j].out + i), factor));
+  }
+}
+
 // A thread's buffers for its tiles, kept from one tile to the next.
 struct TileBuffers {
   std::vector<float> scores, pack, inv_sum;
@@ -255,16 +249,34 @@ struct TileBuffers {
 // of keys and of values into L1 first and serves every pair from there, so a
 // prefill reads the cache once a tile rather than once a query row.
 // With `tops` and `sums`, each row's largest score and its sum of e^(score - top)
-// go there (to merge runs of keys).
+// go there (to merge runs of keys). With `wide` (lever cpu_avx512_attention: the
+// kv head laid out for it), a tile of 8 rows or more takes the 512-bit form.
 void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, TileBuffers& buffers, float* tops = nullptr,
-                 float* sums = nullptr) {
+                 float* sums = nullptr, const WideKvHead* wide_kv = nullptr) {
   std::vector<float>& scores = buffers.scores;
   std::vector<float>& pack = buffers.pack;
   std::vector<float>& inv_sum = buffers.inv_sum;
-  const int64_t stride = rows[n_rows - 1].n_keys;
+  const bool packed = n_rows > 2, wide = wide_kv && n_rows >= 8;
+  // The 512-bit form stores scores 16 keys at a time.
+  const int64_t stride = wide ? (rows[n_rows - 1].n_keys + 15) / 16 * 16 : rows[n_rows - 1].n_keys;
   scores.resize(size_t(n_rows * stride));
   auto pair_keys = [&](int64_t j) { return rows[std::min(j + 1, n_rows - 1)].n_keys; };
-  const bool packed = n_rows > 2;
+  if (wide) {
+    count_avx512_attention_tile();
+    avx512_tile_scores(*wide_kv, rows, n_rows, scores.data(), stride);
+    inv_sum.resize(static_cast<size_t>(n_rows));
+    for (int64_t j = 0; j < n_rows; ++j) {  // the values run to their group's keys: the rest of a row's weights 0
+      float* weights = scores.data() + j * stride;
+      float top = 0;
+      inv_sum[size_t(j)] = softmax_weights(weights, rows[j].n_keys, top);
+      if (tops) tops[j] = top, sums[j] = 1.0f / inv_sum[size_t(j)];
+      std::fill(weights + rows[j].n_keys, weights + stride, 0.0f);
+      std::fill(rows[j].out, rows[j].out + kv.head_dim, 0.0f);
+    }
+    avx512_tile_values(*wide_kv, rows, n_rows, scores.data(), stride);
+    scale_rows_by(rows, n_rows, kv.head_dim, inv_sum);
+    return;
+  }
   const int64_t block = packed ? std::max<int64_t>(16, kPackFloats / kv.head_dim) : kScoreBlock;
   if (packed) pack.resize(size_t(block * kv.head_dim));
   const KvHead in_pack{pack.data(), pack.data(), kv.head_dim, kv.head_dim, kv.scale};
@@ -322,11 +334,7 @@ void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, TileBuf
         pair_values<1>(kv, rows + j, weights, stride, s0, s1, true);
     }
   }
-  for (int64_t j = 0; j < n_rows; ++j) {
-    const __m256 inv = _mm256_set1_ps(inv_sum[size_t(j)]);
-    for (int64_t i = 0; i < kv.head_dim; i += 8)
-      _mm256_storeu_ps(rows[j].out + i, _mm256_mul_ps(_mm256_loadu_ps(rows[j].out + i), inv));
-  }
+  scale_rows_by(rows, n_rows, kv.head_dim, inv_sum);
 }
 
 // Query rows a tile aims at: enough to reuse each packed block many times
@@ -393,6 +401,19 @@ bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
   const int64_t tile_tokens =
       std::max<int64_t>(1, std::min(kRowsATile / group, kScoreFloats / (group * (pos0 + T))));
   const int64_t n_tiles = (T + tile_tokens - 1) / tile_tokens;
+  // Lever cpu_avx512_attention: each kv head's keys and values laid out for it
+  // once, for all its tiles (a tile of 8 query rows or more; a decode step's
+  // tiles are its group).
+  std::vector<WideKvHead> wide;
+  if (T > 1 && group * tile_tokens >= 8 && avx512_attention_applies()) {
+    wide.resize(size_t(n_kv_heads));
+    parallel_for(n_kv_heads, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t kv_h = begin; kv_h < end; ++kv_h)
+        pack_wide_kv_head({k.data<float>() + kv_h * head_dim, v.data<float>() + kv_h * head_dim,
+                           n_kv_heads * head_dim, head_dim, scale},
+                          pos0 + T, wide[size_t(kv_h)]);
+    });
+  }
   parallel_for(n_tiles * n_kv_heads, 1, [&](int64_t begin, int64_t end) {
     TileBuffers buffers;
     std::vector<QueryRow> rows;
@@ -407,7 +428,8 @@ bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
           const int64_t at = (t * n_heads + kv_h * group + j) * head_dim;
           rows.push_back({q.data<float>() + at, out.data<float>() + at, pos0 + t + 1});
         }
-      attend_tile(kv, rows.data(), int64_t(rows.size()), buffers);
+      attend_tile(kv, rows.data(), int64_t(rows.size()), buffers, nullptr, nullptr,
+                  wide.empty() ? nullptr : &wide[size_t(kv_h)]);
     }
   });
   return true;

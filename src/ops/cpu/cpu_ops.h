@@ -69,6 +69,12 @@ int64_t vector_attention_runs();
 // Decode steps whose keys it split into runs across threads (fewer kv heads than threads).
 int64_t attention_decode_run_splits();
 
+// Lever cpu_avx512_attention: cpu_vector_attention's prefill tiles (8 query rows
+// or more) as outer products in 512-bit registers (avx512_attention.cpp), where
+// the CPU has AVX-512F. avx512_attention_tiles counts the tiles it served.
+void set_avx512_attention(bool on);
+int64_t avx512_attention_tiles();
+
 // Lever cpu_avx512_matmul: tiled_rows_product in 512-bit registers, tiles of
 // 4 rows by 6 tokens (avx512_matmul.cpp), where the CPU has AVX-512F; false
 // where it does not apply (the lever off, no AVX-512F). avx512_matmul_blocks

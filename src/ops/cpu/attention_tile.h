@@ -1,0 +1,58 @@
+// The pieces of a CPU attention tile that attention.cpp shares with its
+// 512-bit form (avx512_attention.cpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace mere::ops::cpu {
+
+// One kv head's cache: key s at k + s * row, value s at v + s * row.
+struct KvHead {
+  const float* k;
+  const float* v;
+  int64_t row, head_dim;
+  float scale;
+};
+
+// One query row of a tile: a query head at one token, the keys it sees
+// [0, n_keys) and where its output goes. A tile's rows see non-decreasing keys.
+struct QueryRow {
+  const float* q;
+  float* out;
+  int64_t n_keys;
+};
+
+// Lever cpu_avx512_attention: a prefill tile's scores and weighted values as
+// outer products in 512-bit registers; true where the lever is on and the CPU
+// has AVX-512F. avx512_attention_tiles counts the tiles it served.
+bool avx512_attention_applies();
+void count_avx512_attention_tile();
+
+// One kv head's first n_keys keys and values laid out for the 512-bit tiles,
+// once per layer and kv head for all its tiles: the keys in blocks of `block`,
+// each transposed ([head_dim][block], 16 keys to a vector; keys past n_keys 0),
+// the values contiguous ([n_keys][head_dim]; in the cache a row lies a whole
+// cache row away, where a block's rows share a few L1 sets).
+struct WideKvHead {
+  std::vector<float> keys, values;
+  int64_t n_keys = 0, head_dim = 0, block = 0;
+  float scale = 0;
+};
+void pack_wide_kv_head(const KvHead& kv, int64_t n_keys, WideKvHead& wide);
+
+// scores[j * stride + s] = q_j . k_s * scale for the tile's rows and keys s below
+// the n_keys of the last row of j's group of rows, rounded up to 16 (stride, a
+// multiple of 16, at least the last row's n_keys rounded up): a step broadcasts
+// one dimension of each of 8 rows against 3 vectors of 16 keys. Scores past a
+// row's own n_keys are its group's, not its own.
+void avx512_tile_scores(const WideKvHead& kv, const QueryRow* rows, int64_t n_rows, float* scores, int64_t stride);
+
+// out_j += sum over keys s of weights[j * stride + s] * v_s for the tile's rows,
+// the keys of each group of rows up to its last row's n_keys (a row's weights
+// past its own n_keys must be 0): a step broadcasts one weight of each of 6 rows
+// against 4 vectors of a value row.
+void avx512_tile_values(const WideKvHead& kv, const QueryRow* rows, int64_t n_rows, const float* weights,
+                        int64_t stride);
+
+}  // namespace mere::ops::cpu

@@ -1,0 +1,110 @@
+// Lever cpu_avx512_attention (ops/cpu/avx512_attention.cpp): a prefill tile's
+// scores and weighted values as outer products in 512-bit registers, against
+// attention computed in double precision and against the AVX2 tiles; where it
+// applies; and that models reach it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/levers.h"
+#include "models/model.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace mere {
+namespace {
+
+Tensor attention_with(bool avx512, const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale) {
+  const test::CpuLever vector(ops::cpu::set_vector_attention, true);
+  const test::CpuLever lever(ops::cpu::set_avx512_attention, avx512);
+  return ops::attention(q, k, v, pos0, scale);
+}
+
+struct Case {
+  int64_t T, heads, kv_heads, head_dim, pos0;
+};
+
+// Tiles of 8-64 query rows: groups of 1, 2, 3, 4 and 7 query heads a kv head
+// (row groups of 8 for the scores and 6 for the values, and their rests of 4,
+// 2, 1), head_dim 64, 128, 80, 72 and 256 (4-vector steps of the values, a
+// masked rest of 8 lanes, several key blocks: 64 keys a block at head_dim 128,
+// 32 at 256), prompts of 8-70 tokens after 0-300 cached keys (key counts off a
+// multiple of 16; a tile's rows seeing different keys). Values of order 1: the
+// bound is absolute, 2e-6 against double, as for the AVX2 tiles.
+TEST(CpuAvx512Attention, MatchesDoublePrecisionAttention) {
+  if (!ops::cpu::avx512_matmul_available()) GTEST_SKIP() << "this CPU has no AVX-512F";
+  int checked = 0;
+  for (const Case& c : {Case{8, 8, 8, 128, 0}, Case{21, 16, 8, 128, 300}, Case{37, 6, 2, 64, 290},
+                        Case{33, 8, 2, 256, 3}, Case{9, 32, 8, 72, 0}, Case{70, 28, 4, 80, 17},
+                        Case{12, 12, 3, 64, 1}, Case{64, 2, 2, 128, 100}}) {
+    const uint32_t seed = uint32_t(c.T * 100 + c.heads + c.pos0);
+    const Tensor q = test::normal_tensor({c.T, c.heads, c.head_dim}, seed, 1.0f);
+    const Tensor k = test::normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 1, 1.0f);
+    const Tensor v = test::normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 2, 1.0f);
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    const std::vector<double> want = test::reference_attention(q, k, v, c.pos0, scale);
+    const int64_t tiles = ops::cpu::avx512_attention_tiles();
+    const Tensor got = attention_with(true, q, k, v, c.pos0, scale);
+    const std::string what = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) + "/" +
+                             std::to_string(c.kv_heads) + " dim " + std::to_string(c.head_dim) + " pos0 " +
+                             std::to_string(c.pos0);
+    EXPECT_GT(ops::cpu::avx512_attention_tiles(), tiles) << what;
+    EXPECT_LE(test::worst_error(got, want), 2e-6) << what;
+    EXPECT_LE(test::worst_error(attention_with(false, q, k, v, c.pos0, scale), want), 2e-6) << what << " (AVX2)";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 8);
+}
+
+// Uninitialized cache rows past the last token (NaN here) are never read: a
+// 40-token prefill into a cache of 100 rows.
+TEST(CpuAvx512Attention, ReadsNoKeyPastTheLastToken) {
+  if (!ops::cpu::avx512_matmul_available()) GTEST_SKIP() << "this CPU has no AVX-512F";
+  const int64_t T = 40, rows = 100, D = 64;
+  const Tensor q = test::normal_tensor({T, 4, D}, 1, 1.0f);
+  Tensor k = test::normal_tensor({rows, 2, D}, 2, 1.0f), v = test::normal_tensor({rows, 2, D}, 3, 1.0f);
+  for (int64_t i = T * 2 * D; i < rows * 2 * D; ++i) k.data<float>()[i] = v.data<float>()[i] = NAN;
+  const Tensor got = attention_with(true, q, k.slice_rows(0, T), v.slice_rows(0, T), 0, 0.125f);
+  for (int64_t i = 0; i < got.numel(); ++i) ASSERT_TRUE(std::isfinite(got.at(i))) << i;
+}
+
+// Tiles of fewer than 8 rows (a decode step, a 3-token prompt of one head a kv
+// head), the lever off, or no AVX-512F: the AVX2 tiles serve.
+TEST(CpuAvx512Attention, RunsOnlyWhereItApplies) {
+  const Tensor k = test::normal_tensor({20, 2, 64}, 2, 1.0f), v = test::normal_tensor({20, 2, 64}, 3, 1.0f);
+  const int64_t tiles = ops::cpu::avx512_attention_tiles();
+  attention_with(true, test::normal_tensor({1, 8, 64}, 1, 1.0f), k, v, 19, 0.125f);   // decode: 4 rows a tile
+  attention_with(true, test::normal_tensor({3, 2, 64}, 4, 1.0f), k.slice_rows(0, 3), v.slice_rows(0, 3), 0, 0.125f);
+  attention_with(false, test::normal_tensor({20, 8, 64}, 5, 1.0f), k, v, 0, 0.125f);  // the lever off
+  EXPECT_EQ(ops::cpu::avx512_attention_tiles(), tiles);
+  attention_with(true, test::normal_tensor({20, 8, 64}, 5, 1.0f), k, v, 0, 0.125f);
+  EXPECT_EQ(ops::cpu::avx512_attention_tiles() > tiles, ops::cpu::avx512_matmul_available());
+}
+
+// A CPU model's prefill takes it from its load options, and its logits stay
+// within f32 reordering of the AVX2 tiles'.
+TEST(CpuAvx512Attention, ACpuModelsPrefillRunsWithTheLever) {
+  std::vector<int32_t> prompt(40);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(1 + (i * 53) % 700);
+  std::vector<float> logits[2];
+  for (bool on : {false, true}) {
+    Levers levers;
+    levers.cpu_avx512_attention = on;
+    const std::unique_ptr<Model> model =
+        load_model(test::model_dir("demo"), Device::cpu, levers.load_options(Device::cpu));
+    auto state = model->make_state(48);
+    const int64_t tiles = ops::cpu::avx512_attention_tiles();
+    const Tensor out = model->forward(prompt, *state, /*all_logits=*/false);
+    EXPECT_EQ(ops::cpu::avx512_attention_tiles() > tiles, on && ops::cpu::avx512_matmul_available());
+    logits[on] = out.to_floats();
+  }
+  ops::set_cpu_settings({});  // the CPU kernels as before any model set them, for the tests after in this process
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  float worst = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i) worst = std::max(worst, std::fabs(logits[0][i] - logits[1][i]));
+  EXPECT_LE(worst, 1e-4f);
+}
+
+}  // namespace
+}  // namespace mere
