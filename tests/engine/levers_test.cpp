@@ -232,6 +232,11 @@ TEST(Levers, CpuPackedMatmulIsOnByDefaultAndCpuOnly) {
                        &LoadOptions::cpu_packed_matmul);
 }
 
+TEST(Levers, CpuAvx512AttentionIsOnByDefaultAndCpuOnly) {
+  expect_default_lever(Device::cpu, "MERERUN_CPU_AVX512_ATTENTION", "cpu_avx512_attention",
+                       &Levers::cpu_avx512_attention, &LoadOptions::cpu_avx512_attention);
+}
+
 TEST(Levers, CpuTiledMatmulIsOnByDefaultAndCpuOnly) {
   expect_default_lever(Device::cpu, "MERERUN_CPU_TILED_MATMUL", "cpu_tiled_matmul", &Levers::cpu_tiled_matmul,
                        &LoadOptions::cpu_tiled_matmul);
