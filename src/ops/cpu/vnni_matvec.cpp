@@ -286,26 +286,34 @@ bool vnni_affine_matvec(const Tensor& x, const AffineWeight& w, const Tensor& bi
   parallel_for((n_out + kRowsPerChunk - 1) / kRowsPerChunk, 1, [&](int64_t c0, int64_t c1) {
     const int64_t per_token = kRowsPerChunk * groups;
     // 4 floats past the end: a step's factors are read 4 at a time.
-    std::vector<float> scales(static_cast<size_t>(per_token)), biases(scales.size());
-    std::vector<float> factors(static_cast<size_t>(kTokensPerPass * per_token + 4));
-    for (int64_t r0 = c0 * kRowsPerChunk; r0 < std::min(n_out, c1 * kRowsPerChunk); r0 += kRowsPerChunk) {
+    float* scales = thread_scratch(0, size_t(per_token));
+    float* biases = thread_scratch(1, size_t(per_token));
+    float* factors = thread_scratch(2, size_t(kTokensPerPass * per_token + 4));
+    const int64_t end = std::min(n_out, c1 * kRowsPerChunk), scale_bytes = int64_t(dtype_size(w.scales.dtype()));
+    for (int64_t r0 = c0 * kRowsPerChunk; r0 < end; r0 += kRowsPerChunk) {
       const int64_t r1 = std::min(n_out, r0 + kRowsPerChunk), n = (r1 - r0) * groups;
-      load_f32(w.scales, r0 * groups, n, scales.data());
-      load_f32(w.biases, r0 * groups, n, biases.data());
+      // The next chunk's scales and biases on their way while this one's codes stream.
+      if (r1 < end)
+        for (int64_t byte = 0; byte < std::min(end - r1, kRowsPerChunk) * groups * scale_bytes; byte += 64) {
+          _mm_prefetch(static_cast<const char*>(w.scales.raw()) + r1 * groups * scale_bytes + byte, _MM_HINT_T0);
+          _mm_prefetch(static_cast<const char*>(w.biases.raw()) + r1 * groups * scale_bytes + byte, _MM_HINT_T0);
+        }
+      load_f32(w.scales, r0 * groups, n, scales);
+      load_f32(w.biases, r0 * groups, n, biases);
       for (int64_t t0 = 0; t0 < T; t0 += kTokensPerPass) {
         const int64_t tokens = std::min(kTokensPerPass, T - t0);
         for (int64_t t = 0; t < tokens; ++t)
-          scale_rows(scales.data(), digits.powers.data() + (t0 + t) * groups, n / groups, groups,
-                     factors.data() + t * per_token);
+          scale_rows(scales, digits.powers.data() + (t0 + t) * groups, n / groups, groups,
+                     factors + t * per_token);
         const AffineRows a{codes,
                            row_bytes,
                            in,
                            group,
                            groups,
                            r0,
-                           factors.data(),
+                           factors,
                            per_token,
-                           biases.data(),
+                           biases,
                            x_sums.data() + t0 * groups,
                            digits.digits.data() + t0 * kDigits * digits.stride,
                            digits.stride};
