@@ -57,6 +57,22 @@ TEST(CpuAvx512Attention, MatchesDoublePrecisionAttention) {
   EXPECT_EQ(checked, 8);
 }
 
+// Scores far apart in a prefill tile: a key that takes nearly all the weight
+// and keys whose weights fall below 2^-126 (e^x flushed to 0) keep the result.
+TEST(CpuAvx512Attention, KeepsSharpSoftmaxes) {
+  if (!ops::cpu::avx512_matmul_available()) GTEST_SKIP() << "this CPU has no AVX-512F";
+  const int64_t T = 12, pos0 = 25, n = pos0 + T, D = 64;
+  Tensor q = test::normal_tensor({T, 2, D}, 1, 1.0f), k = test::normal_tensor({n, 1, D}, 2, 1.0f),
+         v = test::normal_tensor({n, 1, D}, 3, 1.0f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < D; ++i) q.data<float>()[(t * 2) * D + i] = 3.0f;  // head 0 aligns with key 17
+  for (int64_t i = 0; i < D; ++i) k.data<float>()[17 * D + i] = 3.0f, k.data<float>()[5 * D + i] = -3.0f;
+  const int64_t tiles = ops::cpu::avx512_attention_tiles();
+  const Tensor got = attention_with(true, q, k, v, pos0, 1.0f);
+  EXPECT_GT(ops::cpu::avx512_attention_tiles(), tiles);
+  EXPECT_LE(test::worst_error(got, test::reference_attention(q, k, v, pos0, 1.0f)), 2e-6);
+}
+
 // Uninitialized cache rows past the last token (NaN here) are never read: a
 // 40-token prefill into a cache of 100 rows.
 TEST(CpuAvx512Attention, ReadsNoKeyPastTheLastToken) {

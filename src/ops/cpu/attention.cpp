@@ -69,21 +69,16 @@ void scalar_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
 // Keys ahead whose rows a step asks for: the scores' step and the values' step.
 constexpr int64_t kScoreAhead = 64, kValueAhead = 64;
 
-// e^x for x <= 0 (scores less their max): x = n ln2 + r, |r| <= ln2 / 2, e^r by
-// a degree-6 polynomial, 2^n into the exponent; below -87 (e^x < 2^-126) 0.
+// e^x for x <= 0 (attention_tile.h's polynomial).
 __m256 exp_nonpositive(__m256 x) {
-  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(kExpFloor), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpFloor));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln 2 in two parts (Cody-Waite)
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2High), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Low), r);
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i power = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(power)));
@@ -268,7 +263,7 @@ void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, TileBuf
     for (int64_t j = 0; j < n_rows; ++j) {  // the values run to their group's keys: the rest of a row's weights 0
       float* weights = scores.data() + j * stride;
       float top = 0;
-      inv_sum[size_t(j)] = softmax_weights(weights, rows[j].n_keys, top);
+      inv_sum[size_t(j)] = avx512_softmax_weights(weights, rows[j].n_keys, top);
       if (tops) tops[j] = top, sums[j] = 1.0f / inv_sum[size_t(j)];
       std::fill(weights + rows[j].n_keys, weights + stride, 0.0f);
       std::fill(rows[j].out, rows[j].out + kv.head_dim, 0.0f);

@@ -23,6 +23,14 @@ struct QueryRow {
   int64_t n_keys;
 };
 
+// e^x for x <= 0 (scores less their max), at either vector width: x = n ln2 + r,
+// |r| <= ln2 / 2 (ln 2 in two parts, Cody-Waite), e^r = 1 + r + r^2 p(r) with p
+// of degree 5 (about 2 ulp), 2^n into the exponent; below kExpFloor 0 (e^-87 < 2^-126).
+inline constexpr float kLog2e = 1.44269504088896341f, kLn2High = 0.693359375f, kLn2Low = -2.12194440e-4f;
+inline constexpr float kExpFloor = -87.0f;
+inline constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                      4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
 // Lever cpu_avx512_attention: a prefill tile's scores and weighted values as
 // outer products in 512-bit registers; true where the lever is on and the CPU
 // has AVX-512F. avx512_attention_tiles counts the tiles it served.
@@ -47,6 +55,10 @@ void pack_wide_kv_head(const KvHead& kv, int64_t n_keys, WideKvHead& wide);
 // one dimension of each of 8 rows against 3 vectors of 16 keys. Scores past a
 // row's own n_keys are its group's, not its own.
 void avx512_tile_scores(const WideKvHead& kv, const QueryRow* rows, int64_t n_rows, float* scores, int64_t stride);
+
+// scores -> e^(score - max) in place over [0, n); returns 1 / their sum, and the
+// max in `top` (attention.cpp's softmax_weights in 512-bit registers).
+float avx512_softmax_weights(float* scores, int64_t n, float& top);
 
 // out_j += sum over keys s of weights[j * stride + s] * v_s for the tile's rows,
 // the keys of each group of rows up to its last row's n_keys (a row's weights

@@ -7,9 +7,10 @@
 // values: a block of value rows contiguous, a step loads 4 vectors of a value
 // row and broadcasts one weight of each of 6 rows. Both blocks stay in L1 for
 // every row of the tile; a layer's keys and values are laid out so once for all
-// the tiles of a kv head. The softmax between them is attention.cpp's.
+// the tiles of a kv head. The softmax between them in 512-bit registers too.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <type_traits>
 
 #include "ops/cpu/attention_tile.h"
@@ -145,6 +146,22 @@ MERE_AVX512_TARGET void value_rows(const QueryRow* rows, const float* weights, i
   }
 }
 
+// e^x for x <= 0 (attention_tile.h's polynomial), 16 lanes.
+MERE_AVX512_TARGET inline __attribute__((always_inline)) __m512 exp_nonpositive(__m512 x) {
+  const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpFloor), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpFloor));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Low), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  #pragma GCC unroll 6
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i power = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(kept, p, _mm512_castsi512_ps(power));
+}
+
 // Rows [0, n_rows) in groups of kGroup, the rest in 4, 2 and 1: fn(R, first row).
 template <int kGroup, class Fn>
 void in_groups(int64_t n_rows, Fn fn) {
@@ -156,6 +173,24 @@ void in_groups(int64_t n_rows, Fn fn) {
 }
 
 }  // namespace
+
+MERE_AVX512_TARGET float avx512_softmax_weights(float* scores, int64_t n, float& top) {
+  __m512 most = _mm512_set1_ps(-INFINITY);
+  for (int64_t s = 0; s < n; s += kLanes) {
+    const __mmask16 mask = __mmask16((1u << std::min(kLanes, n - s)) - 1);
+    most = _mm512_mask_max_ps(most, mask, most, _mm512_maskz_loadu_ps(mask, scores + s));
+  }
+  top = _mm512_reduce_max_ps(most);
+  const __m512 shift = _mm512_set1_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t s = 0; s < n; s += kLanes) {
+    const __mmask16 mask = __mmask16((1u << std::min(kLanes, n - s)) - 1);
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores + s), shift));
+    _mm512_mask_storeu_ps(scores + s, mask, e);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(mask, e));
+  }
+  return 1.0f / _mm512_reduce_add_ps(sum);
+}
 
 MERE_AVX512_TARGET void pack_wide_kv_head(const KvHead& kv, int64_t n_keys, WideKvHead& wide) {
   wide.n_keys = n_keys, wide.head_dim = kv.head_dim, wide.scale = kv.scale;
@@ -204,6 +239,7 @@ MERE_AVX512_TARGET void avx512_tile_values(const WideKvHead& kv, const QueryRow*
 
 #else
 
+float avx512_softmax_weights(float*, int64_t, float&) { return 0.0f; }
 void pack_wide_kv_head(const KvHead&, int64_t, WideKvHead&) {}
 void avx512_tile_scores(const WideKvHead&, const QueryRow*, int64_t, float*, int64_t) {}
 void avx512_tile_values(const WideKvHead&, const QueryRow*, int64_t, const float*, int64_t) {}
