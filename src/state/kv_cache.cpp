@@ -163,14 +163,10 @@ Tensor KvCache::attend(const Tensor& q, const Tensor& pos, int64_t length, float
   }
   if (quantized())
     return T == 1 ? ops::attention(q, qk_, qv_, pos, scale) : ops::attention(q, qk_, qv_, length, scale);
-  if (attention_reads_storage()) return ops::attention(q, k_, v_, pos, scale);
-  // CPU bf16: an f32 copy of the visible rows.
-  return ops::attention(q, keys_for_attention(length + T), values_for_attention(length + T), length, scale);
+  return ops::attention(q, k_, v_, pos, scale);
 }
 
-bool KvCache::attention_reads_storage() const {
-  return !quantized() && (device_ == Device::cuda || dtype_ == DType::f32);
-}
+bool KvCache::attention_reads_storage() const { return !quantized(); }
 
 Tensor KvCache::keys_for_attention(int64_t n) const {
   if (quantized()) return dequantize_kv_rows(qk_, n, head_dim_);

@@ -55,8 +55,9 @@ class KvCache {
   // sharing storage; attention reads the visible prefix.
   const Tensor& keys() const;
   const Tensor& values() const;
-  // Whether attention reads the stored rows as they are (f32 on the CPU, any
-  // dense dtype on CUDA); otherwise it reads keys/values_for_attention.
+  // Whether attention reads the stored rows as they are (any dense dtype: the
+  // CPU's attention takes f32 and bf16 rows); otherwise it reads
+  // keys/values_for_attention.
   bool attention_reads_storage() const;
   // What attention reads for the first n positions: the stored rows, or (CPU) an
   // f32 copy of them, dequantized or converted from bf16.

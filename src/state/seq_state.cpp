@@ -157,7 +157,7 @@ Tensor SeqState::attend(int layer, const Tensor& q, const Tensor& pos, float sca
   const KvCache& storage = pool_->layer(layer);
   // CPU fast path: blocks that follow each other in storage (a sequence alone
   // on its pool gets them in order) are read in place when attention reads the
-  // storage dtype (f32).
+  // storage dtype (f32 or bf16).
   const size_t used = size_t((n + bs - 1) / bs);
   bool in_order = layout_.device == Device::cpu && storage.attention_reads_storage();
   for (size_t i = 1; i < used && in_order; ++i) in_order = table_[i] == table_[0] + int32_t(i);

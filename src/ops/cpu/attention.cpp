@@ -1,5 +1,6 @@
 // Attention on the CPU: q [T, heads, head_dim] against the cache's first
-// pos0 + t + 1 keys for token t (causal), f32 throughout.
+// pos0 + t + 1 keys for token t (causal), in f32; the cache rows f32 or bf16
+// (the vector forms widen bf16 in registers).
 //
 // Lever cpu_vector_attention: one task per tile (the query heads that share a
 // kv head, at up to 64 / group consecutive tokens) reads each key and value row
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -84,6 +86,20 @@ __m256 exp_nonpositive(__m256 x) {
   return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(power)));
 }
 
+// 8 of the cache's values as f32: f32 rows as they are, bf16 rows widened (a
+// bf16 is the high half of an f32).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+inline float value_of(float x) { return x; }
+inline float value_of(uint16_t x) { return bf16_to_f32(x); }
+
+// Elements of a cache row in one 64-byte line: a prefetch a line.
+template <class E>
+constexpr int64_t kPerLine = 64 / int64_t(sizeof(E));
+
 // The four sums of a[0..3], each over its 8 lanes.
 __m128 four_sums(const __m256 (&a)[4]) {
   const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
@@ -94,8 +110,8 @@ __m128 four_sums(const __m256 (&a)[4]) {
 // scores[j * stride + s] = q_j . k_s * scale for kHeads rows and keys [s0, s1),
 // kKeys keys a step (4 rows by 3 keys or 2 by 4 fill the 16 registers with a
 // query and the step's keys); the rows `prefetch` asks for are kScoreAhead keys on.
-template <int kHeads, int kKeys = 4>
-void head_scores(const KvHead& kv, const QueryRow* rows, int64_t s0, int64_t s1, bool prefetch, float* scores,
+template <int kHeads, int kKeys = 4, class E = float>
+void head_scores(const KvHeadOf<E>& kv, const QueryRow* rows, int64_t s0, int64_t s1, bool prefetch, float* scores,
                  int64_t stride) {
   static_assert(kKeys == 3 || kKeys == 4);
   int64_t s = s0;
@@ -103,7 +119,7 @@ void head_scores(const KvHead& kv, const QueryRow* rows, int64_t s0, int64_t s1,
     if (prefetch)
       #pragma GCC unroll 4
       for (int u = 0; u < kKeys; ++u)
-        for (int64_t i = 0; i < kv.head_dim; i += 16)
+        for (int64_t i = 0; i < kv.head_dim; i += kPerLine<E>)
           _mm_prefetch(reinterpret_cast<const char*>(kv.k + (s + u + kScoreAhead) * kv.row + i), _MM_HINT_T1);
     __m256 acc[kHeads][4];
     #pragma GCC unroll 4
@@ -113,7 +129,7 @@ void head_scores(const KvHead& kv, const QueryRow* rows, int64_t s0, int64_t s1,
     for (int64_t i = 0; i < kv.head_dim; i += 8) {
       __m256 key[kKeys];
       #pragma GCC unroll 4
-      for (int u = 0; u < kKeys; ++u) key[u] = _mm256_loadu_ps(kv.k + (s + u) * kv.row + i);
+      for (int u = 0; u < kKeys; ++u) key[u] = load8(kv.k + (s + u) * kv.row + i);
       #pragma GCC unroll 4
       for (int j = 0; j < kHeads; ++j) {
         const __m256 qv = _mm256_loadu_ps(rows[j].q + i);
@@ -132,7 +148,14 @@ void head_scores(const KvHead& kv, const QueryRow* rows, int64_t s0, int64_t s1,
   }
   for (; s < s1; ++s)
     #pragma GCC unroll 4
-    for (int j = 0; j < kHeads; ++j) scores[j * stride + s] = dot(rows[j].q, kv.k + s * kv.row, kv.head_dim) * kv.scale;
+    for (int j = 0; j < kHeads; ++j) {
+      float d = 0;
+      if constexpr (std::is_same_v<E, float>)
+        d = dot(rows[j].q, kv.k + s * kv.row, kv.head_dim);
+      else
+        for (int64_t i = 0; i < kv.head_dim; ++i) d += rows[j].q[i] * value_of(kv.k[s * kv.row + i]);
+      scores[j * stride + s] = d * kv.scale;
+    }
 }
 
 // scores -> e^(score - max) in place; returns 1 / their sum, and the max in `top`.
@@ -170,8 +193,8 @@ constexpr int64_t kKeysABlock = 64;
 // out_j[i0, i0 + 8 kVectors) += sum over keys [s0, s1) of weights[j][s] v_s[...].
 // With `prefetch`, the first pass over a block's rows asks for the rows
 // kValueAhead keys on, whole.
-template <int kHeads, int kVectors>
-void weighted_values(const KvHead& kv, const QueryRow* rows, const float* weights, int64_t stride, int64_t s0,
+template <int kHeads, int kVectors, class E = float>
+void weighted_values(const KvHeadOf<E>& kv, const QueryRow* rows, const float* weights, int64_t stride, int64_t s0,
                      int64_t s1, int64_t i0, bool prefetch) {
   __m256 acc[kHeads][kVectors];
   #pragma GCC unroll 4
@@ -180,11 +203,11 @@ void weighted_values(const KvHead& kv, const QueryRow* rows, const float* weight
     for (int u = 0; u < kVectors; ++u) acc[j][u] = _mm256_loadu_ps(rows[j].out + i0 + 8 * u);
   for (int64_t s = s0; s < s1; ++s) {
     if (prefetch && i0 == 0)
-      for (int64_t i = 0; i < kv.head_dim; i += 16)
+      for (int64_t i = 0; i < kv.head_dim; i += kPerLine<E>)
         _mm_prefetch(reinterpret_cast<const char*>(kv.v + (s + kValueAhead) * kv.row + i), _MM_HINT_T1);
     __m256 value[kVectors];
     #pragma GCC unroll 4
-    for (int u = 0; u < kVectors; ++u) value[u] = _mm256_loadu_ps(kv.v + s * kv.row + i0 + 8 * u);
+    for (int u = 0; u < kVectors; ++u) value[u] = load8(kv.v + s * kv.row + i0 + 8 * u);
     #pragma GCC unroll 4
     for (int j = 0; j < kHeads; ++j) {
       const __m256 p = _mm256_broadcast_ss(weights + j * stride + s);
@@ -199,13 +222,13 @@ void weighted_values(const KvHead& kv, const QueryRow* rows, const float* weight
 }
 
 // The weighted values of rows [j, j + kHeads) of a tile over keys [s0, s1).
-template <int kHeads>
-void pair_values(const KvHead& kv, const QueryRow* rows, const float* weights, int64_t stride, int64_t s0,
+template <int kHeads, class E>
+void pair_values(const KvHeadOf<E>& kv, const QueryRow* rows, const float* weights, int64_t stride, int64_t s0,
                  int64_t s1, bool prefetch) {
   int64_t i0 = 0;
   for (; i0 + 32 <= kv.head_dim; i0 += 32)
-    weighted_values<kHeads, 4>(kv, rows, weights, stride, s0, s1, i0, prefetch);
-  for (; i0 < kv.head_dim; i0 += 8) weighted_values<kHeads, 1>(kv, rows, weights, stride, s0, s1, i0, prefetch);
+    weighted_values<kHeads, 4, E>(kv, rows, weights, stride, s0, s1, i0, prefetch);
+  for (; i0 < kv.head_dim; i0 += 8) weighted_values<kHeads, 1, E>(kv, rows, weights, stride, s0, s1, i0, prefetch);
 }
 
 // Rows [s0, s1) of one side of a kv head's cache (keys or values) copied
@@ -214,11 +237,15 @@ void pair_values(const KvHead& kv, const QueryRow* rows, const float* weights, i
 // contiguous, a block of kPackFloats stays in L1 for every row pair of a tile.
 constexpr int64_t kPackFloats = 8192;
 
-void pack_rows(const float* side, int64_t row, int64_t head_dim, int64_t s0, int64_t s1, float* pack) {
+template <class E>
+void pack_rows(const E* side, int64_t row, int64_t head_dim, int64_t s0, int64_t s1, float* pack) {
   for (int64_t s = s0; s < s1; ++s) {
-    for (int64_t i = 0; i < head_dim; i += 16)
+    for (int64_t i = 0; i < head_dim; i += kPerLine<E>)
       _mm_prefetch(reinterpret_cast<const char*>(side + (s + kScoreAhead) * row + i), _MM_HINT_T1);
-    std::copy_n(side + s * row, head_dim, pack + (s - s0) * head_dim);
+    if constexpr (std::is_same_v<E, float>)
+      std::copy_n(side + s * row, head_dim, pack + (s - s0) * head_dim);
+    else
+      for (int64_t i = 0; i < head_dim; i += 8) _mm256_storeu_ps(pack + (s - s0) * head_dim + i, load8(side + s * row + i));
   }
 }
 
@@ -246,8 +273,9 @@ struct TileBuffers {
 // With `tops` and `sums`, each row's largest score and its sum of e^(score - top)
 // go there (to merge runs of keys). With `wide` (lever cpu_avx512_attention: the
 // kv head laid out for it), a tile of 8 rows or more takes the 512-bit form.
-void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, TileBuffers& buffers, float* tops = nullptr,
-                 float* sums = nullptr, const WideKvHead* wide_kv = nullptr) {
+template <class E>
+void attend_tile(const KvHeadOf<E>& kv, const QueryRow* rows, int64_t n_rows, TileBuffers& buffers,
+                 float* tops = nullptr, float* sums = nullptr, const WideKvHead* wide_kv = nullptr) {
   std::vector<float>& scores = buffers.scores;
   std::vector<float>& pack = buffers.pack;
   std::vector<float>& inv_sum = buffers.inv_sum;
@@ -297,9 +325,9 @@ void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, TileBuf
       if (b0 >= s1) continue;
       float* from = scores.data() + j * stride;
       if (n_rows - j >= 2)
-        head_scores<2>(kv, rows + j, b0, s1, j == 0, from, stride);
+        head_scores<2, 4, E>(kv, rows + j, b0, s1, j == 0, from, stride);
       else
-        head_scores<1>(kv, rows + j, b0, s1, j == 0, from, stride);
+        head_scores<1, 4, E>(kv, rows + j, b0, s1, j == 0, from, stride);
     }
   }
   inv_sum.resize(static_cast<size_t>(n_rows));
@@ -324,9 +352,9 @@ void attend_tile(const KvHead& kv, const QueryRow* rows, int64_t n_rows, TileBuf
       else if (packed)
         pair_values<1>(in_pack, rows + j, weights + s0, stride, 0, s1 - s0, false);
       else if (two)
-        pair_values<2>(kv, rows + j, weights, stride, s0, s1, true);
+        pair_values<2, E>(kv, rows + j, weights, stride, s0, s1, true);
       else
-        pair_values<1>(kv, rows + j, weights, stride, s0, s1, true);
+        pair_values<1, E>(kv, rows + j, weights, stride, s0, s1, true);
     }
   }
   scale_rows_by(rows, n_rows, kv.head_dim, inv_sum);
@@ -344,6 +372,7 @@ constexpr int64_t kRowsATile = 64, kScoreFloats = int64_t(1) << 22;
 // a share of the cache.
 constexpr int64_t kMinRunKeys = 256;
 
+template <class E>
 void decode_in_runs(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_keys, float scale, int64_t runs,
                     Tensor& out) {
   const int64_t n_heads = q.dim(1), head_dim = q.dim(2), n_kv_heads = k.dim(1), group = n_heads / n_kv_heads;
@@ -356,8 +385,8 @@ void decode_in_runs(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n
     for (int64_t task = begin; task < end; ++task) {
       const int64_t kv_h = task / runs, run = task % runs;
       const int64_t s0 = n_keys * run / runs, s1 = n_keys * (run + 1) / runs;
-      const KvHead kv{k.data<float>() + s0 * row + kv_h * head_dim, v.data<float>() + s0 * row + kv_h * head_dim,
-                      row, head_dim, scale};
+      const KvHeadOf<E> kv{k.data<E>() + s0 * row + kv_h * head_dim, v.data<E>() + s0 * row + kv_h * head_dim, row,
+                           head_dim, scale};
       for (int64_t j = 0; j < group; ++j)
         rows[size_t(j)] = {q.data<float>() + (kv_h * group + j) * head_dim,
                            partial.data() + (task * group + j) * head_dim, s1 - s0};
@@ -382,15 +411,15 @@ void decode_in_runs(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n
   ++g_decode_run_splits;
 }
 
-bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
+// E: the cache's element, float (f32) or uint16_t (bf16).
+template <class E>
+void vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
   const int64_t T = q.dim(0), n_heads = q.dim(1), head_dim = q.dim(2), n_kv_heads = k.dim(1);
-  if (!g_vector_attention || head_dim % 8 != 0) return false;
-  ++g_vector_attention_runs;
   const int64_t runs =
       std::min((thread_count() + n_kv_heads - 1) / n_kv_heads, (pos0 + 1) / kMinRunKeys);
   if (T == 1 && runs > 1) {
-    decode_in_runs(q, k, v, pos0 + 1, scale, runs, out);
-    return true;
+    decode_in_runs<E>(q, k, v, pos0 + 1, scale, runs, out);
+    return;
   }
   const int64_t group = n_heads / n_kv_heads;
   const int64_t tile_tokens =
@@ -404,8 +433,8 @@ bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
     wide.resize(size_t(n_kv_heads));
     parallel_for(n_kv_heads, 1, [&](int64_t begin, int64_t end) {
       for (int64_t kv_h = begin; kv_h < end; ++kv_h)
-        pack_wide_kv_head({k.data<float>() + kv_h * head_dim, v.data<float>() + kv_h * head_dim,
-                           n_kv_heads * head_dim, head_dim, scale},
+        pack_wide_kv_head(KvHeadOf<E>{k.data<E>() + kv_h * head_dim, v.data<E>() + kv_h * head_dim,
+                                      n_kv_heads * head_dim, head_dim, scale},
                           pos0 + T, wide[size_t(kv_h)]);
     });
   }
@@ -415,8 +444,8 @@ bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
     for (int64_t task = begin; task < end; ++task) {
       // The last tiles see the most keys: they go first, so the chunks even out.
       const int64_t tile = n_tiles - 1 - task / n_kv_heads, kv_h = task % n_kv_heads;
-      const KvHead kv{k.data<float>() + kv_h * head_dim, v.data<float>() + kv_h * head_dim, n_kv_heads * head_dim,
-                      head_dim, scale};
+      const KvHeadOf<E> kv{k.data<E>() + kv_h * head_dim, v.data<E>() + kv_h * head_dim, n_kv_heads * head_dim,
+                           head_dim, scale};
       rows.clear();
       for (int64_t t = tile * tile_tokens; t < std::min(T, (tile + 1) * tile_tokens); ++t)
         for (int64_t j = 0; j < group; ++j) {
@@ -427,6 +456,15 @@ bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
                   wide.empty() ? nullptr : &wide[size_t(kv_h)]);
     }
   });
+}
+
+bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
+  if (!g_vector_attention || q.dim(2) % 8 != 0 || (k.dtype() != DType::f32 && k.dtype() != DType::bf16)) return false;
+  ++g_vector_attention_runs;
+  if (k.dtype() == DType::bf16)
+    vector_attention<uint16_t>(q, k, v, pos0, scale, out);
+  else
+    vector_attention<float>(q, k, v, pos0, scale, out);
   return true;
 }
 
@@ -443,7 +481,11 @@ int64_t vector_attention_runs() { return g_vector_attention_runs; }
 int64_t attention_decode_run_splits() { return g_decode_run_splits; }
 
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
-  if (!vector_attention(q, k, v, pos0, scale, out)) scalar_attention(q, k, v, pos0, scale, out);
+  if (vector_attention(q, k, v, pos0, scale, out)) return;
+  if (k.dtype() == DType::f32) return scalar_attention(q, k, v, pos0, scale, out);
+  // bf16 rows the vector form did not take: an f32 copy of the visible ones.
+  const int64_t n = pos0 + q.dim(0);
+  scalar_attention(q, k.slice_rows(0, n).to(DType::f32), v.slice_rows(0, n).to(DType::f32), pos0, scale, out);
 }
 
 }  // namespace mere::ops::cpu

@@ -7,13 +7,17 @@
 
 namespace mere::ops::cpu {
 
-// One kv head's cache: key s at k + s * row, value s at v + s * row.
-struct KvHead {
-  const float* k;
-  const float* v;
+// One kv head's cache, rows of f32 or bf16 (E float or uint16_t): key s at
+// k + s * row, value s at v + s * row.
+template <class E>
+struct KvHeadOf {
+  const E* k;
+  const E* v;
   int64_t row, head_dim;
   float scale;
 };
+using KvHead = KvHeadOf<float>;
+using Bf16KvHead = KvHeadOf<uint16_t>;
 
 // One query row of a tile: a query head at one token, the keys it sees
 // [0, n_keys) and where its output goes. A tile's rows see non-decreasing keys.
@@ -48,6 +52,7 @@ struct WideKvHead {
   float scale = 0;
 };
 void pack_wide_kv_head(const KvHead& kv, int64_t n_keys, WideKvHead& wide);
+void pack_wide_kv_head(const Bf16KvHead& kv, int64_t n_keys, WideKvHead& wide);
 
 // scores[j * stride + s] = q_j . k_s * scale for the tile's rows and keys s below
 // the n_keys of the last row of j's group of rows, rounded up to 16 (stride, a

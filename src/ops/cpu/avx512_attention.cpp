@@ -192,18 +192,40 @@ MERE_AVX512_TARGET float avx512_softmax_weights(float* scores, int64_t n, float&
   return 1.0f / _mm512_reduce_add_ps(sum);
 }
 
-MERE_AVX512_TARGET void pack_wide_kv_head(const KvHead& kv, int64_t n_keys, WideKvHead& wide) {
+// The layout's sizes, and its values contiguous (converted to f32).
+template <class E>
+void lay_out_values(const KvHeadOf<E>& kv, int64_t n_keys, WideKvHead& wide) {
   wide.n_keys = n_keys, wide.head_dim = kv.head_dim, wide.scale = kv.scale;
   wide.block = keys_a_block(kv.head_dim);
   const int64_t n_blocks = (n_keys + wide.block - 1) / wide.block;
   wide.keys.resize(size_t(n_blocks * wide.block * kv.head_dim));
   wide.values.resize(size_t(n_keys * kv.head_dim));
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const int64_t b0 = b * wide.block;
-    pack_keys_transposed(kv, b0, std::min(b0 + wide.block, n_keys), wide.block,
-                         wide.keys.data() + b0 * kv.head_dim);
+  for (int64_t s = 0; s < n_keys; ++s)
+    for (int64_t d = 0; d < kv.head_dim; ++d) {
+      if constexpr (std::is_same_v<E, float>)
+        wide.values[size_t(s * kv.head_dim + d)] = kv.v[s * kv.row + d];
+      else
+        wide.values[size_t(s * kv.head_dim + d)] = bf16_to_f32(kv.v[s * kv.row + d]);
+    }
+}
+
+MERE_AVX512_TARGET void pack_wide_kv_head(const KvHead& kv, int64_t n_keys, WideKvHead& wide) {
+  lay_out_values(kv, n_keys, wide);
+  for (int64_t b0 = 0; b0 < n_keys; b0 += wide.block)
+    pack_keys_transposed(kv, b0, std::min(b0 + wide.block, n_keys), wide.block, wide.keys.data() + b0 * kv.head_dim);
+}
+
+// bf16 rows: transposed one value at a time (the layout is once a layer; the tiles dominate).
+void pack_wide_kv_head(const Bf16KvHead& kv, int64_t n_keys, WideKvHead& wide) {
+  lay_out_values(kv, n_keys, wide);
+  for (int64_t b0 = 0; b0 < n_keys; b0 += wide.block) {
+    float* kt = wide.keys.data() + b0 * kv.head_dim;
+    const int64_t b1 = std::min(b0 + wide.block, n_keys);
+    for (int64_t d = 0; d < kv.head_dim; ++d) {
+      for (int64_t s = b0; s < b1; ++s) kt[d * wide.block + (s - b0)] = bf16_to_f32(kv.k[s * kv.row + d]);
+      std::fill(kt + d * wide.block + (b1 - b0), kt + (d + 1) * wide.block, 0.0f);
+    }
   }
-  for (int64_t s = 0; s < n_keys; ++s) std::copy_n(kv.v + s * kv.row, kv.head_dim, wide.values.data() + s * kv.head_dim);
 }
 
 MERE_AVX512_TARGET void avx512_tile_scores(const WideKvHead& kv, const QueryRow* rows, int64_t n_rows, float* scores,
@@ -241,6 +263,7 @@ MERE_AVX512_TARGET void avx512_tile_values(const WideKvHead& kv, const QueryRow*
 
 float avx512_softmax_weights(float*, int64_t, float&) { return 0.0f; }
 void pack_wide_kv_head(const KvHead&, int64_t, WideKvHead&) {}
+void pack_wide_kv_head(const Bf16KvHead&, int64_t, WideKvHead&) {}
 void avx512_tile_scores(const WideKvHead&, const QueryRow*, int64_t, float*, int64_t) {}
 void avx512_tile_values(const WideKvHead&, const QueryRow*, int64_t, const float*, int64_t) {}
 
