@@ -9,6 +9,9 @@
 #include <random>
 #include <sstream>
 
+#include "models/model.h"
+#include "ops/ops.h"
+
 namespace mere::test {
 
 std::filesystem::path source_dir() { return MERE_SOURCE_DIR; }
@@ -88,6 +91,29 @@ std::vector<double> reference_attention(const Tensor& q, const Tensor& k, const 
 double worst_error(const Tensor& got, const std::vector<double>& want) {
   double worst = 0;
   for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(double(got.at(int64_t(i))) - want[i]));
+  return worst;
+}
+
+std::array<LeverPrefill, 2> demo_prefill_off_on(void (*set)(Levers&, bool), const std::vector<int32_t>& prompt,
+                                                int64_t (*counter)()) {
+  std::array<LeverPrefill, 2> runs;
+  for (bool on : {false, true}) {
+    Levers levers;
+    set(levers, on);
+    const std::unique_ptr<Model> model = load_model(model_dir("demo"), Device::cpu, levers.load_options(Device::cpu));
+    auto state = model->make_state(int64_t(prompt.size()) + 8);
+    const int64_t before = counter();
+    const Tensor out = model->forward(prompt, *state, /*all_logits=*/false);
+    runs[on] = {out.to_floats(), counter() > before};
+  }
+  ops::set_cpu_settings({});
+  return runs;
+}
+
+float worst_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
   return worst;
 }
 

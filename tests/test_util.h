@@ -1,11 +1,13 @@
 // Shared test helpers: paths, temporary files, running the mere binary, .npy reading.
 #pragma once
 
+#include <array>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "engine/levers.h"
 
 namespace mere::test {
 
@@ -44,6 +46,19 @@ Tensor normal_tensor(Shape shape, uint32_t seed, float sd);
 std::vector<double> reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale);
 // Largest |got - want| over the elements.
 double worst_error(const Tensor& got, const std::vector<double>& want);
+
+// The demo model's prefill on the CPU with a CPU lever off, then on (`set`
+// switches it in a Levers): each run's last logits and whether `counter` (the
+// lever's kernel counter) moved. The CPU kernels' settings are put back after,
+// for the tests after in this process.
+struct LeverPrefill {
+  std::vector<float> logits;
+  bool counted = false;
+};
+std::array<LeverPrefill, 2> demo_prefill_off_on(void (*set)(Levers&, bool), const std::vector<int32_t>& prompt,
+                                                int64_t (*counter)());
+// Largest |a - b| over two equal-length vectors (EXPECTs their lengths equal).
+float worst_difference(const std::vector<float>& a, const std::vector<float>& b);
 
 // One of the CPU's lever switches (ops::cpu::set_*) set for a scope, off after
 // (their state between tests).

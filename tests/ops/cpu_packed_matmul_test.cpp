@@ -7,7 +7,6 @@
 #include <cmath>
 
 #include "engine/levers.h"
-#include "models/model.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #include "test_util.h"
@@ -106,23 +105,11 @@ TEST(CpuPackedMatmul, PacksOnlyWhereItApplies) {
 TEST(CpuPackedMatmul, ACpuModelsPrefillRunsWithTheLever) {
   std::vector<int32_t> prompt(70);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(1 + (i * 37) % 500);
-  std::vector<float> logits[2];
-  for (bool on : {false, true}) {
-    Levers levers;
-    levers.cpu_packed_matmul = on;
-    const std::unique_ptr<Model> model =
-        load_model(test::model_dir("demo"), Device::cpu, levers.load_options(Device::cpu));
-    auto state = model->make_state(80);
-    const int64_t blocks = ops::cpu::packed_matmul_blocks();
-    const Tensor out = model->forward(prompt, *state, /*all_logits=*/false);
-    EXPECT_EQ(ops::cpu::packed_matmul_blocks() > blocks, on && ops::cpu::avx512_matmul_available());
-    logits[on] = out.to_floats();
-  }
-  ops::set_cpu_settings({});  // the CPU kernels as before any model set them, for the tests after in this process
-  ASSERT_EQ(logits[0].size(), logits[1].size());
-  float worst = 0;
-  for (size_t i = 0; i < logits[0].size(); ++i) worst = std::max(worst, std::fabs(logits[0][i] - logits[1][i]));
-  EXPECT_LE(worst, 1e-4f);
+  const auto runs = test::demo_prefill_off_on([](Levers& l, bool on) { l.cpu_packed_matmul = on; }, prompt,
+                                              ops::cpu::packed_matmul_blocks);
+  EXPECT_FALSE(runs[0].counted);
+  EXPECT_EQ(runs[1].counted, ops::cpu::avx512_matmul_available());
+  EXPECT_LE(test::worst_difference(runs[0].logits, runs[1].logits), 1e-4f);
 }
 
 }  // namespace
