@@ -93,8 +93,6 @@ inline __m256 load8(const uint16_t* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
-inline float value_of(float x) { return x; }
-inline float value_of(uint16_t x) { return bf16_to_f32(x); }
 
 // Elements of a cache row in one 64-byte line: a prefetch a line.
 template <class E>
@@ -153,7 +151,7 @@ void head_scores(const KvHeadOf<E>& kv, const QueryRow* rows, int64_t s0, int64_
       if constexpr (std::is_same_v<E, float>)
         d = dot(rows[j].q, kv.k + s * kv.row, kv.head_dim);
       else
-        for (int64_t i = 0; i < kv.head_dim; ++i) d += rows[j].q[i] * value_of(kv.k[s * kv.row + i]);
+        for (int64_t i = 0; i < kv.head_dim; ++i) d += rows[j].q[i] * bf16_to_f32(kv.k[s * kv.row + i]);
       scores[j * stride + s] = d * kv.scale;
     }
 }
