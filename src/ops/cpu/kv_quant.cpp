@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/thread_pool.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace mere::ops::cpu {
@@ -54,19 +55,34 @@ void quantize_kv_rows(const Tensor& x, AffineRows& q) {
                    q.scales.data<uint16_t>()[g], q.biases.data<uint16_t>()[g]);
 }
 
-void dequantize_kv_rows(const AffineRows& q, int64_t n, Tensor& out) {
-  const int64_t head_dim = q.head_dim(), heads = q.heads();
-  float* dst = out.data<float>();
+namespace {
+
+// Groups [g0, g1) of kBits codes into f32: a loop per width, so it vectorizes.
+template <int kBits>
+void dequantize_groups(const AffineRows& q, int64_t group, int64_t g0, int64_t g1, float* dst) {
   const uint8_t* codes = q.codes.data<uint8_t>();
-  const int64_t group = head_dim / q.scales.dim(2), groups = n * heads * q.scales.dim(2);
-  for (int64_t g = 0; g < groups; ++g) {
+  for (int64_t g = g0; g < g1; ++g) {
     const float scale = bf16_to_f32(q.scales.data<uint16_t>()[g]), bias = bf16_to_f32(q.biases.data<uint16_t>()[g]);
-    const uint8_t* c = codes + g * group * q.bits / 8;
+    const uint8_t* c = codes + g * group * kBits / 8;
+    float* d = dst + g * group;
     for (int64_t i = 0; i < group; ++i) {
-      const int code = q.bits == 8 ? c[i] : (c[i / 2] >> ((i % 2) * 4)) & 0xf;
-      dst[g * group + i] = scale * float(code) + bias;
+      const int code = kBits == 8 ? c[i] : (c[i / 2] >> ((i % 2) * 4)) & 0xf;
+      d[i] = scale * float(code) + bias;
     }
   }
+}
+
+}  // namespace
+
+// Every visible row, each step (attention reads f32): split across the threads.
+void dequantize_kv_rows(const AffineRows& q, int64_t n, Tensor& out) {
+  const int64_t group = q.head_dim() / q.scales.dim(2), groups = n * q.heads() * q.scales.dim(2);
+  parallel_for(groups, std::max<int64_t>(1, 4096 / group), [&](int64_t g0, int64_t g1) {
+    if (q.bits == 8)
+      dequantize_groups<8>(q, group, g0, g1, out.data<float>());
+    else
+      dequantize_groups<4>(q, group, g0, g1, out.data<float>());
+  });
 }
 
 void store_rows(const Tensor& x, AffineRows& dst, int64_t pos) {
