@@ -110,6 +110,38 @@ std::array<LeverPrefill, 2> demo_prefill_off_on(void (*set)(Levers&, bool), cons
   return runs;
 }
 
+void check_rows_product_against_double(const RowsProduct& product, const std::vector<int64_t>& tokens,
+                                       const std::vector<int64_t>& row_counts, const std::vector<int64_t>& widths,
+                                       double tolerance, int64_t (*counter)(), int& checked) {
+  for (int64_t T : tokens)
+    for (int64_t n_rows : row_counts)
+      for (int64_t in : widths) {
+        const uint32_t seed = uint32_t(T * 1000 + n_rows * 10 + in);
+        const std::vector<float> rows = normal_values(n_rows * in, seed, 0.0f, 0.05f);
+        const std::vector<float> x = normal_values(T * in, seed + 1, 0.3f, 1.0f);
+        const std::vector<float> bias = normal_values(n_rows, seed + 2, 0.0f, 1.0f);
+        const int64_t n_out = n_rows + 3;
+        const bool with_bias = (T + n_rows) % 2 == 0;
+        const int64_t before = counter();
+        const std::vector<float> got = product(x, T, in, rows, n_rows, with_bias ? bias.data() : nullptr, n_out);
+        EXPECT_EQ(counter(), before + 1);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t r = 0; r < n_rows; ++r) {
+            double want = with_bias ? bias[size_t(r)] : 0.0, magnitude = std::fabs(want);
+            for (int64_t i = 0; i < in; ++i) {
+              const double p = double(rows[size_t(r * in + i)]) * double(x[size_t(t * in + i)]);
+              want += p;
+              magnitude += std::fabs(p);
+            }
+            ASSERT_NEAR(got[size_t(t * n_out + r)], want, tolerance * magnitude)
+                << "T " << T << " rows " << n_rows << " in " << in << " at token " << t << " row " << r;
+          }
+        for (int64_t t = 0; t < T; ++t)  // columns past the block untouched
+          for (int64_t r = n_rows; r < n_out; ++r) ASSERT_TRUE(std::isnan(got[size_t(t * n_out + r)]));
+        ++checked;
+      }
+}
+
 float worst_difference(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   float worst = 0;

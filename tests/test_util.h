@@ -3,6 +3,7 @@
 
 #include <array>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,18 @@ struct LeverPrefill {
 };
 std::array<LeverPrefill, 2> demo_prefill_off_on(void (*set)(Levers&, bool), const std::vector<int32_t>& prompt,
                                                 int64_t (*counter)());
+// A CPU tiled product (out [T, n_out], NaN where it writes nothing) against the
+// product in double, for every T, row count and width given: each result within
+// `tolerance` of the sum of its products' magnitudes, a bias on every other
+// case, the columns past the block untouched, and `counter` moved by one a
+// call. `checked` counts the cases that passed.
+using RowsProduct = std::function<std::vector<float>(const std::vector<float>& x, int64_t T, int64_t in,
+                                                     const std::vector<float>& rows, int64_t n_rows,
+                                                     const float* bias, int64_t n_out)>;
+void check_rows_product_against_double(const RowsProduct& product, const std::vector<int64_t>& tokens,
+                                       const std::vector<int64_t>& row_counts, const std::vector<int64_t>& widths,
+                                       double tolerance, int64_t (*counter)(), int& checked);
+
 // Largest |a - b| over two equal-length vectors (EXPECTs their lengths equal).
 float worst_difference(const std::vector<float>& a, const std::vector<float>& b);
 

@@ -31,34 +31,10 @@ std::vector<float> rows_product(bool avx512, const std::vector<float>& x, int64_
 TEST(CpuAvx512Matmul, MatchesTheProductInDouble) {
   if (!ops::cpu::avx512_matmul_available()) GTEST_SKIP() << "this CPU has no AVX-512F";
   int checked = 0;
-  for (int64_t T : {1, 5, 6, 7, 13, 40})
-    for (int64_t n_rows : {1, 3, 4, 16, 37})
-      for (int64_t in : {16, 100, 1024, 3000}) {
-        const uint32_t seed = uint32_t(T * 1000 + n_rows * 10 + in);
-        const std::vector<float> rows = test::normal_values(n_rows * in, seed, 0.0f, 0.05f);
-        const std::vector<float> x = test::normal_values(T * in, seed + 1, 0.3f, 1.0f);
-        const std::vector<float> bias = test::normal_values(n_rows, seed + 2, 0.0f, 1.0f);
-        const int64_t n_out = n_rows + 3;
-        const bool with_bias = (T + n_rows) % 2 == 0;
-        const int64_t blocks = ops::cpu::avx512_matmul_blocks();
-        const std::vector<float> got =
-            rows_product(true, x, T, in, rows, n_rows, with_bias ? bias.data() : nullptr, n_out);
-        EXPECT_EQ(ops::cpu::avx512_matmul_blocks(), blocks + 1);
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t r = 0; r < n_rows; ++r) {
-            double want = with_bias ? bias[size_t(r)] : 0.0, magnitude = std::fabs(want);
-            for (int64_t i = 0; i < in; ++i) {
-              const double p = double(rows[size_t(r * in + i)]) * double(x[size_t(t * in + i)]);
-              want += p;
-              magnitude += std::fabs(p);
-            }
-            ASSERT_NEAR(got[size_t(t * n_out + r)], want, 2e-6 * magnitude)
-                << "T " << T << " rows " << n_rows << " in " << in << " at token " << t << " row " << r;
-          }
-        for (int64_t t = 0; t < T; ++t)  // columns past the block untouched
-          for (int64_t r = n_rows; r < n_out; ++r) ASSERT_TRUE(std::isnan(got[size_t(t * n_out + r)]));
-        ++checked;
-      }
+  test::check_rows_product_against_double(
+      [](const std::vector<float>& x, int64_t T, int64_t in, const std::vector<float>& rows, int64_t n_rows,
+         const float* bias, int64_t n_out) { return rows_product(true, x, T, in, rows, n_rows, bias, n_out); },
+      {1, 5, 6, 7, 13, 40}, {1, 3, 4, 16, 37}, {16, 100, 1024, 3000}, 2e-6, ops::cpu::avx512_matmul_blocks, checked);
   EXPECT_EQ(checked, 120);
 }
 
