@@ -624,10 +624,14 @@ Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int6
     cuda::attention(q, k, v, pos0, scale, out);
     return out;
   }
-  // The CPU, and a GPU prefill: the visible rows dequantized for the dense kernels.
-  const DType dt = q.device() == Device::cpu ? DType::f32 : DType::bf16;
-  Tensor kd = Tensor::empty({n, k.heads(), k.head_dim()}, dt, q.device());
-  Tensor vd = Tensor::empty({n, v.heads(), v.head_dim()}, dt, q.device());
+  if (q.device() == Device::cpu) {
+    Tensor out = Tensor::empty(q.shape(), DType::f32);
+    cpu::attention(q, k, v, pos0, scale, out);
+    return out;
+  }
+  // A GPU prefill: the visible rows dequantized for the dense kernels.
+  Tensor kd = Tensor::empty({n, k.heads(), k.head_dim()}, DType::bf16, q.device());
+  Tensor vd = Tensor::empty({n, v.heads(), v.head_dim()}, DType::bf16, q.device());
   dequantize_rows_into(k, n, kd);
   dequantize_rows_into(v, n, vd);
   return attention(q, kd, vd, pos0, scale);

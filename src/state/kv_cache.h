@@ -6,10 +6,11 @@
 //            when head_dim is smaller), one bf16 scale and bias per group, u8
 //            codes (53.125% of bf16 at head_dim 128)
 //   affine4  the same with 4-bit codes, two per byte (the first in the low nibble)
-// Attention reads f32 (CPU) and bf16 (CUDA) caches directly; on the CPU a bf16
-// or quantized cache is converted to f32 for it. On CUDA the decode attention
-// kernel reads the quantized codes directly (dequantized in registers) and a
-// prefill (T >= 16) reads a bf16 copy of the visible rows made for that call.
+// Attention reads dense caches directly (the CPU widens bf16 rows in
+// registers). A decode step reads the quantized codes directly too (CUDA: in
+// registers; CPU: a block of rows at a time into L1); a CUDA prefill (T >= 16)
+// reads a bf16 copy of the visible rows made for that call, a CPU prompt of
+// several tiles an f32 copy.
 // A KvCache is also the storage of a BlockPool (state/block_pool.h): block b's
 // row r is row b * block_size + r. SeqState (state/seq_state.h) puts the two
 // together; write and attend then take the sequence's block tables (KvPages).

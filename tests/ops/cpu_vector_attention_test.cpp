@@ -84,6 +84,46 @@ TEST(CpuVectorAttention, ReadsABf16CacheAsStored) {
   }
 }
 
+// A quantized cache (affine8, affine4) is read as stored where each kv head's
+// rows go to one tile: a decode step of two, three or four rows a kv head, one
+// split into runs, a 3-token step, head_dim 40 (4-bit groups of 40: a rest of 8
+// codes) and 128 (two groups). A 40-token prompt (two tiles) dequantizes
+// the visible rows first, as the lever off does. Against double attention on
+// the dequantized values, within 2e-6.
+TEST(CpuVectorAttention, ReadsAQuantizedCacheAsStored) {
+  struct QuantCase {
+    Case c;
+    bool reads_codes;
+  };
+  for (const QuantCase& qc : {QuantCase{{1, 16, 8, 128, 300}, true}, QuantCase{{1, 6, 2, 64, 40}, true},
+                              QuantCase{{1, 32, 8, 128, 70}, true}, QuantCase{{1, 4, 1, 64, 1500}, true},
+                              QuantCase{{1, 4, 2, 40, 77}, true}, QuantCase{{3, 4, 2, 128, 20}, true},
+                              QuantCase{{40, 16, 8, 128, 30}, false}}) {
+    const Case& c = qc.c;
+    for (int bits : {8, 4}) {
+      const uint32_t seed = uint32_t(c.T * 100 + c.heads + c.pos0 + bits);
+      const int64_t n = c.pos0 + c.T;
+      const Tensor q = test::normal_tensor({c.T, c.heads, c.head_dim}, seed, 1.0f);
+      const ops::AffineRows k = ops::quantize_kv_rows(test::normal_tensor({n, c.kv_heads, c.head_dim}, seed + 1, 1.0f), bits);
+      const ops::AffineRows v = ops::quantize_kv_rows(test::normal_tensor({n, c.kv_heads, c.head_dim}, seed + 2, 1.0f), bits);
+      const float scale = 1.0f / std::sqrt(float(c.head_dim));
+      const std::vector<double> want = test::reference_attention(q, ops::dequantize_kv_rows(k, n, c.head_dim),
+                                                                 ops::dequantize_kv_rows(v, n, c.head_dim), c.pos0, scale);
+      const std::string what = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) + "/" +
+                               std::to_string(c.kv_heads) + " dim " + std::to_string(c.head_dim) + " pos0 " +
+                               std::to_string(c.pos0) + " bits " + std::to_string(bits);
+      for (bool vector : {true, false}) {
+        const test::CpuLever lever(ops::cpu::set_vector_attention, vector);
+        const int64_t reads = ops::cpu::attention_code_reads();
+        EXPECT_LE(test::worst_error(ops::attention(q, k, v, c.pos0, scale), want), 2e-6) << what << " vector " << vector;
+#ifdef __AVX2__
+        EXPECT_EQ(ops::cpu::attention_code_reads() - reads, vector && qc.reads_codes ? 1 : 0) << what;
+#endif
+      }
+    }
+  }
+}
+
 // A decode step with fewer kv heads than threads splits its keys into runs of
 // 256 or more across the threads and merges them: one kv head at 700 and 1,500
 // cached keys, and two at 2,000 (split where the machine has more than 2 threads).

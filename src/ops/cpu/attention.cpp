@@ -1,6 +1,8 @@
 // Attention on the CPU: q [T, heads, head_dim] against the cache's first
 // pos0 + t + 1 keys for token t (causal), in f32; the cache rows f32 or bf16
-// (the vector forms widen bf16 in registers).
+// (the vector forms widen bf16 in registers), or affine8/affine4 codes (a decode
+// step's tiles dequantize a block of rows at a time into L1; elsewhere the
+// visible rows are dequantized to f32 first).
 //
 // Lever cpu_vector_attention: one task per tile (the query heads that share a
 // kv head, at up to 64 / group consecutive tokens) reads each key and value row
@@ -16,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -33,7 +36,7 @@ namespace mere::ops::cpu {
 namespace {
 
 std::atomic<bool> g_vector_attention{false};
-std::atomic<int64_t> g_vector_attention_runs{0}, g_decode_run_splits{0};
+std::atomic<int64_t> g_vector_attention_runs{0}, g_decode_run_splits{0}, g_code_reads{0};
 
 // One task per (token, query head): scores over the visible keys, a max-shifted
 // softmax in f32, then the weighted sum of values.
@@ -247,6 +250,96 @@ void pack_rows(const E* side, int64_t row, int64_t head_dim, int64_t s0, int64_t
   }
 }
 
+// One kv head's rows of a quantized cache (ops.h AffineRows: value = scale *
+// code + bias per group), from key `first` on: key s's codes at codes + s *
+// code_row, its groups' scales and biases at scales / biases + s * group_row.
+struct AffineKvHead {
+  struct Side {
+    const uint8_t* codes;
+    const uint16_t* scales;
+    const uint16_t* biases;
+  };
+  Side k, v;
+  int64_t code_row, group_row, head_dim, group;
+  int bits;
+  float scale;
+};
+
+AffineKvHead affine_head(const AffineRows& k, const AffineRows& v, int64_t kv_h, int64_t first, float scale) {
+  const int64_t head_dim = k.head_dim(), groups = k.scales.dim(2), code_bytes = head_dim * k.bits / 8;
+  const int64_t code_row = k.heads() * code_bytes, group_row = k.heads() * groups;
+  auto side = [&](const AffineRows& rows) {
+    return AffineKvHead::Side{rows.codes.data<uint8_t>() + first * code_row + kv_h * code_bytes,
+                              rows.scales.data<uint16_t>() + first * group_row + kv_h * groups,
+                              rows.biases.data<uint16_t>() + first * group_row + kv_h * groups};
+  };
+  return {side(k), side(v), code_row, group_row, head_dim, head_dim / groups, k.bits, scale};
+}
+
+// 8 codes as f32: 8-bit codes from 8 bytes; 4-bit ones (the first in the low
+// nibble) from 4.
+inline __m256 codes8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m128i nibbles_to_bytes(__m128i packed) {  // 8 bytes -> their 16 nibbles a byte each, in order
+  const __m128i wide = _mm_cvtepu8_epi16(packed);
+  return _mm_or_si128(_mm_and_si128(wide, _mm_set1_epi16(0xf)), _mm_slli_epi16(_mm_srli_epi16(wide, 4), 8));
+}
+
+// Rows [s0, s1) of one side of a quantized kv head dequantized into `pack`
+// (contiguous f32 rows), each value scale * code + bias as dequantize_kv_rows
+// computes it; the code rows kScoreAhead keys on prefetched into L2.
+template <int kBits>
+void unpack_rows(const AffineKvHead& kv, const AffineKvHead::Side& side, int64_t s0, int64_t s1, float* pack) {
+  // Locals: the stores into `pack` could alias kv's fields for the compiler.
+  const int64_t head_dim = kv.head_dim, group = kv.group, code_row = kv.code_row, group_row = kv.group_row;
+  const int64_t code_bytes = head_dim * kBits / 8, groups = head_dim / group;
+  for (int64_t s = s0; s < s1; ++s) {
+    const uint8_t* codes = side.codes + s * code_row;
+    for (int64_t i = 0; i < code_bytes; i += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(codes + kScoreAhead * code_row + i), _MM_HINT_T1);
+    float* out = pack + (s - s0) * head_dim;
+    for (int64_t g = 0; g < groups; ++g) {
+      const __m256 scale = _mm256_set1_ps(bf16_to_f32(side.scales[s * group_row + g]));
+      const __m256 bias = _mm256_set1_ps(bf16_to_f32(side.biases[s * group_row + g]));
+      const uint8_t* c = codes + g * group * kBits / 8;
+      float* o = out + g * group;
+      auto put = [&](int64_t i, __m256 code) {
+        _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_mul_ps(scale, code), bias));
+      };
+      int64_t i = 0;
+      if constexpr (kBits == 8) {
+        for (; i < group; i += 8) put(i, codes8(c + i));
+      } else {
+        for (; i + 16 <= group; i += 16) {
+          const __m128i bytes = nibbles_to_bytes(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + i / 2)));
+          put(i, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)));
+          put(i + 8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))));
+        }
+        if (i < group) {  // a group of 8 more: 4 bytes
+          int32_t four;
+          std::memcpy(&four, c + i / 2, 4);
+          put(i, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nibbles_to_bytes(_mm_cvtsi32_si128(four)))));
+        }
+      }
+    }
+  }
+}
+
+// A block of keys (or values) of a kv head as contiguous f32 rows: dense rows
+// copied (bf16 widened), quantized ones dequantized.
+template <class E>
+void pack_side(const KvHeadOf<E>& kv, bool values, int64_t s0, int64_t s1, float* pack) {
+  pack_rows(values ? kv.v : kv.k, kv.row, kv.head_dim, s0, s1, pack);
+}
+void pack_side(const AffineKvHead& kv, bool values, int64_t s0, int64_t s1, float* pack) {
+  const AffineKvHead::Side& side = values ? kv.v : kv.k;
+  if (kv.bits == 8)
+    unpack_rows<8>(kv, side, s0, s1, pack);
+  else
+    unpack_rows<4>(kv, side, s0, s1, pack);
+}
+
 // out_j *= factors[j]: each row's weighted values by 1 / the sum of its weights.
 void scale_rows_by(const QueryRow* rows, int64_t n_rows, int64_t head_dim, const std::vector<float>& factors) {
   for (int64_t j = 0; j < n_rows; ++j) {
@@ -271,13 +364,16 @@ struct TileBuffers {
 // With `tops` and `sums`, each row's largest score and its sum of e^(score - top)
 // go there (to merge runs of keys). With `wide` (lever cpu_avx512_attention: the
 // kv head laid out for it), a tile of 8 rows or more takes the 512-bit form.
-template <class E>
-void attend_tile(const KvHeadOf<E>& kv, const QueryRow* rows, int64_t n_rows, TileBuffers& buffers,
+// Kv: KvHeadOf<E> (dense rows) or AffineKvHead (codes, always packed: a block is
+// dequantized once for every row of the tile).
+template <class Kv>
+void attend_tile(const Kv& kv, const QueryRow* rows, int64_t n_rows, TileBuffers& buffers,
                  float* tops = nullptr, float* sums = nullptr, const WideKvHead* wide_kv = nullptr) {
+  constexpr bool kInPlace = !std::is_same_v<Kv, AffineKvHead>;
   std::vector<float>& scores = buffers.scores;
   std::vector<float>& pack = buffers.pack;
   std::vector<float>& inv_sum = buffers.inv_sum;
-  const bool packed = n_rows > 2, wide = wide_kv && n_rows >= 8;
+  const bool packed = n_rows > 2 || !kInPlace, wide = wide_kv && n_rows >= 8;
   // The 512-bit form stores scores 16 keys at a time.
   const int64_t stride = wide ? (rows[n_rows - 1].n_keys + 15) / 16 * 16 : rows[n_rows - 1].n_keys;
   scores.resize(size_t(n_rows * stride));
@@ -303,7 +399,7 @@ void attend_tile(const KvHeadOf<E>& kv, const QueryRow* rows, int64_t n_rows, Ti
   const KvHead in_pack{pack.data(), pack.data(), kv.head_dim, kv.head_dim, kv.scale};
   for (int64_t b0 = 0; b0 < stride; b0 += block) {
     if (packed) {  // rows in fours, the rest in a pair and a single
-      pack_rows(kv.k, kv.row, kv.head_dim, b0, std::min(b0 + block, stride), pack.data());
+      pack_side(kv, false, b0, std::min(b0 + block, stride), pack.data());
       for (int64_t j = 0, width = 0; j < n_rows; j += width) {
         width = n_rows - j >= 4 ? 4 : n_rows - j >= 2 ? 2 : 1;
         const int64_t s1 = std::min(b0 + block, rows[j + width - 1].n_keys);
@@ -318,15 +414,16 @@ void attend_tile(const KvHeadOf<E>& kv, const QueryRow* rows, int64_t n_rows, Ti
       }
       continue;
     }
-    for (int64_t j = 0; j < n_rows; j += 2) {
-      const int64_t s1 = std::min(b0 + block, pair_keys(j));
-      if (b0 >= s1) continue;
-      float* from = scores.data() + j * stride;
-      if (n_rows - j >= 2)
-        head_scores<2, 4, E>(kv, rows + j, b0, s1, j == 0, from, stride);
-      else
-        head_scores<1, 4, E>(kv, rows + j, b0, s1, j == 0, from, stride);
-    }
+    if constexpr (kInPlace)
+      for (int64_t j = 0; j < n_rows; j += 2) {
+        const int64_t s1 = std::min(b0 + block, pair_keys(j));
+        if (b0 >= s1) continue;
+        float* from = scores.data() + j * stride;
+        if (n_rows - j >= 2)
+          head_scores<2, 4>(kv, rows + j, b0, s1, j == 0, from, stride);
+        else
+          head_scores<1, 4>(kv, rows + j, b0, s1, j == 0, from, stride);
+      }
   }
   inv_sum.resize(static_cast<size_t>(n_rows));
   for (int64_t j = 0; j < n_rows; ++j) {
@@ -339,7 +436,7 @@ void attend_tile(const KvHeadOf<E>& kv, const QueryRow* rows, int64_t n_rows, Ti
   }
   const int64_t value_block = packed ? block : kKeysABlock;
   for (int64_t s0 = 0; s0 < stride; s0 += value_block) {
-    if (packed) pack_rows(kv.v, kv.row, kv.head_dim, s0, std::min(s0 + value_block, stride), pack.data());
+    if (packed) pack_side(kv, true, s0, std::min(s0 + value_block, stride), pack.data());
     for (int64_t j = 0; j < n_rows; j += 2) {
       const int64_t s1 = std::min(s0 + value_block, pair_keys(j));
       if (s0 >= s1) continue;
@@ -349,10 +446,12 @@ void attend_tile(const KvHeadOf<E>& kv, const QueryRow* rows, int64_t n_rows, Ti
         pair_values<2>(in_pack, rows + j, weights + s0, stride, 0, s1 - s0, false);
       else if (packed)
         pair_values<1>(in_pack, rows + j, weights + s0, stride, 0, s1 - s0, false);
-      else if (two)
-        pair_values<2, E>(kv, rows + j, weights, stride, s0, s1, true);
-      else
-        pair_values<1, E>(kv, rows + j, weights, stride, s0, s1, true);
+      else if constexpr (kInPlace) {
+        if (two)
+          pair_values<2>(kv, rows + j, weights, stride, s0, s1, true);
+        else
+          pair_values<1>(kv, rows + j, weights, stride, s0, s1, true);
+      }
     }
   }
   scale_rows_by(rows, n_rows, kv.head_dim, inv_sum);
@@ -370,11 +469,19 @@ constexpr int64_t kRowsATile = 64, kScoreFloats = int64_t(1) << 22;
 // a share of the cache.
 constexpr int64_t kMinRunKeys = 256;
 
+// A dense cache's kv head from key `first` on.
 template <class E>
-void decode_in_runs(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_keys, float scale, int64_t runs,
-                    Tensor& out) {
-  const int64_t n_heads = q.dim(1), head_dim = q.dim(2), n_kv_heads = k.dim(1), group = n_heads / n_kv_heads;
-  const int64_t row = n_kv_heads * head_dim;
+KvHeadOf<E> dense_head(const Tensor& k, const Tensor& v, int64_t kv_h, int64_t first, float scale) {
+  const int64_t head_dim = k.dim(2), row = k.dim(1) * head_dim;
+  return {k.data<E>() + first * row + kv_h * head_dim, v.data<E>() + first * row + kv_h * head_dim, row, head_dim,
+          scale};
+}
+
+// head_at(kv_h, first): kv head kv_h of the cache from key `first` on (a
+// KvHeadOf<E> or an AffineKvHead).
+template <class HeadAt>
+void decode_in_runs(const Tensor& q, HeadAt head_at, int64_t n_kv_heads, int64_t n_keys, int64_t runs, Tensor& out) {
+  const int64_t n_heads = q.dim(1), head_dim = q.dim(2), group = n_heads / n_kv_heads;
   std::vector<float> partial(static_cast<size_t>(n_heads * runs * head_dim));
   std::vector<float> tops(static_cast<size_t>(n_heads * runs)), sums(tops.size());
   parallel_for(n_kv_heads * runs, 1, [&](int64_t begin, int64_t end) {
@@ -383,12 +490,11 @@ void decode_in_runs(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n
     for (int64_t task = begin; task < end; ++task) {
       const int64_t kv_h = task / runs, run = task % runs;
       const int64_t s0 = n_keys * run / runs, s1 = n_keys * (run + 1) / runs;
-      const KvHeadOf<E> kv{k.data<E>() + s0 * row + kv_h * head_dim, v.data<E>() + s0 * row + kv_h * head_dim, row,
-                           head_dim, scale};
       for (int64_t j = 0; j < group; ++j)
         rows[size_t(j)] = {q.data<float>() + (kv_h * group + j) * head_dim,
                            partial.data() + (task * group + j) * head_dim, s1 - s0};
-      attend_tile(kv, rows.data(), group, buffers, tops.data() + task * group, sums.data() + task * group);
+      attend_tile(head_at(kv_h, s0), rows.data(), group, buffers, tops.data() + task * group,
+                  sums.data() + task * group);
     }
   });
   for (int64_t h = 0; h < n_heads; ++h) {  // each run's output weighs its share of the whole softmax
@@ -409,51 +515,62 @@ void decode_in_runs(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n
   ++g_decode_run_splits;
 }
 
-// E: the cache's element, float (f32) or uint16_t (bf16).
-template <class E>
-void vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
-  const int64_t T = q.dim(0), n_heads = q.dim(1), head_dim = q.dim(2), n_kv_heads = k.dim(1);
-  const int64_t runs =
-      std::min((thread_count() + n_kv_heads - 1) / n_kv_heads, (pos0 + 1) / kMinRunKeys);
-  if (T == 1 && runs > 1) {
-    decode_in_runs<E>(q, k, v, pos0 + 1, scale, runs, out);
-    return;
-  }
-  const int64_t group = n_heads / n_kv_heads;
-  const int64_t tile_tokens =
-      std::max<int64_t>(1, std::min(kRowsATile / group, kScoreFloats / (group * (pos0 + T))));
-  const int64_t n_tiles = (T + tile_tokens - 1) / tile_tokens;
-  // Lever cpu_avx512_attention: each kv head's keys and values laid out for it
-  // once, for all its tiles (a tile of 8 query rows or more; a decode step's
-  // tiles are its group).
-  std::vector<WideKvHead> wide;
-  if (T > 1 && group * tile_tokens >= 8 && avx512_attention_applies()) {
-    wide.resize(size_t(n_kv_heads));
-    parallel_for(n_kv_heads, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t kv_h = begin; kv_h < end; ++kv_h)
-        pack_wide_kv_head(KvHeadOf<E>{k.data<E>() + kv_h * head_dim, v.data<E>() + kv_h * head_dim,
-                                      n_kv_heads * head_dim, head_dim, scale},
-                          pos0 + T, wide[size_t(kv_h)]);
-    });
-  }
-  parallel_for(n_tiles * n_kv_heads, 1, [&](int64_t begin, int64_t end) {
+// How a call's work is cut: a decode step's key runs (1: none), and tiles of
+// tile_tokens consecutive tokens of a kv head.
+struct TilePlan {
+  int64_t runs, tile_tokens, n_tiles;
+  bool wide;  // lever cpu_avx512_attention: the tiles take the 512-bit form
+};
+TilePlan plan_tiles(const Tensor& q, int64_t n_kv_heads, int64_t pos0) {
+  const int64_t T = q.dim(0), group = q.dim(1) / n_kv_heads;
+  const int64_t runs = T == 1 ? std::min((thread_count() + n_kv_heads - 1) / n_kv_heads, (pos0 + 1) / kMinRunKeys) : 1;
+  const int64_t tile_tokens = std::max<int64_t>(1, std::min(kRowsATile / group, kScoreFloats / (group * (pos0 + T))));
+  return {std::max<int64_t>(runs, 1), tile_tokens, (T + tile_tokens - 1) / tile_tokens,
+          T > 1 && group * tile_tokens >= 8 && avx512_attention_applies()};
+}
+
+// Every tile of the call, one task each; `wide` holds the kv heads laid out for
+// the 512-bit form where plan.wide.
+template <class HeadAt>
+void attend_tiles(const Tensor& q, HeadAt head_at, int64_t n_kv_heads, int64_t pos0, const TilePlan& plan,
+                  const std::vector<WideKvHead>& wide, Tensor& out) {
+  const int64_t T = q.dim(0), n_heads = q.dim(1), head_dim = q.dim(2), group = n_heads / n_kv_heads;
+  parallel_for(plan.n_tiles * n_kv_heads, 1, [&](int64_t begin, int64_t end) {
     TileBuffers buffers;
     std::vector<QueryRow> rows;
     for (int64_t task = begin; task < end; ++task) {
       // The last tiles see the most keys: they go first, so the chunks even out.
-      const int64_t tile = n_tiles - 1 - task / n_kv_heads, kv_h = task % n_kv_heads;
-      const KvHeadOf<E> kv{k.data<E>() + kv_h * head_dim, v.data<E>() + kv_h * head_dim, n_kv_heads * head_dim,
-                           head_dim, scale};
+      const int64_t tile = plan.n_tiles - 1 - task / n_kv_heads, kv_h = task % n_kv_heads;
       rows.clear();
-      for (int64_t t = tile * tile_tokens; t < std::min(T, (tile + 1) * tile_tokens); ++t)
+      for (int64_t t = tile * plan.tile_tokens; t < std::min(T, (tile + 1) * plan.tile_tokens); ++t)
         for (int64_t j = 0; j < group; ++j) {
           const int64_t at = (t * n_heads + kv_h * group + j) * head_dim;
           rows.push_back({q.data<float>() + at, out.data<float>() + at, pos0 + t + 1});
         }
-      attend_tile(kv, rows.data(), int64_t(rows.size()), buffers, nullptr, nullptr,
+      attend_tile(head_at(kv_h, 0), rows.data(), int64_t(rows.size()), buffers, nullptr, nullptr,
                   wide.empty() ? nullptr : &wide[size_t(kv_h)]);
     }
   });
+}
+
+// E: the cache's element, float (f32) or uint16_t (bf16).
+template <class E>
+void vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
+  const int64_t n_kv_heads = k.dim(1);
+  auto head_at = [&](int64_t kv_h, int64_t first) { return dense_head<E>(k, v, kv_h, first, scale); };
+  const TilePlan plan = plan_tiles(q, n_kv_heads, pos0);
+  if (plan.runs > 1) return decode_in_runs(q, head_at, n_kv_heads, pos0 + 1, plan.runs, out);
+  // Lever cpu_avx512_attention: each kv head's keys and values laid out for it
+  // once, for all its tiles (a tile of 8 query rows or more; a decode step's
+  // tiles are its group).
+  std::vector<WideKvHead> wide;
+  if (plan.wide) {
+    wide.resize(size_t(n_kv_heads));
+    parallel_for(n_kv_heads, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t kv_h = begin; kv_h < end; ++kv_h) pack_wide_kv_head(head_at(kv_h, 0), pos0 + q.dim(0), wide[size_t(kv_h)]);
+    });
+  }
+  attend_tiles(q, head_at, n_kv_heads, pos0, plan, wide, out);
 }
 
 bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
@@ -466,9 +583,30 @@ bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
   return true;
 }
 
+// A quantized cache read as stored where each kv head's rows are read by one
+// tile (a decode step, a few tokens): its blocks dequantized into L1 as the tile
+// goes. Several tiles, or the 512-bit form, would dequantize the rows once per
+// tile: false there, and the caller dequantizes the visible rows once.
+bool vector_attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale,
+                      Tensor& out) {
+  if (!g_vector_attention || q.dim(2) % 8 != 0) return false;
+  const int64_t n_kv_heads = k.heads();
+  const TilePlan plan = plan_tiles(q, n_kv_heads, pos0);
+  if (plan.runs == 1 && (plan.n_tiles > 1 || plan.wide)) return false;
+  ++g_vector_attention_runs;
+  ++g_code_reads;
+  auto head_at = [&](int64_t kv_h, int64_t first) { return affine_head(k, v, kv_h, first, scale); };
+  if (plan.runs > 1)
+    decode_in_runs(q, head_at, n_kv_heads, pos0 + 1, plan.runs, out);
+  else
+    attend_tiles(q, head_at, n_kv_heads, pos0, plan, {}, out);
+  return true;
+}
+
 #else
 
 bool vector_attention(const Tensor&, const Tensor&, const Tensor&, int64_t, float, Tensor&) { return false; }
+bool vector_attention(const Tensor&, const AffineRows&, const AffineRows&, int64_t, float, Tensor&) { return false; }
 
 #endif
 
@@ -477,6 +615,7 @@ bool vector_attention(const Tensor&, const Tensor&, const Tensor&, int64_t, floa
 void set_vector_attention(bool on) { g_vector_attention = on; }
 int64_t vector_attention_runs() { return g_vector_attention_runs; }
 int64_t attention_decode_run_splits() { return g_decode_run_splits; }
+int64_t attention_code_reads() { return g_code_reads; }
 
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, Tensor& out) {
   if (vector_attention(q, k, v, pos0, scale, out)) return;
@@ -484,6 +623,16 @@ void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, 
   // bf16 rows the vector form did not take: an f32 copy of the visible ones.
   const int64_t n = pos0 + q.dim(0);
   scalar_attention(q, k.slice_rows(0, n).to(DType::f32), v.slice_rows(0, n).to(DType::f32), pos0, scale, out);
+}
+
+void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale, Tensor& out) {
+  if (vector_attention(q, k, v, pos0, scale, out)) return;
+  const int64_t n = pos0 + q.dim(0);
+  Tensor kd = Tensor::empty({n, k.heads(), k.head_dim()}, DType::f32);
+  Tensor vd = Tensor::empty({n, v.heads(), v.head_dim()}, DType::f32);
+  dequantize_kv_rows(k, n, kd);
+  dequantize_kv_rows(v, n, vd);
+  attention(q, kd, vd, pos0, scale, out);
 }
 
 }  // namespace mere::ops::cpu

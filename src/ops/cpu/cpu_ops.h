@@ -19,6 +19,9 @@ void convert(const Tensor& src, Tensor& dst);
 void fill_random(Tensor& t, uint64_t seed, float scale, float offset);
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale,
                Tensor& out);
+// The same over a quantized cache: a decode step's tiles read the codes (lever
+// cpu_vector_attention), otherwise the visible rows are dequantized first.
+void attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale, Tensor& out);
 
 // Groupwise affine K/V rows (ops.h AffineRows): x [T, heads, head_dim] into q's
 // rows [0, T) (allocated); q's rows [0, n) into out f32; x into dst's rows [pos, pos + T).
@@ -68,6 +71,8 @@ void set_vector_attention(bool on);
 int64_t vector_attention_runs();
 // Decode steps whose keys it split into runs across threads (fewer kv heads than threads).
 int64_t attention_decode_run_splits();
+// Calls that read a quantized cache's codes in place (a decode step's tiles).
+int64_t attention_code_reads();
 
 // Lever cpu_avx512_attention: cpu_vector_attention's prefill tiles (8 query rows
 // or more) as outer products in 512-bit registers (avx512_attention.cpp), where
