@@ -87,9 +87,10 @@ TEST(CpuVectorAttention, ReadsABf16CacheAsStored) {
 // A quantized cache (affine8, affine4) is read as stored where each kv head's
 // rows go to one tile: a decode step of two, three or four rows a kv head, one
 // split into runs, a 3-token step, head_dim 40 (4-bit groups of 40: a rest of 8
-// codes) and 128 (two groups). A 40-token prompt (two tiles) dequantizes
-// the visible rows first, as the lever off does. Against double attention on
-// the dequantized values, within 2e-6.
+// codes) and 128 (two groups), with cpu_avx512_attention off and on (its
+// 512-bit form takes tiles of 8 rows or more: none here). A 40-token prompt (two
+// tiles) dequantizes the visible rows first, as the lever off does. Against
+// double attention on the dequantized values, within 2e-6.
 TEST(CpuVectorAttention, ReadsAQuantizedCacheAsStored) {
   struct QuantCase {
     Case c;
@@ -112,14 +113,17 @@ TEST(CpuVectorAttention, ReadsAQuantizedCacheAsStored) {
       const std::string what = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) + "/" +
                                std::to_string(c.kv_heads) + " dim " + std::to_string(c.head_dim) + " pos0 " +
                                std::to_string(c.pos0) + " bits " + std::to_string(bits);
-      for (bool vector : {true, false}) {
-        const test::CpuLever lever(ops::cpu::set_vector_attention, vector);
-        const int64_t reads = ops::cpu::attention_code_reads();
-        EXPECT_LE(test::worst_error(ops::attention(q, k, v, c.pos0, scale), want), 2e-6) << what << " vector " << vector;
+      for (bool vector : {true, false})
+        for (bool avx512 : {false, true}) {
+          const test::CpuLever lever(ops::cpu::set_vector_attention, vector);
+          const test::CpuLever wide(ops::cpu::set_avx512_attention, avx512);
+          const int64_t reads = ops::cpu::attention_code_reads();
+          EXPECT_LE(test::worst_error(ops::attention(q, k, v, c.pos0, scale), want), 2e-6)
+              << what << " vector " << vector << " avx512 " << avx512;
 #ifdef __AVX2__
-        EXPECT_EQ(ops::cpu::attention_code_reads() - reads, vector && qc.reads_codes ? 1 : 0) << what;
+          EXPECT_EQ(ops::cpu::attention_code_reads() - reads, vector && qc.reads_codes ? 1 : 0) << what;
 #endif
-      }
+        }
     }
   }
 }

@@ -526,7 +526,7 @@ TilePlan plan_tiles(const Tensor& q, int64_t n_kv_heads, int64_t pos0) {
   const int64_t runs = T == 1 ? std::min((thread_count() + n_kv_heads - 1) / n_kv_heads, (pos0 + 1) / kMinRunKeys) : 1;
   const int64_t tile_tokens = std::max<int64_t>(1, std::min(kRowsATile / group, kScoreFloats / (group * (pos0 + T))));
   return {std::max<int64_t>(runs, 1), tile_tokens, (T + tile_tokens - 1) / tile_tokens,
-          T > 1 && group * tile_tokens >= 8 && avx512_attention_applies()};
+          T > 1 && group * std::min(T, tile_tokens) >= 8 && avx512_attention_applies()};
 }
 
 // Every tile of the call, one task each; `wide` holds the kv heads laid out for
