@@ -166,15 +166,20 @@ Tensor KvCache::attend(const Tensor& q, const Tensor& pos, int64_t length, float
   return ops::attention(q, k_, v_, pos, scale);
 }
 
-bool KvCache::attention_reads_storage() const { return !quantized(); }
+const QuantizedRows& KvCache::quantized_keys() const {
+  MERE_CHECK(quantized(), "kv cache: the {} cache has no quantized keys", kv_cache_mode_name(mode_));
+  return qk_;
+}
+const QuantizedRows& KvCache::quantized_values() const {
+  MERE_CHECK(quantized(), "kv cache: the {} cache has no quantized values", kv_cache_mode_name(mode_));
+  return qv_;
+}
 
 Tensor KvCache::keys_for_attention(int64_t n) const {
-  if (quantized()) return dequantize_kv_rows(qk_, n, head_dim_);
-  return attention_reads_storage() ? k_ : k_.slice_rows(0, n).to(DType::f32);
+  return quantized() ? dequantize_kv_rows(qk_, n, head_dim_) : k_;
 }
 Tensor KvCache::values_for_attention(int64_t n) const {
-  if (quantized()) return dequantize_kv_rows(qv_, n, head_dim_);
-  return attention_reads_storage() ? v_ : v_.slice_rows(0, n).to(DType::f32);
+  return quantized() ? dequantize_kv_rows(qv_, n, head_dim_) : v_;
 }
 
 size_t KvCache::size_bytes() const {

@@ -56,12 +56,11 @@ class KvCache {
   // sharing storage; attention reads the visible prefix.
   const Tensor& keys() const;
   const Tensor& values() const;
-  // Whether attention reads the stored rows as they are (any dense dtype: the
-  // CPU's attention takes f32 and bf16 rows); otherwise it reads
-  // keys/values_for_attention.
-  bool attention_reads_storage() const;
+  // Quantized caches: every reserved position's codes, scales and biases.
+  const QuantizedRows& quantized_keys() const;
+  const QuantizedRows& quantized_values() const;
   // What attention reads for the first n positions: the stored rows, or (CPU) an
-  // f32 copy of them, dequantized or converted from bf16.
+  // f32 copy of them, dequantized.
   Tensor keys_for_attention(int64_t n) const;
   Tensor values_for_attention(int64_t n) const;
   // For fused ops that write new rows themselves (same contract as write()):

@@ -156,13 +156,19 @@ Tensor SeqState::attend(int layer, const Tensor& q, const Tensor& pos, float sca
   const int64_t bs = pool_->block_size(), n = length_ + q.dim(0);
   const KvCache& storage = pool_->layer(layer);
   // CPU fast path: blocks that follow each other in storage (a sequence alone
-  // on its pool gets them in order) are read in place when attention reads the
-  // storage dtype (f32 or bf16).
+  // on its pool gets them in order) are read in place, dense or quantized.
   const size_t used = size_t((n + bs - 1) / bs);
-  bool in_order = layout_.device == Device::cpu && storage.attention_reads_storage();
+  bool in_order = layout_.device == Device::cpu;
   for (size_t i = 1; i < used && in_order; ++i) in_order = table_[i] == table_[0] + int32_t(i);
   if (in_order) {
     const int64_t first = int64_t(table_[0]) * bs;
+    if (storage.quantized()) {
+      auto visible = [&](const QuantizedRows& rows) {
+        return QuantizedRows{rows.codes.slice_rows(first, first + n), rows.scales.slice_rows(first, first + n),
+                             rows.biases.slice_rows(first, first + n), rows.bits};
+      };
+      return ops::attention(q, visible(storage.quantized_keys()), visible(storage.quantized_values()), length_, scale);
+    }
     return ops::attention(q, storage.keys().slice_rows(first, first + n), storage.values().slice_rows(first, first + n),
                           length_, scale);
   }
