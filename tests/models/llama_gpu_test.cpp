@@ -395,25 +395,28 @@ TEST(LlamaGpu, WideBatchStagesMoveOnlyTheRoundingOnTheLlama3_8B_Shape) {
 // the experts' down adds into h. Against the composition (the lever
 // off: the CUDA-core matvecs, f32 x where the tensor cores take x rounded to 23
 // bits a group), one decode step of 1, 2 or 8 tokens keeps the argmax and its
-// logits within 1e-3, but for at most one step where a near-tie in some layer's
-// top 8 may go the other way (within 0.1); then 16 greedy steps give the same tokens.
+// logits within 1e-3, but for at most one step a format where a near-tie in
+// some layer's top 8 may go the other way (within 0.1); then 16 greedy steps
+// give the same tokens. The int4 and int8 models quantize the same random
+// weights, so they share their near-ties: on an H100 (2026-12-05) both flipped
+// at 8 tokens (2.3e-2 and 2.4e-2, the same argmax); on the H200 neither had.
 TEST(MoeGpu, FoldedAttentionMatchesTheCompositionOnTheQwen3_30B_A3B_Shape) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
   const LoadOptions base = Levers{}.load_options(Device::cuda);
   LoadOptions unfolded = base;
   unfolded.fuse_norm_matvec = LeverMode::off;
-  int flipped = 0;
   for (const char* quant : {"int4", "int8"}) {
     auto off = random_model("qwen3-30b-a3b", Device::cuda, unfolded, 1, RandomQuant::parse(quant));
     auto on = random_model("qwen3-30b-a3b", Device::cuda, base, 1, RandomQuant::parse(quant));
     ASSERT_TRUE(on->info().folds_norms) << quant << ": auto folds this shape";
     ASSERT_FALSE(off->info().folds_norms) << quant;
+    int flipped = 0;
     for (int n : {1, 2, 8})
       flipped += step_moved_past(*off, *on, n, 1e-3f,
                                  std::string(quant) + " folded, one step of " + std::to_string(n) + " token(s)");
+    EXPECT_LE(flipped, 1) << quant << ": one-step decodes whose logits moved past 1e-3";
     EXPECT_EQ(greedy_moe_tokens(*on), greedy_moe_tokens(*off)) << quant;
   }
-  EXPECT_LE(flipped, 1) << "one-step decodes whose logits moved past 1e-3";
 }
 
 TEST(DemoGpu, GraphDecodeMatchesThePlainLoop) {
