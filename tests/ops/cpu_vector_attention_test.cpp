@@ -105,11 +105,12 @@ TEST(CpuVectorAttention, ReadsAQuantizedCacheAsStored) {
       const uint32_t seed = uint32_t(c.T * 100 + c.heads + c.pos0 + bits);
       const int64_t n = c.pos0 + c.T;
       const Tensor q = test::normal_tensor({c.T, c.heads, c.head_dim}, seed, 1.0f);
-      const ops::AffineRows k = ops::quantize_kv_rows(test::normal_tensor({n, c.kv_heads, c.head_dim}, seed + 1, 1.0f), bits);
-      const ops::AffineRows v = ops::quantize_kv_rows(test::normal_tensor({n, c.kv_heads, c.head_dim}, seed + 2, 1.0f), bits);
+      const Shape rows{n, c.kv_heads, c.head_dim};
+      const ops::AffineRows k = ops::quantize_kv_rows(test::normal_tensor(rows, seed + 1, 1.0f), bits);
+      const ops::AffineRows v = ops::quantize_kv_rows(test::normal_tensor(rows, seed + 2, 1.0f), bits);
       const float scale = 1.0f / std::sqrt(float(c.head_dim));
-      const std::vector<double> want = test::reference_attention(q, ops::dequantize_kv_rows(k, n, c.head_dim),
-                                                                 ops::dequantize_kv_rows(v, n, c.head_dim), c.pos0, scale);
+      const std::vector<double> want = test::reference_attention(
+          q, ops::dequantize_kv_rows(k, n, c.head_dim), ops::dequantize_kv_rows(v, n, c.head_dim), c.pos0, scale);
       const std::string what = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) + "/" +
                                std::to_string(c.kv_heads) + " dim " + std::to_string(c.head_dim) + " pos0 " +
                                std::to_string(c.pos0) + " bits " + std::to_string(bits);

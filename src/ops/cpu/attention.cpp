@@ -567,7 +567,8 @@ void vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
   if (plan.wide) {
     wide.resize(size_t(n_kv_heads));
     parallel_for(n_kv_heads, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t kv_h = begin; kv_h < end; ++kv_h) pack_wide_kv_head(head_at(kv_h, 0), pos0 + q.dim(0), wide[size_t(kv_h)]);
+      for (int64_t kv_h = begin; kv_h < end; ++kv_h)
+        pack_wide_kv_head(head_at(kv_h, 0), pos0 + q.dim(0), wide[size_t(kv_h)]);
     });
   }
   attend_tiles(q, head_at, n_kv_heads, pos0, plan, wide, out);
@@ -585,8 +586,9 @@ bool vector_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t
 
 // A quantized cache read as stored where each kv head's rows are read by one
 // tile (a decode step, a few tokens): its blocks dequantized into L1 as the tile
-// goes. Several tiles, or the 512-bit form, would dequantize the rows once per
-// tile: false there, and the caller dequantizes the visible rows once.
+// goes. Several tiles would dequantize the rows once each, and the 512-bit form
+// lays its kv heads out from f32 rows: false there, and the caller dequantizes
+// the visible rows once.
 bool vector_attention(const Tensor& q, const AffineRows& k, const AffineRows& v, int64_t pos0, float scale,
                       Tensor& out) {
   if (!g_vector_attention || q.dim(2) % 8 != 0) return false;
