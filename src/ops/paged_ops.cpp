@@ -1,7 +1,10 @@
 #include "ops/paged_ops.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
+#include "core/thread_pool.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cuda/cuda_ops.h"
 
@@ -119,12 +122,17 @@ Tensor gather_pages(const Tensor& storage, const Tensor& table, int64_t n) {
   Tensor out = Tensor::empty(shape, storage.dtype(), storage.device());
   const size_t row_bytes = storage.size_bytes() / size_t(storage.dim(0));
   switch (storage.device()) {
-    case Device::cpu:
-      for (int64_t p = 0; p < n; ++p)
-        std::memcpy(static_cast<char*>(out.raw()) + size_t(p) * row_bytes,
-                    static_cast<const char*>(storage.raw()) + size_t(storage_row(table, p, storage.dim(0))) * row_bytes,
-                    row_bytes);
+    case Device::cpu: {
+      // The rows checked here (a bad table throws), copied across the threads.
+      std::vector<int64_t> rows(static_cast<size_t>(n));
+      for (int64_t p = 0; p < n; ++p) rows[size_t(p)] = storage_row(table, p, storage.dim(0));
+      parallel_for(n, std::max<int64_t>(1, (int64_t(1) << 16) / int64_t(row_bytes)), [&](int64_t begin, int64_t end) {
+        for (int64_t p = begin; p < end; ++p)
+          std::memcpy(static_cast<char*>(out.raw()) + size_t(p) * row_bytes,
+                      static_cast<const char*>(storage.raw()) + size_t(rows[size_t(p)]) * row_bytes, row_bytes);
+      });
       break;
+    }
     case Device::cuda: cuda::gather_pages(storage, table, n, out); break;
   }
   return out;
