@@ -14,12 +14,8 @@
 #include <type_traits>
 
 #include "ops/cpu/attention_tile.h"
+#include "ops/cpu/avx512.h"
 #include "ops/cpu/cpu_ops.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define MERE_CPU_AVX512_ATTENTION 1
-#endif
 
 namespace mere::ops::cpu {
 namespace {
@@ -34,11 +30,9 @@ int64_t avx512_attention_tiles() { return g_avx512_attention_tiles; }
 void count_avx512_attention_tile() { ++g_avx512_attention_tiles; }
 bool avx512_attention_applies() { return g_avx512_attention && avx512_matmul_available(); }
 
-#ifdef MERE_CPU_AVX512_ATTENTION
+#ifdef MERE_CPU_AVX512
 
 namespace {
-
-#define MERE_AVX512_TARGET __attribute__((target("avx2,fma,avx512f")))
 
 constexpr int64_t kLanes = 16;
 // A block of keys or values: 8,192 floats (32 KB) stay in L1 beside the rows.

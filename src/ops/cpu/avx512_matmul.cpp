@@ -8,12 +8,8 @@
 #include <algorithm>
 #include <atomic>
 
+#include "ops/cpu/avx512.h"
 #include "ops/cpu/cpu_ops.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define MERE_CPU_AVX512_MATMUL 1
-#endif
 
 namespace mere::ops::cpu {
 namespace {
@@ -26,7 +22,7 @@ std::atomic<int64_t> g_avx512_blocks{0};
 void set_avx512_matmul(bool on) { g_avx512_matmul = on; }
 int64_t avx512_matmul_blocks() { return g_avx512_blocks; }
 
-#ifdef MERE_CPU_AVX512_MATMUL
+#ifdef MERE_CPU_AVX512
 
 bool avx512_matmul_available() {
   static const bool available = __builtin_cpu_supports("avx512f");
@@ -34,8 +30,6 @@ bool avx512_matmul_available() {
 }
 
 namespace {
-
-#define MERE_AVX512_TARGET __attribute__((target("avx2,fma,avx512f")))
 
 constexpr int64_t kTokensAPass = 6, kRowsATile = 4;
 

@@ -11,12 +11,8 @@
 #include <atomic>
 
 #include "core/thread_pool.h"
+#include "ops/cpu/avx512.h"
 #include "ops/cpu/cpu_ops.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define MERE_CPU_PACKED_MATMUL 1
-#endif
 
 namespace mere::ops::cpu {
 namespace {
@@ -34,11 +30,9 @@ constexpr int64_t kMinTokens = 64;
 void set_packed_matmul(bool on) { g_packed_matmul = on; }
 int64_t packed_matmul_blocks() { return g_packed_blocks; }
 
-#ifdef MERE_CPU_PACKED_MATMUL
+#ifdef MERE_CPU_AVX512
 
 namespace {
-
-#define MERE_AVX512_TARGET __attribute__((target("avx2,fma,avx512f")))
 
 constexpr int64_t kLanes = 16, kRowsATile = 8, kVectorsATile = 3, kColumnsAChunk = 512, kTokensABlock = 192;
 
