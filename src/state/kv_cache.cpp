@@ -175,13 +175,6 @@ const QuantizedRows& KvCache::quantized_values() const {
   return qv_;
 }
 
-Tensor KvCache::keys_for_attention(int64_t n) const {
-  return quantized() ? dequantize_kv_rows(qk_, n, head_dim_) : k_;
-}
-Tensor KvCache::values_for_attention(int64_t n) const {
-  return quantized() ? dequantize_kv_rows(qv_, n, head_dim_) : v_;
-}
-
 size_t KvCache::size_bytes() const {
   if (!quantized()) return k_.defined() ? k_.size_bytes() + v_.size_bytes() : 0;
   size_t n = 0;

@@ -59,10 +59,6 @@ class KvCache {
   // Quantized caches: every reserved position's codes, scales and biases.
   const QuantizedRows& quantized_keys() const;
   const QuantizedRows& quantized_values() const;
-  // What attention reads for the first n positions: the stored rows, or (CPU) an
-  // f32 copy of them, dequantized.
-  Tensor keys_for_attention(int64_t n) const;
-  Tensor values_for_attention(int64_t n) const;
   // For fused ops that write new rows themselves (same contract as write()):
   // dense modes, and the quantized modes' codes.
   Tensor& keys_for_write();
