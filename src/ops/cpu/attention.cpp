@@ -288,7 +288,9 @@ inline __m128i nibbles_to_bytes(__m128i packed) {  // 8 bytes -> their 16 nibble
 
 // Rows [s0, s1) of one side of a quantized kv head dequantized into `pack`
 // (contiguous f32 rows), each value scale * code + bias as dequantize_kv_rows
-// computes it; the code rows kScoreAhead keys on prefetched into L2.
+// computes it; the code rows kScoreAhead keys on prefetched into L2. Its own
+// loops in AVX2: dequantize_kv_rows's scalar loop, called a row at a time here,
+// ran 2.7x (8-bit) and 4.5x (4-bit) slower.
 template <int kBits>
 void unpack_rows(const AffineKvHead& kv, const AffineKvHead::Side& side, int64_t s0, int64_t s1, float* pack) {
   // Locals: the stores into `pack` could alias kv's fields for the compiler.

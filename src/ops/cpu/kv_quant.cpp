@@ -74,7 +74,8 @@ void dequantize_groups(const AffineRows& q, int64_t group, int64_t g0, int64_t g
 
 }  // namespace
 
-// Every visible row, each step (attention reads f32): split across the threads.
+// A prompt's visible rows (a decode step's attention reads the codes itself,
+// attention.cpp): split across the threads.
 void dequantize_kv_rows(const AffineRows& q, int64_t n, Tensor& out) {
   const int64_t group = q.head_dim() / q.scales.dim(2), groups = n * q.heads() * q.scales.dim(2);
   parallel_for(groups, std::max<int64_t>(1, 4096 / group), [&](int64_t g0, int64_t g1) {
