@@ -173,6 +173,9 @@ struct KvPages {
 // Rows [0, n) of one sequence gathered from paged storage [rows, ...] (any
 // dtype) through its table: a contiguous [n, ...] copy on the storage's device.
 Tensor gather_pages(const Tensor& storage, const Tensor& table, int64_t n);
+// Rows gather_pages has copied since the process began (for tests: a read in
+// place copies none).
+int64_t gathered_page_rows();
 
 // Causal grouped-query attention for T new tokens at positions pos0 .. pos0+T-1
 // over a cache holding every position 0 .. pos0+T-1.

@@ -1,6 +1,7 @@
 #include "ops/paged_ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -10,6 +11,8 @@
 
 namespace mere::ops {
 namespace {
+
+std::atomic<int64_t> g_gathered_rows{0};
 
 const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 
@@ -120,6 +123,7 @@ Tensor gather_pages(const Tensor& storage, const Tensor& table, int64_t n) {
   Shape shape = storage.shape();
   shape[0] = n;
   Tensor out = Tensor::empty(shape, storage.dtype(), storage.device());
+  g_gathered_rows += n;
   const size_t row_bytes = storage.size_bytes() / size_t(storage.dim(0));
   switch (storage.device()) {
     case Device::cpu: {
@@ -137,6 +141,8 @@ Tensor gather_pages(const Tensor& storage, const Tensor& table, int64_t n) {
   }
   return out;
 }
+
+int64_t gathered_page_rows() { return g_gathered_rows.load(); }
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale, const KvPages& pages) {
   if (!pages.paged()) return attention(q, k, v, pos0, scale);

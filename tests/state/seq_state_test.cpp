@@ -10,6 +10,7 @@
 
 #include "engine/generate.h"
 #include "models/model.h"
+#include "ops/ops.h"
 #include "state/prefix_cache.h"
 #include "state/seq_state.h"
 #include "test_util.h"
@@ -110,8 +111,14 @@ TEST(SeqState, PagedKvGivesTheContiguousLogitsInEveryMode) {
       SeqState contiguous(l.n_layers, l.n_kv_heads, l.head_dim, 200, Device::cpu, mode);
       auto paged = f.model->make_state(200, mode);
       ASSERT_TRUE(paged->is_paged());
-      expect_identical(run(*f.model, contiguous, f.prompt, steps(40, 1)), run(*f.model, *paged, f.prompt, steps(40, 1)),
-                       std::string(name) + " " + std::string(kv_cache_mode_name(mode)));
+      const std::vector<Tensor> want = run(*f.model, contiguous, f.prompt, steps(40, 1));
+      // Alone on its pool, the sequence's blocks lie in order: the prompt and
+      // every step read its rows in place, quantized ones too, and copy none.
+      const int64_t gathered = ops::gathered_page_rows();
+      const std::vector<Tensor> got = run(*f.model, *paged, f.prompt, steps(40, 1));
+      const std::string label = std::string(name) + " " + std::string(kv_cache_mode_name(mode));
+      EXPECT_EQ(ops::gathered_page_rows() - gathered, 0) << label;
+      expect_identical(want, got, label);
       EXPECT_EQ(int64_t(paged->block_table().size()), (paged->length() + 15) / 16);
     }
   }
@@ -135,7 +142,11 @@ TEST(SeqState, ForksShareBlocksAndCopyTheLastOneOnWrite) {
   const auto xs = steps(30, 2), ys = steps(30, 3);
   std::vector<Tensor> got_fork, got_base;
   for (size_t i = 0; i < xs.size(); ++i) {
+    // The fork's copied block is not next to the shared one: its steps read
+    // through the table, gathering its visible rows (K and V of each layer).
+    const int64_t gathered = ops::gathered_page_rows();
     got_fork.push_back(f.model->forward({xs[i]}, *fork, false));
+    EXPECT_EQ(ops::gathered_page_rows() - gathered, 2 * f.model->kv_layout().n_layers * fork->length()) << i;
     got_base.push_back(f.model->forward({ys[i]}, base, false));
     if (i == 0) {
       EXPECT_EQ(fork->block_table()[0], base.block_table()[0]);  // the full block stays shared
