@@ -142,8 +142,9 @@ TEST(SeqState, ForksShareBlocksAndCopyTheLastOneOnWrite) {
   const auto xs = steps(30, 2), ys = steps(30, 3);
   std::vector<Tensor> got_fork, got_base;
   for (size_t i = 0; i < xs.size(); ++i) {
-    // The fork's copied block is not next to the shared one: its steps read
-    // through the table, gathering its visible rows (K and V of each layer).
+    // The fork's copy of block 1 cannot follow the shared block 0 in storage
+    // (base's block 1 does): its steps read through the table, gathering its
+    // visible rows (K and V of each layer).
     const int64_t gathered = ops::gathered_page_rows();
     got_fork.push_back(f.model->forward({xs[i]}, *fork, false));
     EXPECT_EQ(ops::gathered_page_rows() - gathered, 2 * f.model->kv_layout().n_layers * fork->length()) << i;
