@@ -160,7 +160,7 @@ def report(graph, steps, a):
     print(f"graph {graph}: {n} steps of {len(steps[0])} kernels, {span:.1f} us a step ({min(spans):.1f}-{max(spans):.1f})")
     # Between replays: the GPU idles from a step's last end to the next step's first start
     # (no programmatic launch across graphs; the token copy and the event sit between them).
-    gaps = [(b[0][0] - max(k[1] for k in a_)) / 1e3 for a_, b in zip(steps, steps[1:])]
+    gaps = [(after[0][0] - max(k[1] for k in before)) / 1e3 for before, after in zip(steps, steps[1:])]
     if gaps:
         print(f"between consecutive steps: {sum(gaps) / len(gaps):.2f} us idle ({min(gaps):.2f}-{max(gaps):.2f})")
     print(f"{'share us/step':>13} {'%':>5} {'launches':>8} {'us a launch: share':>18} {'duration':>9}  kernel")
