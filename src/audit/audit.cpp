@@ -74,6 +74,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
   }
   bool* field = name == "cuda_graphs"           ? &l.cuda_graphs
                 : name == "pipelined_decode"    ? &l.pipelined_decode
+                : name == "kernel_token_slots"  ? &l.kernel_token_slots
                 : name == "fused_projections"   ? &l.fused_projections
                 : name == "fused_rope_store"    ? &l.fused_rope_store
                 : name == "programmatic_launch" ? &l.programmatic_launch

@@ -200,6 +200,12 @@ std::shared_ptr<void> pinned_alloc(size_t bytes) {
   return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
 }
 
+void* pinned_device_address(void* pinned) {
+  void* device = nullptr;
+  MERE_CUDA(cudaHostGetDevicePointer(&device, pinned, 0));
+  return device;
+}
+
 struct CudaGraph::Impl {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -323,6 +329,7 @@ CudaEvent::~CudaEvent() = default;
 void CudaEvent::record() { fail("CUDA events need the CUDA backend; this binary was built without it"); }
 void CudaEvent::synchronize() {}
 std::shared_ptr<void> pinned_alloc(size_t bytes) { return std::shared_ptr<void>(::operator new(bytes), [](void* p) { ::operator delete(p); }); }
+void* pinned_device_address(void* pinned) { return pinned; }
 
 struct CudaGraph::Impl {};
 CudaGraph::CudaGraph() : impl_(std::make_unique<Impl>()) {}

@@ -40,6 +40,8 @@ void copy_to_device_async(void* dst, const void* src, size_t bytes);
 void copy_to_host_async(void* dst, const void* src, size_t bytes);
 // Page-locked host memory, so that async copies really are async.
 std::shared_ptr<void> pinned_alloc(size_t bytes);
+// The address kernels write pinned_alloc's memory through (mapped host memory).
+void* pinned_device_address(void* pinned);
 
 // A point in the compute stream the host can wait for.
 class CudaEvent {

@@ -108,7 +108,8 @@ std::string layout_levers(const ModelInfo& info) {
 std::string decode_levers(const Model& model, const Levers& levers) {
   const bool cuda = model.info().device == Device::cuda;
   return std::string(cuda && levers.cuda_graphs ? "cuda_graphs=on" : "cuda_graphs=off") +
-         (cuda && levers.pipelined_decode ? " pipelined_decode=on" : " pipelined_decode=off");
+         (cuda && levers.pipelined_decode ? " pipelined_decode=on" : " pipelined_decode=off") +
+         (cuda && levers.kernel_token_slots ? " kernel_token_slots=on" : "");
 }
 
 // The median of 5 timed runs of fn after a warm-up, as a rate of `amount` per second.

@@ -63,7 +63,7 @@ void decode_on_device(const Model& model, SeqState& state, const std::vector<int
                       GenerateStats& stats) {
   DeviceSampler sampler(options.sampling, model.info().vocab);
   sampler.reset(seen);
-  DecodeStep step(model, state, sampler, options.levers.cuda_graphs);
+  DecodeStep step(model, state, sampler, options.levers.cuda_graphs, options.levers.kernel_token_slots);
   const bool pipelined = options.levers.pipelined_decode;
   const int budget = options.max_new_tokens;
 
@@ -102,6 +102,7 @@ void decode_on_device(const Model& model, SeqState& state, const std::vector<int
   stats.device_sampled_tokens = stats.generated_tokens + stats.rolled_back_positions;
   stats.graph_captures = step.captures();
   stats.graph_replays = step.replays();
+  stats.token_copies = step.token_copies();
   stats.eager_decode_steps = step.eager_steps();
 }
 

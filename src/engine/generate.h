@@ -38,6 +38,7 @@ struct GenerateStats {
   std::string stop_reason;  // "eos", "length", "stop", "context"
   // What actually ran, counted by the engine (tests assert on these).
   int64_t eager_decode_steps = 0, graph_captures = 0, graph_replays = 0;
+  int64_t token_copies = 0;  // device-to-host copies of sampled tokens (the first only, with kernel_token_slots)
   int64_t device_sampled_tokens = 0;  // tokens picked on the GPU (no logits copied to the host)
   int64_t pipelined_steps = 0;        // steps queued before the previous token was read
   int64_t rolled_back_positions = 0;  // steps queued past a stop, undone

@@ -103,7 +103,7 @@ void decode_on_device(const Model& model, std::span<SeqState* const> states,
   const int64_t B = int64_t(states.size());
   DeviceSampler sampler(options.sampling, model.info().vocab, B);
   sampler.reset(prompts);
-  DecodeStep step(model, states, sampler, options.levers.cuda_graphs);
+  DecodeStep step(model, states, sampler, options.levers.cuda_graphs, options.levers.kernel_token_slots);
   const bool pipelined = options.levers.pipelined_decode;
   const int budget = options.max_new_tokens;
 
@@ -144,6 +144,7 @@ void decode_on_device(const Model& model, std::span<SeqState* const> states,
   stats.device_sampled = true;
   stats.graph_captures = step.captures();
   stats.graph_replays = step.replays();
+  stats.token_copies = step.token_copies();
   stats.eager_decode_steps = step.eager_steps();
 }
 

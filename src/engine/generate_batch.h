@@ -30,6 +30,7 @@ struct BatchGenerateStats {
   std::vector<std::string> stop_reasons;  // per sequence: "eos", "length", "stop", "context"
   // What ran, counted by the engine (tests assert on these).
   int64_t eager_decode_steps = 0, graph_captures = 0, graph_replays = 0;
+  int64_t token_copies = 0;  // device-to-host copies of sampled tokens (the first only, with kernel_token_slots)
   int64_t pipelined_steps = 0;        // steps queued before the previous tokens were read
   int64_t rolled_back_positions = 0;  // steps queued past the last stop, undone (per sequence)
   bool device_sampled = false;        // tokens picked on the GPU

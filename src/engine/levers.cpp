@@ -29,6 +29,7 @@ Levers Levers::from_env() {
   Levers l;
   l.cuda_graphs = env_flag("MERERUN_CUDA_GRAPHS", l.cuda_graphs);
   l.pipelined_decode = env_flag("MERERUN_PIPELINED_DECODE", l.pipelined_decode);
+  l.kernel_token_slots = env_flag("MERERUN_KERNEL_TOKEN_SLOTS", l.kernel_token_slots);
   l.fused_projections = env_flag("MERERUN_FUSED_PROJECTIONS", l.fused_projections);
   l.fused_rope_store = env_flag("MERERUN_FUSED_ROPE_STORE", l.fused_rope_store);
   l.rope_in_attention = env_flag("MERERUN_ROPE_IN_ATTENTION", l.rope_in_attention);
@@ -72,6 +73,7 @@ std::string Levers::describe(Device device) const {
            " cpu_avx512_matmul=" + on(cpu_avx512_matmul) + " cpu_packed_matmul=" + on(cpu_packed_matmul) +
            " cpu_avx512_attention=" + on(cpu_avx512_attention) + " (the others are CUDA levers)";
   return std::string("levers: cuda_graphs=") + on(cuda_graphs) + " pipelined_decode=" + on(pipelined_decode) +
+         " kernel_token_slots=" + on(kernel_token_slots) +
          " fused_projections=" + on(fused_projections) +
          " fused_rope_store=" + on(fused_rope_store) + " rope_in_attention=" + on(rope_in_attention) +
          " wide_attention_blocks=" + on(wide_attention_blocks) +

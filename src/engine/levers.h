@@ -18,6 +18,12 @@ struct Levers {
   // Default: its parity test (tokens identical to the plain loop, greedy and
   // seeded, with the engine's counters showing it ran) passes.
   bool pipelined_decode = true;
+  // The step's last kernel writes the sampled tokens into the host's pinned
+  // slots itself (mapped host memory), so no device-to-host copy sits between
+  // two graph replays (idle 10-11 -> 1.5 us). Default: the same tokens as the
+  // copy (decode loop tests), H100 tg128 Llama-3-8B int4 +0.5%, int8 +0.3%,
+  // Qwen3-0.6B +0.9% (docs/levers.md).
+  bool kernel_token_slots = true;
   // Q/K/V and gate/up weights concatenated at load, one matmul each (CUDA only:
   // on the CPU it would copy every weight out of the memory-mapped checkpoint).
   bool fused_projections = true;
@@ -253,7 +259,8 @@ struct Levers {
   // override the defaults.
   static Levers from_env();
   static Levers all_off() {
-    return Levers{.cuda_graphs = false, .pipelined_decode = false, .fused_projections = false, .fused_rope_store = false,
+    return Levers{.cuda_graphs = false, .pipelined_decode = false, .kernel_token_slots = false,
+                  .fused_projections = false, .fused_rope_store = false,
                   .rope_in_attention = false, .wide_attention_blocks = false, .cluster_attention_merge = false,
                   .fused_norm_matvec = LeverMode::off, .programmatic_launch = false, .matvec_split_k = false,
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,

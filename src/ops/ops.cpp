@@ -222,6 +222,22 @@ void advance_position(Tensor& pos, int32_t by) {
   cuda::advance_position(pos, by);
 }
 
+void advance_position(Tensor& pos, int32_t by, const Tensor& tokens, int32_t* host_ring, int64_t slots) {
+  MERE_CHECK(pos.dtype() == DType::i32 && pos.numel() == 1, "advance_position: expected an i32 scalar, got {} {}",
+             dtype_name(pos.dtype()), shape_str(pos.shape()));
+  MERE_CHECK(tokens.dtype() == DType::i32 && tokens.shape().size() == 1 && tokens.device() == pos.device(),
+             "advance_position: expected i32 [B] tokens on the position's device, got {} {}",
+             dtype_name(tokens.dtype()), shape_str(tokens.shape()));
+  MERE_CHECK(host_ring != nullptr && slots >= 1, "advance_position: no host ring to write the tokens to");
+  if (pos.device() == Device::cpu) {
+    const int32_t next = pos.data<int32_t>()[0] + by;
+    std::copy_n(tokens.data<int32_t>(), tokens.numel(), host_ring + (next % slots) * tokens.numel());
+    pos.data<int32_t>()[0] = next;
+    return;
+  }
+  cuda::advance_position(pos, by, tokens, host_ring, slots);
+}
+
 Tensor add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps) {
   MERE_CHECK(h.shape() == x.shape() && h.dtype() == DType::f32 && x.dtype() == DType::f32,
              "add_rms_norm: {} += {} must be f32 of one shape", shape_str(h.shape()), shape_str(x.shape()));

@@ -63,6 +63,11 @@ bool one_token_matvec_on_tensor_cores(const Weight& w, bool formed_input = false
 // pos (i32 [1], on any device) += by; on the GPU a kernel, so a CUDA graph's
 // step can move its own position on.
 void advance_position(Tensor& pos, int32_t by);
+// The same, then the B tokens (i32 [B], on pos's device) are written to row
+// (the new position % slots) of host_ring (i32 [slots, B]; on the GPU pinned host
+// memory as the device addresses it, pinned_device_address): a graph's last kernel
+// hands the host its tokens, with no copy between replays (lever kernel_token_slots).
+void advance_position(Tensor& pos, int32_t by, const Tensor& tokens, int32_t* host_ring, int64_t slots);
 
 // How CUDA kernels launch from now on (no effect on the CPU); a CUDA model sets
 // this before it runs.

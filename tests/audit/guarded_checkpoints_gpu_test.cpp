@@ -42,7 +42,8 @@ TEST(GuardedAccelerationCheckpoints, ExactLeversKeepParityOnRealCheckpoints) {
     AuditOptions o;
     o.model_dir = dir;
     o.model_label = dir.filename().string();
-    o.levers = {"cuda_graphs=off", "pipelined_decode=off", "programmatic_launch=off", "kv=bf16"};
+    o.levers = {"cuda_graphs=off", "pipelined_decode=off", "kernel_token_slots=off", "programmatic_launch=off",
+                "kv=bf16"};
     o.prompts_file = default_prompts_file();
     o.corpus_file = default_corpus_file();
     o.out_dir = fs::temp_directory_path() / ("mere_gate_" + dir.filename().string());

@@ -2,7 +2,9 @@
 // pipelining must give exactly the tokens of the plain loop (eager steps, each
 // token read before the next step is queued), greedy and sampled at a fixed
 // seed, on the fixtures and the demo model; stops found one step late must roll
-// the extra position back. What ran is read from the engine's counters.
+// the extra position back. The same holds with the step's last kernel writing
+// the tokens to the host's slots (lever kernel_token_slots), which then copies
+// none after the first. What ran is read from the engine's counters.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -23,9 +25,10 @@ struct Run {
 };
 
 Run run(const Model& model, const std::vector<int32_t>& prompt, GenerateOptions options, bool graphs, bool pipelined,
-        int stop_after = -1) {
+        int stop_after = -1, bool kernel_slots = false) {
   options.levers.cuda_graphs = graphs;
   options.levers.pipelined_decode = pipelined;
+  options.levers.kernel_token_slots = kernel_slots;
   auto state = model.make_state(int64_t(prompt.size()) + options.max_new_tokens + 1);
   Run r;
   r.stats = generate_from(model, *state, prompt, options, [&](int32_t id) {
@@ -55,10 +58,19 @@ void expect_loops_agree(const std::filesystem::path& dir, const std::vector<int3
     Run graph = run(*model, prompt, options, true, false);
     Run piped = run(*model, prompt, options, true, true);
     Run piped_eager = run(*model, prompt, options, false, true);
+    Run slots = run(*model, prompt, options, true, true, -1, /*kernel_slots=*/true);
+    Run slots_eager = run(*model, prompt, options, false, true, -1, /*kernel_slots=*/true);
     ASSERT_EQ(plain.tokens.size(), 24u) << label;
     EXPECT_EQ(graph.tokens, plain.tokens) << label;
     EXPECT_EQ(piped.tokens, plain.tokens) << label;
     EXPECT_EQ(piped_eager.tokens, plain.tokens) << label;
+    EXPECT_EQ(slots.tokens, plain.tokens) << label;
+    EXPECT_EQ(slots_eager.tokens, plain.tokens) << label;
+    // One copy a token, or with kernel_token_slots only the prefill's sampled token.
+    EXPECT_EQ(piped.stats.token_copies, 24);
+    EXPECT_EQ(slots.stats.token_copies, 1);
+    EXPECT_EQ(slots_eager.stats.token_copies, 1);
+    EXPECT_EQ(slots.stats.graph_replays, 22);
     // The counters say what ran: 23 forwards after the prefill, all sampled on the GPU.
     EXPECT_EQ(plain.stats.eager_decode_steps, 23);
     EXPECT_EQ(plain.stats.pipelined_steps, 0);
@@ -70,7 +82,8 @@ void expect_loops_agree(const std::filesystem::path& dir, const std::vector<int3
     EXPECT_EQ(piped.stats.pipelined_steps, 22);  // every step but the first is queued ahead
     EXPECT_EQ(piped.stats.rolled_back_positions, 0);
     EXPECT_EQ(piped.final_length, plain.final_length);
-    std::printf("[ gpu      ] %s: 24 tokens identical (plain, graph, pipelined, pipelined eager)\n", label.c_str());
+    std::printf("[ gpu      ] %s: 24 tokens identical (plain, graph, pipelined, pipelined eager, kernel token slots)\n",
+                label.c_str());
   }
 }
 
@@ -99,6 +112,13 @@ void expect_stops_roll_back(const std::filesystem::path& dir, const std::vector<
   EXPECT_EQ(piped_stop.tokens.size(), 5u);
   EXPECT_EQ(piped_stop.final_length, plain_stop.final_length);
   EXPECT_EQ(piped_stop.stats.rolled_back_positions, 1);
+  for (int stop_after : {5, 11}) {  // the tokens' slots wrap around after a roll-back
+    Run plain_at = run(*model, prompt, options, false, false, stop_after);
+    Run slots_at = run(*model, prompt, options, true, true, stop_after, /*kernel_slots=*/true);
+    EXPECT_EQ(slots_at.tokens, plain_at.tokens) << stop_after;
+    EXPECT_EQ(slots_at.final_length, plain_at.final_length) << stop_after;
+    EXPECT_EQ(slots_at.stats.rolled_back_positions, 1) << stop_after;
+  }
   // An immediate EOS costs no forward at all.
   GenerateOptions immediate = options;
   immediate.eos_ids = {reference.tokens[0]};

@@ -36,6 +36,20 @@ void expect_automatic_three_way(LeverMode Levers::*lever, LeverMode LoadOptions:
   EXPECT_THROW(Levers::from_env(), Error) << name;
 }
 
+// kernel_token_slots: a decode loop lever, on by default (measured), off in
+// all_off(), switched by its variable, named on the lever line and by `mere audit --lever`.
+TEST(Levers, KernelTokenSlotsIsADecodeLoopLeverOnByDefault) {
+  EXPECT_TRUE(Levers{}.kernel_token_slots);
+  EXPECT_FALSE(Levers::all_off().kernel_token_slots);
+  EXPECT_NE(Levers{}.describe(Device::cuda).find("kernel_token_slots=on"), std::string::npos);
+  ScopedEnv off("MERERUN_KERNEL_TOKEN_SLOTS", "0");
+  EXPECT_FALSE(Levers::from_env().kernel_token_slots);
+  EXPECT_NE(Levers::from_env().describe(Device::cuda).find("kernel_token_slots=off"), std::string::npos);
+  const std::vector<std::string> names = engine_lever_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "kernel_token_slots"), names.end());
+  EXPECT_EQ(engine_lever_device("kernel_token_slots"), Device::cuda);
+}
+
 // fused_norm_matvec: on where every layer matrix's one-token matvec runs on the tensor cores.
 TEST(Levers, FusedNormMatvecIsAutomaticByDefaultAndTakesThreeValues) {
   expect_automatic_three_way(&Levers::fused_norm_matvec, &LoadOptions::fuse_norm_matvec, "fused_norm_matvec",

@@ -67,12 +67,13 @@ class BatchDecodeLoopGpu : public test::NeedsGpu<::testing::TestWithParam<std::s
   }
 };
 
-GenerateOptions options_with(const SamplingParams& sampling, bool graphs, bool pipelined) {
+GenerateOptions options_with(const SamplingParams& sampling, bool graphs, bool pipelined, bool kernel_slots = false) {
   GenerateOptions o;
   o.max_new_tokens = 24;
   o.sampling = sampling;
   o.levers.cuda_graphs = graphs;
   o.levers.pipelined_decode = pipelined;
+  o.levers.kernel_token_slots = kernel_slots;
   return o;
 }
 
@@ -90,7 +91,12 @@ TEST_P(BatchDecodeLoopGpu, GraphedStepMatchesEagerAndAlone) {
       const auto graphed_plain = test::compare_generate_batch_with_alone(*model, batch, options_with(sampling, true, false));
       const auto eager = test::compare_generate_batch_with_alone(*model, batch, options_with(sampling, false, false));
       const auto eager_piped = test::compare_generate_batch_with_alone(*model, batch, options_with(sampling, false, true));
+      const auto slots = test::compare_generate_batch_with_alone(*model, batch, options_with(sampling, true, true, true));
       ASSERT_EQ(graphed.alone[0].size(), 24u) << label;
+      test::expect_batch_as_alone(slots, label + " graphed, pipelined, kernel token slots");
+      EXPECT_EQ(slots.batched, graphed.batched) << label;
+      EXPECT_EQ(graphed.stats.token_copies, 24) << label;  // one a batched read
+      EXPECT_EQ(slots.stats.token_copies, 1) << label;     // the prefill's sampling only
       test::expect_batch_as_alone(graphed, label + " graphed, pipelined");
       test::expect_batch_as_alone(graphed_plain, label + " graphed");
       test::expect_batch_as_alone(eager, label + " eager");
@@ -124,10 +130,10 @@ TEST_P(BatchDecodeLoopGpu, StopsPerSequenceAsAlone) {
   const SamplingParams greedy{.temperature = 0};
   const auto free_run = test::compare_generate_batch_with_alone(*model, 3, options_with(greedy, true, true));
   for (bool graphs : {true, false}) {
-    GenerateOptions o = options_with(greedy, graphs, true);
+    GenerateOptions o = options_with(greedy, graphs, true, /*kernel_slots=*/graphs);
     o.eos_ids = {free_run.alone[1][6]};  // sequence 1 stops at its first such token
     const auto c = test::compare_generate_batch_with_alone(*model, 3, o, /*stop_seq=*/2, /*stop_after=*/4);
-    const std::string label = fmt::format("{} graphs={}", GetParam(), graphs);
+    const std::string label = fmt::format("{} graphs={} kernel_token_slots={}", GetParam(), graphs, graphs);
     test::expect_batch_as_alone(c, label);
     EXPECT_EQ(c.stats.stop_reasons[1], "eos") << label;
     EXPECT_LE(c.batched[1].size(), 6u) << label;

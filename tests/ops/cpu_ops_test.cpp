@@ -1,6 +1,7 @@
 // The CPU reference ops pinned to hand-computed values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/ops.h"
@@ -162,6 +163,27 @@ TEST(CpuOps, FusedHelpersMatchTheirCompositions) {
   ops::add_inplace(h2, g);
   EXPECT_EQ(test::max_abs_diff(h1, h2).diff, 0.0f);
   EXPECT_EQ(test::max_abs_diff(fused, ops::rms_norm(h2, w, 1e-6f)).diff, 0.0f);
+}
+
+// The position moves on and the step's tokens land in the ring row of the new
+// position (wrapping around), no other row; bad tokens or no ring are errors.
+TEST(CpuOps, AdvancePositionWritesTheTokensToTheRowOfTheirPosition) {
+  constexpr int64_t kB = 3, kSlots = 4;
+  Tensor pos = Tensor::empty({1}, DType::i32), tokens = Tensor::empty({kB}, DType::i32);
+  pos.data<int32_t>()[0] = 6;
+  std::vector<int32_t> ring(kSlots * kB, -1);
+  for (int32_t step = 0; step < 6; ++step) {
+    for (int32_t b = 0; b < kB; ++b) tokens.data<int32_t>()[b] = 100 * step + b;
+    ops::advance_position(pos, 1, tokens, ring.data(), kSlots);
+    const int32_t p = pos.data<int32_t>()[0];
+    ASSERT_EQ(p, 7 + step);
+    for (int32_t b = 0; b < kB; ++b) EXPECT_EQ(ring[(p % kSlots) * kB + b], 100 * step + b);
+    if (step == 0) {  // rows 0-2 are not the new position's
+      EXPECT_TRUE(std::all_of(ring.begin(), ring.begin() + 3 * kB, [](int32_t v) { return v == -1; }));
+    }
+  }
+  EXPECT_THROW(ops::advance_position(pos, 1, Tensor::empty({kB}, DType::f32), ring.data(), kSlots), Error);
+  EXPECT_THROW(ops::advance_position(pos, 1, tokens, nullptr, kSlots), Error);
 }
 
 // Random bytes for packed codes: the same for one seed, masked, and not degenerate.

@@ -27,6 +27,39 @@ TEST_F(CudaOps, RandomFillMatchesCpuBitForBit) {
   EXPECT_EQ(test::max_abs_diff(dev.to_device(Device::cpu), cpu).diff, 0.0f);
 }
 
+// The kernel form in a graph: each replay moves the device position on and
+// writes the step's tokens into the pinned ring's row of the new position, which
+// the host reads once the stream has passed it, with no copy queued.
+TEST_F(CudaOps, AdvancePositionWritesTheTokensToThePinnedRowOfTheirPosition) {
+  constexpr int64_t kB = 3, kSlots = 4;
+  Tensor pos = Tensor::zeros({1}, DType::i32, Device::cuda), tokens = Tensor::zeros({kB}, DType::i32, Device::cuda);
+  const int32_t start = 6;
+  copy_bytes(pos.raw(), Device::cuda, &start, Device::cpu, sizeof(start));
+  std::shared_ptr<void> pinned = pinned_alloc(kSlots * kB * sizeof(int32_t));
+  auto* host = static_cast<int32_t*>(pinned.get());
+  std::fill_n(host, kSlots * kB, -1);
+  auto* ring = static_cast<int32_t*>(pinned_device_address(pinned.get()));
+  CudaGraph graph;
+  graph.capture([&] { ops::advance_position(pos, 1, tokens, ring, kSlots); });
+  for (int32_t step = 0; step < 6; ++step) {
+    std::vector<int32_t> values(kB);
+    for (int32_t b = 0; b < kB; ++b) values[size_t(b)] = 100 * step + b;
+    copy_bytes(tokens.raw(), Device::cuda, values.data(), Device::cpu, kB * sizeof(int32_t));
+    graph.replay();
+    CudaEvent done;
+    done.record();
+    done.synchronize();
+    const int32_t p = start + 1 + step;
+    for (int32_t b = 0; b < kB; ++b) EXPECT_EQ(host[(p % kSlots) * kB + b], 100 * step + b) << step;
+    if (step == 0) {
+      EXPECT_EQ(host[0], -1);  // row 0 is not position 7's
+    }
+  }
+  int32_t end = 0;
+  copy_bytes(&end, Device::cpu, pos.raw(), Device::cuda, sizeof(end));
+  EXPECT_EQ(end, start + 6);
+}
+
 TEST_F(CudaOps, RmsNorm) {
   for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 64}, {7, 4096}, {33, 5120}, {2, 129}})
     for (DType dt : {DType::f32, DType::bf16}) {

@@ -596,6 +596,10 @@ void fill_random_bytes(Tensor& t, uint64_t seed, uint8_t mask) {
 }
 
 void advance_position(Tensor& pos, int32_t by) { MERE_CUDA(launch_advance_position(pos.data<int32_t>(), by, stream())); }
+void advance_position(Tensor& pos, int32_t by, const Tensor& tokens, int32_t* host_ring, int64_t slots) {
+  MERE_CUDA(launch_advance_position_and_publish(pos.data<int32_t>(), by, tokens.data<int32_t>(), host_ring,
+                                                int32_t(tokens.numel()), int32_t(slots), stream()));
+}
 
 }  // namespace mere::ops::cuda
 
@@ -647,6 +651,7 @@ void set_decode_keys(int64_t) {}
 void set_cached_rows_final(bool) {}
 KeyCountRange decode_keys_range() { return {}; }
 void advance_position(Tensor&, int32_t) { no_cuda(); }
+void advance_position(Tensor&, int32_t, const Tensor&, int32_t*, int64_t) { no_cuda(); }
 void fill_random_bytes(Tensor&, uint64_t, uint8_t) { no_cuda(); }
 bool attention_unmerged(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, const KvPages&,
                         AttentionSplits&) {

@@ -23,6 +23,7 @@ bool rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Ten
 bool linear_add(Tensor& h, const Tensor& x, const Tensor& w, const Tensor& bias);
 bool swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Tensor& w, const Tensor& bias);
 void advance_position(Tensor& pos, int32_t by);
+void advance_position(Tensor& pos, int32_t by, const Tensor& tokens, int32_t* host_ring, int64_t slots);
 void set_launch_settings(const LaunchSettings& settings);
 void set_decode_keys(int64_t keys);
 void set_cached_rows_final(bool final);

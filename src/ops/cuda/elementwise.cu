@@ -29,6 +29,18 @@ __global__ void advance_position_kernel(int32_t* pos, int32_t by) {
   *pos += by;
 }
 
+// The same, and the step's tokens straight into the host's pinned ring (no copy
+// engine between graph replays). Every thread reads *pos before the write.
+__global__ void advance_position_and_publish_kernel(int32_t* pos, int32_t by, const int32_t* tokens, int32_t* ring,
+                                                    int32_t B, int32_t slots) {
+  wait_for_previous_kernel();
+  const int32_t next = *pos + by;
+  int32_t* row = ring + int64_t(next % slots) * B;
+  for (int32_t b = threadIdx.x; b < B; b += blockDim.x) row[b] = tokens[b];
+  __syncthreads();
+  if (threadIdx.x == 0) *pos = next;
+}
+
 __global__ void add_bias_kernel(float* y, const float* bias, int64_t rows, int64_t cols) {
   allow_next_kernel();
   wait_for_previous_kernel();
@@ -114,6 +126,12 @@ cudaError_t launch_add(float* h, const float* x, int64_t n, cudaStream_t stream)
 
 cudaError_t launch_advance_position(int32_t* pos, int32_t by, cudaStream_t stream) {
   launch_kernel(advance_position_kernel, 1, 1, 0, stream, pos, by);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_advance_position_and_publish(int32_t* pos, int32_t by, const int32_t* tokens, int32_t* ring,
+                                                int32_t B, int32_t slots, cudaStream_t stream) {
+  launch_kernel(advance_position_and_publish_kernel, 1, B < 1024 ? B : 1024, 0, stream, pos, by, tokens, ring, B, slots);
   return cudaGetLastError();
 }
 

@@ -138,6 +138,10 @@ struct MatvecArgs {
 cudaError_t launch_matvec(const MatvecArgs& args, cudaStream_t stream);
 // *pos += by: the decode position moves on inside a CUDA graph.
 cudaError_t launch_advance_position(int32_t* pos, int32_t by, cudaStream_t stream);
+// The same, and tokens[0, B) to ring row (new *pos % slots): ring is pinned host
+// memory (its device address), read by the host once the step's event has passed.
+cudaError_t launch_advance_position_and_publish(int32_t* pos, int32_t by, const int32_t* tokens, int32_t* ring,
+                                                int32_t B, int32_t slots, cudaStream_t stream);
 cudaError_t launch_add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 cudaError_t launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 cudaError_t launch_add(float* h, const float* x, int64_t n, cudaStream_t stream);
