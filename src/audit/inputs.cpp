@@ -10,7 +10,7 @@ namespace mere {
 namespace fs = std::filesystem;
 
 std::vector<std::string> engine_lever_names() {
-  return {"cuda_graphs",      "pipelined_decode",    "kernel_token_slots",    "fused_projections", "fused_rope_store",
+  return {"cuda_graphs",       "pipelined_decode",    "kernel_token_slots", "fused_projections", "fused_rope_store",
           "fused_norm_matvec", "programmatic_launch", "matvec_split_k",    "fp8_activation_gemm",
           "int8_activation_matvec", "tensor_core_kv_attention", "tensor_core_attention", "tensor_core_affine_matvec",
           "int16_activation_matvec", "tensor_core_fp8_matvec", "tensor_core_affine_gemm",

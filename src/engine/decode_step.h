@@ -82,7 +82,7 @@ class DecodeStep {
   bool kernel_token_slots_;
   int64_t capacity_ = 0;               // the smallest state's: a step needs room in every one
   Tensor tokens_, pos_;                // device i32 [B] and [1]
-  std::shared_ptr<void> host_slots_;   // pinned i32 [kSlots * B + 1]: ticket slots, then the position to upload
+  std::shared_ptr<void> host_slots_;   // pinned i32 [kSlots * B + 1]: tokens by position % kSlots, then the position to upload
   int32_t* device_slots_ = nullptr;    // host_slots_ as kernels address it (kernel_token_slots)
   std::array<CudaEvent, kSlots> ready_;
   std::array<int64_t, kSlots> ticket_position_{};  // the position whose tokens a held ticket waits for
