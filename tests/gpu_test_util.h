@@ -251,6 +251,7 @@ inline KernelLaunch launch_named(const std::function<void()>& run, std::initiali
 struct FixtureDecode {
   std::vector<Tensor> logits;
   size_t step_kernels = 0;
+  size_t merge_kernels = 0;  // of those, attention_merge_kernel launches
   int64_t layers = 0;
 };
 inline FixtureDecode decode_fixture(const std::string& family, const Levers& levers, int64_t cache_rows = 256) {
@@ -277,13 +278,16 @@ inline FixtureDecode decode_fixture(const std::string& family, const Levers& lev
   SeqState* states[] = {state.get()};
   model->run(ids_dev, pos_dev, states, false);
   device_synchronize();
-  d.step_kernels = kernels_launched_by([&] { model->run(ids_dev, pos_dev, states, false); });
+  const std::vector<KernelLaunch> launches = kernel_launches_by([&] { model->run(ids_dev, pos_dev, states, false); });
+  d.step_kernels = launches.size();
+  for (const KernelLaunch& k : launches) d.merge_kernels += k.name.find("attention_merge_kernel") != std::string::npos;
   return d;
 }
 
 // Decode attention's shapes (heads over kv heads, head_dim, cache dtype) that
 // the attention block forms' tests walk: the Llama-3-8B and Qwen3-30B-A3B
-// groups, groups of 6 and 3 in larger blocks, head_dim 32.
+// groups, groups of 6 and 3 in larger blocks, head_dim 32, Qwen3-0.6B's groups
+// of 2 and one head a kv head.
 struct AttentionShape {
   int64_t heads, kv_heads, head_dim;
   DType cache;
@@ -295,6 +299,8 @@ inline const std::vector<AttentionShape>& attention_shapes() {
       {12, 2, 64, DType::f16},    // a group of 6 in an 8-head block
       {6, 2, 64, DType::f32},     // a group of 3 in a 4-head block
       {16, 4, 32, DType::bf16},   // groups of 4, head_dim 32
+      {16, 8, 128, DType::bf16},  // Qwen3-0.6B / 1.7B: groups of 2
+      {8, 8, 64, DType::f16},     // one head a kv head (multi-head attention)
   };
   return shapes;
 }
@@ -343,8 +349,7 @@ struct WideAttentionGrid {
 inline WideAttentionGrid wide_attention_grid(int64_t B, int64_t heads, int64_t kv_heads, int64_t keys,
                                              int64_t splits) {
   WideAttentionGrid w{0, splits};
-  const int64_t group = heads / kv_heads, block = group <= 4 ? 4 : 8;
-  if (group < 3) return w;
+  const int64_t group = heads / kv_heads, block = group <= 2 ? group : group <= 4 ? 4 : 8;
   for (int64_t hb = 1; hb <= block; hb *= 2) {
     const int64_t in_a_wave = sm_count() / (B * kv_heads * ((group + hb - 1) / hb)), most = in_a_wave * 64;
     const int64_t cap = std::min(splits, in_a_wave);

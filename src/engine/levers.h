@@ -37,9 +37,10 @@ struct Levers {
   // caches of the op), Llama-3-8B int4 decode +3.6% at batch 1 (docs/levers.md).
   bool rope_in_attention = true;
   // Decode attention over a dense cache in blocks of 8 warps instead of 4, each
-  // taking the fewest heads of a group of 3 or more whose blocks fit one wave
+  // taking the fewest heads of a group whose blocks fit one wave
   // (short contexts, small batches); a decode graph is captured per form. Same
-  // quality (demo KL 2e-8), Qwen3-30B-A3B int4 B = 1 +18%, Llama-3-8B +7.5%
+  // quality (demo KL 2e-8), Qwen3-30B-A3B int4 B = 1 +18%, Llama-3-8B +7.5%;
+  // groups of 1-2 since the forty-ninth session (Qwen3-0.6B int4 +12%, bf16 +5%)
   // (docs/levers.md).
   bool wide_attention_blocks = true;
   // Where those 8-warp blocks run over at most 2 splits (short contexts; 4 for

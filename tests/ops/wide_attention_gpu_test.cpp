@@ -1,7 +1,7 @@
 // Lever wide_attention_blocks (ctest label gpu): the GQA decode kernel in
 // blocks of 8 warps, with the fewest heads a block, where the splits with keys
 // fit one wave of one block an SM. Its output matches the CPU and the 4-warp
-// blocks, for groups of 3 to 8 heads, head_dim 32-128, bf16/f16/f32 caches,
+// blocks, for groups of 1 to 8 heads, head_dim 32-128, bf16/f16/f32 caches,
 // one sequence and a paged batch, at key counts on both sides of the forms'
 // edges; the launch takes the threads and blocks the rule says and narrows the
 // decode step's key range to the counts that choose the same form; and a

@@ -249,7 +249,7 @@ struct FreshRows {
   void *k_cache = nullptr, *v_cache = nullptr;  // the dense cache launch_attention reads
 };
 // The rows (sequences) of a step it takes: one, or up to 4 where a kv head has
-// at most 4 query heads, or up to 8 with groups of 3-8 where the 8-warp blocks
+// at most 4 query heads, or up to 8 with groups of up to 8 where the 8-warp blocks
 // of lever wide_attention_blocks run (their grid fits a wave: short contexts).
 // Every split block ropes its q rows itself, so large batches over many splits
 // pay more than the launch saved: Llama-3-8B int4 (groups of 4) at 8k keys, 4
