@@ -212,9 +212,15 @@ void fill_random_bytes(Tensor& t, uint64_t seed, uint8_t mask) {
   }
 }
 
-void advance_position(Tensor& pos, int32_t by) {
+namespace {
+void check_position(const Tensor& pos) {
   MERE_CHECK(pos.dtype() == DType::i32 && pos.numel() == 1, "advance_position: expected an i32 scalar, got {} {}",
              dtype_name(pos.dtype()), shape_str(pos.shape()));
+}
+}  // namespace
+
+void advance_position(Tensor& pos, int32_t by) {
+  check_position(pos);
   if (pos.device() == Device::cpu) {
     pos.data<int32_t>()[0] += by;
     return;
@@ -223,8 +229,7 @@ void advance_position(Tensor& pos, int32_t by) {
 }
 
 void advance_position(Tensor& pos, int32_t by, const Tensor& tokens, int32_t* host_ring, int64_t slots) {
-  MERE_CHECK(pos.dtype() == DType::i32 && pos.numel() == 1, "advance_position: expected an i32 scalar, got {} {}",
-             dtype_name(pos.dtype()), shape_str(pos.shape()));
+  check_position(pos);
   MERE_CHECK(tokens.dtype() == DType::i32 && tokens.shape().size() == 1 && tokens.device() == pos.device(),
              "advance_position: expected i32 [B] tokens on the position's device, got {} {}",
              dtype_name(tokens.dtype()), shape_str(tokens.shape()));
