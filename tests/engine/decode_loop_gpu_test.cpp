@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
+#include "core/error.h"
+#include "engine/decode_step.h"
 #include "engine/generate.h"
 #include "models/model.h"
 #include "gpu_test_util.h"
@@ -149,6 +151,27 @@ class DecodeLoopGpu : public test::NeedsGpu<::testing::TestWithParam<std::string
 
 TEST_P(DecodeLoopGpu, PipelinedAndGraphLoopsMatchThePlainLoop) { expect_loops_agree(dir(), prompt()); }
 TEST_P(DecodeLoopGpu, StopsFoundOneStepLateRollBack) { expect_stops_roll_back(dir(), prompt()); }
+
+// With kernel_token_slots a roll-back releases the tickets past it (their
+// position's slot will hold another step's tokens): waiting for one is an
+// error, while the tickets before it keep their tokens.
+TEST_P(DecodeLoopGpu, ARolledBackTicketIsAnError) {
+  auto model = load_model(dir(), Device::cuda, Levers{}.load_options(Device::cuda));
+  const std::vector<int32_t> p = prompt();
+  auto state = model->make_state(int64_t(p.size()) + 8);
+  const Tensor logits = model->forward(p, *state, false);
+  DeviceSampler sampler(SamplingParams{.temperature = 0}, model->info().vocab);
+  DecodeStep step(*model, *state, sampler, /*use_graph=*/true, /*kernel_token_slots=*/true);
+  const int first = step.begin(logits);
+  const int32_t first_token = step.wait(first);
+  const int next = step.queue(), ahead = step.queue();
+  const int32_t next_token = step.wait(next);
+  step.roll_back(1);
+  EXPECT_THROW(step.wait(ahead), Error);
+  EXPECT_EQ(step.wait(next), next_token);
+  EXPECT_EQ(step.wait(first), first_token);
+  EXPECT_EQ(step.length(), int64_t(p.size()) + 1);
+}
 
 INSTANTIATE_TEST_SUITE_P(Models, DecodeLoopGpu, ::testing::Values("llama", "qwen2", "qwen3", "demo"));
 
