@@ -9,7 +9,6 @@
 // threads that then spin d us, and (pf) the time from the prefetch kernel's start to the consumer's.
 #include <cstdio>
 #include <cstdint>
-#include <vector>
 #include <cuda_runtime.h>
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
 
