@@ -51,22 +51,22 @@ int main() {
   int sms; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   cudaDeviceProp prop; cudaGetDeviceProperties(&prop, 0);
   printf("%s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
-  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+  cudaEvent_t a, b, c; cudaEventCreate(&a); cudaEventCreate(&b); cudaEventCreate(&c);
   auto flush_l2 = [&]() { consume<<<sms * 4, 256>>>((const uint4*)flush, flush_bytes / 16, sink); };
-  auto time_consume = [&](size_t bytes, size_t off) {
+  auto time_consume = [&](size_t bytes) {
     cudaEventRecord(a);
-    consume<<<sms * 4, 256>>>((const uint4*)(buf + off), bytes / 16, sink);
+    consume<<<sms * 4, 256>>>((const uint4*)buf, bytes / 16, sink);
     cudaEventRecord(b); cudaEventSynchronize(b);
     float ms; cudaEventElapsedTime(&ms, a, b); return ms * 1000.f;
   };
-  // Baselines: cold and warm reads of 16 and 32 MB; a full 512 MB read (HBM rate).
+  // Baselines: cold and warm reads of 8, 16 and 32 MB; a full 512 MB read (HBM rate).
   for (size_t mb : {8, 16, 32}) {
     size_t bytes = mb << 20; float cold = 0, warm = 0;
-    for (int r = 0; r < 5; ++r) { flush_l2(); cold += time_consume(bytes, 0); warm += time_consume(bytes, 0); }
+    for (int r = 0; r < 5; ++r) { flush_l2(); cold += time_consume(bytes); warm += time_consume(bytes); }
     printf("consume %zu MB: cold %.1f us (%.2f TB/s), warm %.1f us (%.2f TB/s)\n", mb, cold / 5, bytes / (cold / 5) / 1e6,
            warm / 5, bytes / (warm / 5) / 1e6);
   }
-  { flush_l2(); float t = time_consume(big, 0); printf("consume 512 MB: %.1f us (%.2f TB/s)\n", t, big / t / 1e6); }
+  { flush_l2(); float t = time_consume(big); printf("consume 512 MB: %.1f us (%.2f TB/s)\n", t, big / t / 1e6); }
   // Prefetch 16 MB with `blocks` blocks of 128 threads, spin `delay` us, then consume it.
   const size_t bytes = 16ull << 20;
   for (int mode : {0, 1, 2}) {
@@ -76,14 +76,13 @@ int main() {
         float t = 0, tp = 0;
         for (int r = 0; r < 3; ++r) {
           flush_l2();
-          cudaEvent_t c; cudaEventCreate(&c);
           cudaEventRecord(c);
           prefetcher<<<blocks, 128>>>(buf, bytes, mode, 16384, delay_us * 1000ll);
           cudaEventRecord(a);
           consume<<<sms * 4, 256>>>((const uint4*)buf, bytes / 16, sink);
           cudaEventRecord(b); cudaEventSynchronize(b);
           float ms, ms2; cudaEventElapsedTime(&ms, a, b); cudaEventElapsedTime(&ms2, c, a);
-          t += ms * 1000.f; tp += ms2 * 1000.f; cudaEventDestroy(c);
+          t += ms * 1000.f; tp += ms2 * 1000.f;
         }
         printf("  d%d: %.1f (pf %.1f)", delay_us, t / 3, tp / 3);
       }
