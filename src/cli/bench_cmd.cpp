@@ -43,6 +43,11 @@ void run_bench(const BenchFlags& f) {
   }
   if (f.bandwidth > 0) ceilings.copy_bytes_per_s = f.bandwidth;
   if (f.matmul_rate > 0) ceilings.matmul_flop_per_s = f.matmul_rate;
+  // The defaults are an H200's: on another GPU the fraction column would misstate it.
+  if (device == Device::cuda && !f.calibrate && (f.bandwidth <= 0 || f.matmul_rate <= 0))
+    std::fprintf(stderr, "the fractions use copy %.3f TB/s and bf16 matmul %.0f TFLOP/s (an H200's where not "
+                 "given); --calibrate measures this GPU's\n",
+                 ceilings.copy_bytes_per_s / 1e12, ceilings.matmul_flop_per_s / 1e12);
   if (f.shape.empty() && f.model.empty() && f.calibrate) return;
 
   MERE_CHECK(f.shape.empty() || f.model.empty(), "give either -m or --shape, not both");
