@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6's lineup on one GPU in one run: the ceilings, then Llama-3-8B and Qwen3-30B-A3B in
+# Issue 6's lineup on one GPU in one run: Llama-3-8B and Qwen3-30B-A3B in
 # bf16, int8, int4 and fp8 at B = 1 (pp512, tg128), each row's fractions against the ceilings
 # measured on this GPU (--calibrate), not the H200 defaults. On the GPU machine (carry .devrun):
 #   bash scripts/gpu_lineup.sh [llama3-8b qwen3-30b-a3b]
