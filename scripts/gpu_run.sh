@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere
 # (the device machine of our workplace has no Debian packages): .devrun/ holds
 # bin.tar.xz (mere, mere_gpu_tests) and libs.tar.xz (libfmt, libpcre2, ICU). Logs go to $OUT.
-# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [timeline] [moe] [quant] [quant_moe] [kv] [tc_matvec] [affine_gemm] [hang]; MERE_DEVRUN names the pack
+# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [timeline] [moe] [lineup] [quant] [quant_moe] [kv] [tc_matvec] [affine_gemm] [hang]; MERE_DEVRUN names the pack
 # (default .devrun), GTEST_FILTER picks tests.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -111,6 +111,15 @@ for what in "${@:-tests bench}"; do
       # The affine modes on the CUDA-core kernel (lever tensor_core_kv_attention off), for comparison.
       MERERUN_TENSOR_CORE_KV_ATTENTION=0 "$m" bench --device cuda --shape llama3-8b -p 0 -n 128 -d 1024,8192,32768 \
         -r 3 --kv-cache-mode affine8,affine4 2>&1 | tee -a "$out/kv.log" ;;
+    lineup)  # issue 6's lineup in one run: both shapes in every weight format, B = 1, each row against
+      # this GPU's measured ceilings (--calibrate), not the H200 defaults
+      m="$bin/mere"
+      for shape in llama3-8b qwen3-30b-a3b; do
+        for q in bf16 int8 int4 fp8; do
+          timeout 150 "$m" bench --calibrate --device cuda --shape $shape --quant $q -p 512 -n 128 -r 3 2>&1 |
+            tee -a "$out/lineup.log"
+        done
+      done ;;
     quant)  # the weight formats side by side on the Llama-3-8B shape
       m="$bin/mere"
       "$m" bench --device cuda --shape llama3-8b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/quant.log"

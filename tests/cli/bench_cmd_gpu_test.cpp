@@ -8,8 +8,8 @@
 namespace mere {
 namespace {
 
-// The defaults are an H200's; a run on another GPU that neither calibrates nor
-// gives the ceilings hears so, and one that gives them does not.
+// The defaults are an H200's; a run that neither calibrates nor gives the
+// ceilings says so, and one that gives them does not.
 TEST(BenchCmdGpu, SaysWhenItsFractionsUseAnH200sCeilings) {
   const std::string note = "an H200's where not given";
   auto r = test::run_mere("bench --device cuda -p 0 -n 2 -r 1");
