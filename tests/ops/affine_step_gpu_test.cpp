@@ -3,7 +3,6 @@
 // input as the decode step does, timed back to back, against this GPU's own
 // measured copy bandwidth. A benchmark: nothing is asserted but that it runs.
 #include <gtest/gtest.h>
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdio>
