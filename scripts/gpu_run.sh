@@ -112,14 +112,16 @@ for what in "${@:-tests bench}"; do
       MERERUN_TENSOR_CORE_KV_ATTENTION=0 "$m" bench --device cuda --shape llama3-8b -p 0 -n 128 -d 1024,8192,32768 \
         -r 3 --kv-cache-mode affine8,affine4 2>&1 | tee -a "$out/kv.log" ;;
     lineup)  # issue 6's lineup in one run: both shapes in every weight format, B = 1, each row against
-      # this GPU's measured ceilings (--calibrate), not the H200 defaults
+      # this GPU's measured ceilings (--calibrate), not the H200 defaults; then AffineStep's timing
       m="$bin/mere"
       for shape in llama3-8b qwen3-30b-a3b; do
         for q in bf16 int8 int4 fp8; do
           timeout 150 "$m" bench --calibrate --device cuda --shape $shape --quant $q -p 512 -n 128 -r 3 2>&1 |
             tee -a "$out/lineup.log"
         done
-      done ;;
+      done
+      # and the kernel target on whole layers: a step's matvecs against this GPU's copy bandwidth
+      timeout 120 "$bin/mere_gpu_tests" --gtest_filter='AffineStep.*' 2>&1 | grep timing | tee -a "$out/lineup.log" ;;
     quant)  # the weight formats side by side on the Llama-3-8B shape
       m="$bin/mere"
       "$m" bench --device cuda --shape llama3-8b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/quant.log"
