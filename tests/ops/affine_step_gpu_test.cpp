@@ -34,6 +34,7 @@ TEST_F(AffineStep, TimingOnLlama3Layers) {
   const Ceilings ceilings = calibrate(Device::cuda);
   std::printf("[ timing   ] this GPU's copy bandwidth: %.3f TB/s\n", ceilings.copy_bytes_per_s / 1e12);
   constexpr int64_t kD = 4096, kFf = 14336, kLayers = 32, kVocab = 128256, kMaxT = 8;
+  auto digits_for = [](int64_t T) { return T == 1 ? 3 : 2; };  // the decode default (int16_activation_matvec)
   for (int bits : {4, 8}) {
     struct Matrix {
       Tensor packed, scales, biases;
@@ -76,10 +77,10 @@ TEST_F(AffineStep, TimingOnLlama3Layers) {
     const Matrix* kinds[] = {&layers[0], &layers[1], &layers[2], &layers[3], &lm_head};
     for (const Matrix* m : kinds)
       for (int64_t T : {int64_t(1), kMaxT})
-        scratch_bytes = std::max(scratch_bytes, cuda::affine_matvec_mma_scratch_bytes(m->a, T, T == 1 ? 3 : 2));
+        scratch_bytes = std::max(scratch_bytes, cuda::affine_matvec_mma_scratch_bytes(m->a, T, digits_for(T)));
     Tensor scratch = Tensor::empty({scratch_bytes}, DType::u8, Device::cuda);
     for (int64_t T : {1, 2, 4, 8}) {
-      const int digits = T == 1 ? 3 : 2;
+      const int digits = digits_for(T);
       using Kind = cuda::AffineMmaInput::Kind;
       const cuda::AffineMmaInput normed{.kind = Kind::rms_normed, .x = h.data<float>(), .norm_w = norm_w.raw(),
                                         .norm_dtype = DType::bf16, .eps = 1e-5f, .digits = digits};
