@@ -78,17 +78,16 @@ std::vector<std::pair<std::string, Shape>> LlamaConfig::tensor_shapes() const {
 namespace {
 
 // Lever fused_norm_matvec, auto: fold the norms where every layer matrix's
-// one-token matvec runs on the tensor cores, whose prepare kernel forms the
-// input; elsewhere the fused forms compose kernels and cost more than they save
-// (docs/levers.md).
+// one-token matvec runs on the tensor cores (MLX affine or FP8), whose prepare
+// kernel forms the input; elsewhere the fused forms compose kernels and cost
+// more than they save (docs/levers.md).
 bool folding_pays(const std::vector<LlamaLayer>& layers, const LoadOptions& o) {
-  if (!o.tensor_core_affine_matvec || o.int8_activation_matvec || layers.empty()) return false;
-  auto fast = [](const Weight& w) { return !w.defined() || ops::one_token_matvec_on_tensor_cores(w); };
+  if (layers.empty()) return false;
   for (const LlamaLayer& l : layers) {
     const QkvProjection& a = l.attn.qkv;
     const GatedMlp& m = l.mlp;
     for (const Weight* w : {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o, &m.gate_up, &m.gate, &m.up, &m.down})
-      if (!fast(*w)) return false;
+      if (!one_token_matvec_folds(*w, o)) return false;
   }
   return true;
 }

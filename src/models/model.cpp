@@ -43,6 +43,13 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                             .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on});
 }
 
+bool one_token_matvec_folds(const Weight& w, const LoadOptions& o, bool formed_input) {
+  if (!w.defined()) return true;
+  const bool lever = w.kind() == Weight::Kind::fp8 ? o.tensor_core_fp8_matvec
+                                                   : o.tensor_core_affine_matvec && !o.int8_activation_matvec;
+  return lever && ops::one_token_matvec_on_tensor_cores(w, formed_input);
+}
+
 Tensor Model::forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const {
   const int64_t T = int64_t(tokens.size()), pos0 = state.length();
   MERE_CHECK(T > 0, "forward: no tokens");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/weight.h"
 #include "state/seq_state.h"
 
 namespace mere {
@@ -86,6 +87,13 @@ struct LoadOptions {
 // Sets how kernels run on `device` from a model's options (ops::set_launch_settings
 // on CUDA, ops::set_cpu_settings on the CPU); each family calls it before it runs.
 void apply_launch_settings(const LoadOptions& o, Device device);
+
+// Whether w's one-token decode matvec runs on the tensor cores under o's levers
+// (tensor_core_affine_matvec without int8_activation_matvec for MLX affine
+// weights, tensor_core_fp8_matvec for FP8 ones), so that the fused forms of
+// lever fused_norm_matvec are single kernels; true for an absent weight.
+// formed_input: as ops::one_token_matvec_on_tensor_cores.
+bool one_token_matvec_folds(const Weight& w, const LoadOptions& o, bool formed_input = false);
 
 struct ModelInfo {
   std::string model_type;   // config.json's model_type, e.g. "qwen3"

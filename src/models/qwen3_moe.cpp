@@ -37,12 +37,11 @@ namespace {
 // have their own kernels). Qwen3-30B-A3B's (2^23 weights and up) do: int4
 // decode +8.0% at batch 1 (docs/benchmarks.md).
 bool folding_pays(const std::vector<Qwen3MoeLayer>& layers, const LoadOptions& o) {
-  if (!o.tensor_core_affine_matvec || o.int8_activation_matvec || layers.empty()) return false;
-  auto fast = [](const Weight& w) { return !w.defined() || ops::one_token_matvec_on_tensor_cores(w, true); };
+  if (layers.empty()) return false;
   for (const Qwen3MoeLayer& l : layers) {
     const QkvProjection& a = l.attn.qkv;
     for (const Weight* w : {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o})
-      if (!fast(*w)) return false;
+      if (!one_token_matvec_folds(*w, o, true)) return false;
   }
   return true;
 }

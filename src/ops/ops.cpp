@@ -148,6 +148,12 @@ Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const W
     Tensor out = Tensor::empty({h.dim(0), w.rows()}, DType::f32, Device::cuda);
     if (cuda::affine_rms_norm_linear(h, norm_w, eps, w.affine(), bias, out)) return out;
   }
+  if (h.device() == Device::cuda && w.kind() == Weight::Kind::fp8 && w.device() == Device::cuda) {
+    MERE_CHECK(!bias.defined() || bias.shape() == Shape{w.rows()}, "rms_norm_linear: bias {} for {} outputs",
+               shape_str(bias.shape()), w.rows());
+    Tensor out = Tensor::empty({h.dim(0), w.rows()}, DType::f32, Device::cuda);
+    if (cuda::fp8_rms_norm_linear(h, norm_w, eps, w.fp8(), bias, out)) return out;
+  }
   return linear(rms_norm(h, norm_w, eps), w, bias);
 }
 
@@ -162,6 +168,10 @@ void linear_add(Tensor& h, const Tensor& x, const Weight& w, const Tensor& bias)
   if (h.device() == Device::cuda && x.device() == Device::cuda && w.kind() == Weight::Kind::affine &&
       x.dtype() == DType::f32 && x.rank() == 2 && w.cols() == x.dim(1) && w.device() == Device::cuda &&
       (!bias.defined() || bias.shape() == Shape{w.rows()}) && cuda::affine_linear_add(h, x, w.affine(), bias))
+    return;
+  if (h.device() == Device::cuda && x.device() == Device::cuda && w.kind() == Weight::Kind::fp8 &&
+      x.dtype() == DType::f32 && x.rank() == 2 && w.cols() == x.dim(1) && w.device() == Device::cuda &&
+      (!bias.defined() || bias.shape() == Shape{w.rows()}) && cuda::fp8_linear_add(h, x, w.fp8(), bias))
     return;
   add_inplace(h, linear(x, w, bias));
 }
@@ -179,6 +189,10 @@ void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const 
       w.device() == Device::cuda && gate_up.dtype() == DType::f32 && h.dtype() == DType::f32 &&
       (!bias.defined() || bias.shape() == Shape{w.rows()}) &&
       cuda::affine_swiglu_linear_add(h, gate_up, w.affine(), bias))
+    return;
+  if (h.device() == Device::cuda && gate_up.device() == Device::cuda && w.kind() == Weight::Kind::fp8 &&
+      w.device() == Device::cuda && gate_up.dtype() == DType::f32 && h.dtype() == DType::f32 &&
+      (!bias.defined() || bias.shape() == Shape{w.rows()}) && cuda::fp8_swiglu_linear_add(h, gate_up, w.fp8(), bias))
     return;
   add_inplace(h, linear(silu_mul_halves(gate_up), w, bias));
 }
@@ -424,6 +438,10 @@ void attention_linear_add(Tensor& h, const AttentionSplits& splits, const Weight
   if (h.device() == Device::cuda && h.dtype() == DType::f32 && w.kind() == Weight::Kind::affine &&
       w.device() == Device::cuda && (!bias.defined() || bias.shape() == Shape{w.rows()}) &&
       cuda::affine_attention_linear_add(h, splits, w.affine(), bias))
+    return;
+  if (h.device() == Device::cuda && h.dtype() == DType::f32 && w.kind() == Weight::Kind::fp8 &&
+      w.device() == Device::cuda && (!bias.defined() || bias.shape() == Shape{w.rows()}) &&
+      cuda::fp8_attention_linear_add(h, splits, w.fp8(), bias))
     return;
   linear_add(h, merge_attention(splits).reshape({o.dim(0), -1}), w, bias);
 }

@@ -43,9 +43,9 @@ Tensor add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps);
 // The fused decode forms (lever fused_norm_matvec): RMSNorm, SwiGLU and the
 // residual add folded into a matmul's input and output. On the GPU, for decode
 // row counts, each is one matrix-vector kernel (dense weights), or the
-// tensor-core affine matvec with its input formed by its prepare kernel (MLX
-// affine weights, where that kernel applies); elsewhere they compose the ops
-// above, which defines them.
+// tensor-core affine or FP8 matvec with its input formed by its prepare kernel
+// (MLX affine or FP8 weights, where that kernel applies); elsewhere they
+// compose the ops above, which defines them.
 // linear(rms_norm(h, norm_w, eps), w, bias).
 Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Weight& w,
                        const Tensor& bias = Tensor());
@@ -54,8 +54,9 @@ void linear_add(Tensor& h, const Tensor& x, const Weight& w, const Tensor& bias 
 // h += linear(silu_mul_halves(gate_up), w, bias).
 void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const Tensor& bias = Tensor());
 // Whether w's one-token decode matvec runs on the tensor cores when lever
-// tensor_core_affine_matvec is on (an MLX affine weight on the GPU, large
-// enough): where the fused forms above are single kernels. formed_input: as
+// tensor_core_affine_matvec (an MLX affine weight on the GPU, large enough) or
+// tensor_core_fp8_matvec (an FP8 one) is on: where the fused forms above are
+// single kernels. formed_input: as
 // one of those forms, whose prepare kernel replaces one that would run anyway,
 // so smaller matrices pay.
 bool one_token_matvec_on_tensor_cores(const Weight& w, bool formed_input = false);

@@ -18,8 +18,9 @@ void quantized_linear(const Tensor& x, const Weight& w, const Tensor& bias, Tens
 }
 
 bool one_token_matvec_on_tensor_cores(const Weight& w, bool formed_input) {
-  return w.kind() == Weight::Kind::affine && w.device() == Device::cuda &&
-         cuda::affine_one_token_on_tensor_cores(w.affine(), w.cols(), formed_input);
+  if (w.device() != Device::cuda) return false;
+  if (w.kind() == Weight::Kind::fp8) return cuda::fp8_one_token_on_tensor_cores(w.fp8());
+  return w.kind() == Weight::Kind::affine && cuda::affine_one_token_on_tensor_cores(w.affine(), w.cols(), formed_input);
 }
 
 void quantized_embed(const Weight& w, const Tensor& ids, Tensor& out) {

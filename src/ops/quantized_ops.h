@@ -43,6 +43,15 @@ bool affine_one_token_on_tensor_cores(const AffineWeight& w, int64_t in, bool fo
 // Whether linear takes T tokens of this matrix on the tensor cores, as the levers stand.
 bool affine_linear_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T);
 void fp8_embed(const Fp8Weight& w, const Tensor& ids, Tensor& out);                            // ops/cuda/fp8_ops.cpp
+// The same fused forms on the tensor-core FP8 matvec (ops/cuda/fp8_ops.cpp,
+// lever tensor_core_fp8_matvec); false where it does not apply.
+bool fp8_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Fp8Weight& w, const Tensor& bias,
+                         Tensor& out);
+bool fp8_linear_add(Tensor& h, const Tensor& x, const Fp8Weight& w, const Tensor& bias);
+bool fp8_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Fp8Weight& w, const Tensor& bias);
+bool fp8_attention_linear_add(Tensor& h, const AttentionSplits& splits, const Fp8Weight& w, const Tensor& bias);
+// Whether one token of w takes the tensor cores where the lever is on.
+bool fp8_one_token_on_tensor_cores(const Fp8Weight& w);
 }  // namespace cuda
 
 }  // namespace mere::ops

@@ -26,6 +26,7 @@
 #include "ops/cuda/fp8_launchers.h"
 #include "ops/cuda/launchers.h"
 #include "ops/ops.h"
+#include "ops/quantized_ops.h"
 #include "ops/weight.h"
 #include "gpu_test_util.h"
 #include "quant/fp8_test_util.h"
@@ -297,6 +298,212 @@ TEST_F(Fp8Gpu, FixtureMatchesTransformers) {
   GenerateStats stats = generate(*model, ids, graphed, [&](int32_t id) { b.push_back(id); return true; });
   EXPECT_EQ(a, b);
   EXPECT_GT(stats.graph_replays, 0);
+}
+
+// The fused decode forms (lever fused_norm_matvec) on the tensor-core FP8
+// matvec: RMSNorm(h) w and silu(gate) up formed as x is converted, and the
+// product added into the residual, against the CPU composition on the
+// dequantized weights; each direct call must take the kernel (it says so).
+TEST_F(Fp8Gpu, TensorCoreMatvecFormsItsInputAndAddsIntoTheResidual) {
+  struct Case { int64_t T, out, in; DType norm_dt; };
+  // 8 tokens of 14,336 columns: x too long for shared memory, the row cut into launches.
+  // 16,896 columns: the RMSNorm prepare's threads hold 8 K values and loop over the rest.
+  // One token of 4096 x 4096: at the one-token floor, as Llama-3-8B's o_proj.
+  for (const Case& c : {Case{2, 96, 1024, DType::bf16}, Case{5, 130, 512, DType::f32}, Case{8, 64, 2048, DType::f16},
+                        Case{1, 4096, 4096, DType::bf16}, Case{4, 300, 4096, DType::bf16},
+                        Case{3, 97, 4096, DType::f16}, Case{8, 80, 14336, DType::bf16},
+                        Case{2, 48, 16896, DType::bf16}}) {
+    const std::string label = fmt::format("fp8 T={} {}x{} {} norm", c.T, c.out, c.in, dtype_name(c.norm_dt));
+    Weight w(random_fp8(c.out, c.in, 128, uint64_t(c.T * 7 + c.out)));
+    const Tensor dense = w.dequantize(DType::f32);
+    const Weight wg = w.to_device(Device::cuda);
+    const Tensor h = random_activations(c.T, c.in, 11), norm_w = random({c.in}, c.norm_dt, 12, 0.5f, 1.0f);
+    const Tensor x = random_activations(c.T, c.in, 13), gate_up = random({c.T, 2 * c.in}, DType::f32, 14, 3.0f);
+    const Tensor residual = random({c.T, c.out}, DType::f32, 15), bias = random({c.out}, DType::f32, 16, 0.1f);
+    ops::set_launch_settings({.tensor_core_fp8_matvec = true});
+
+    const Tensor normed_want = ops::linear(ops::rms_norm(h, norm_w, 1e-5f), dense, bias);
+    Tensor normed = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
+    EXPECT_TRUE(ops::cuda::fp8_rms_norm_linear(gpu(h), gpu(norm_w), 1e-5f, wg.fp8(), gpu(bias), normed)) << label;
+    EXPECT_LE(relative_error(normed.to_device(Device::cpu), normed_want, label + " rms_norm_linear"),
+              kMatvecTolerance);
+    const Tensor via_ops = ops::rms_norm_linear(gpu(h), gpu(norm_w), 1e-5f, wg, gpu(bias)).to_device(Device::cpu);
+    EXPECT_EQ(std::memcmp(via_ops.raw(), normed.to_device(Device::cpu).raw(), via_ops.size_bytes()), 0) << label;
+
+    Tensor added_want = residual.clone();
+    ops::add_inplace(added_want, ops::linear(x, dense, bias));
+    Tensor added = gpu(residual);
+    EXPECT_TRUE(ops::cuda::fp8_linear_add(added, gpu(x), wg.fp8(), gpu(bias))) << label;
+    EXPECT_LE(relative_error(added.to_device(Device::cpu), added_want, label + " linear_add"), kMatvecTolerance);
+
+    Tensor gated_want = residual.clone();
+    ops::add_inplace(gated_want, ops::linear(ops::silu_mul_halves(gate_up), dense, bias));
+    Tensor gated = gpu(residual);
+    EXPECT_TRUE(ops::cuda::fp8_swiglu_linear_add(gated, gpu(gate_up), wg.fp8(), gpu(bias))) << label;
+    EXPECT_LE(relative_error(gated.to_device(Device::cpu), gated_want, label + " swiglu_linear_add"),
+              kMatvecTolerance);
+    // The fused add equals the composition on the GPU bit for bit (the same
+    // input, product and add) where one launch takes the whole row.
+    if (c.in * c.T <= 4096 * 8) {
+      Tensor composed = gpu(residual);
+      ops::add_inplace(composed, ops::linear(ops::silu_mul_halves(gpu(gate_up)), wg, gpu(bias)));
+      EXPECT_EQ(std::memcmp(composed.to_device(Device::cpu).raw(), gated.to_device(Device::cpu).raw(),
+                            gated.size_bytes()),
+                0)
+          << label;
+    }
+    ops::set_launch_settings({});
+    // Without the lever the fused forms decline and the ops compose the steps.
+    Tensor declined = gpu(residual);
+    EXPECT_FALSE(ops::cuda::fp8_linear_add(declined, gpu(x), wg.fp8(), gpu(bias))) << label;
+    ops::linear_add(declined, gpu(x), wg, gpu(bias));
+    EXPECT_LE(relative_error(declined.to_device(Device::cpu), added_want, label + " composed"), kMatvecTolerance);
+  }
+}
+
+// o_proj's fused input: split-K attention's partials merged by the FP8
+// matvec's prepare kernel, against the merge done on the CPU in double, then
+// the dequantized product. Every third split after a row's first is empty (max
+// -inf, outputs never written), as the last splits of a short context are; and
+// where attention wrote only its first splits (AttentionSplits::live), garbage
+// past them is never read.
+TEST_F(Fp8Gpu, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
+  struct Case { int64_t T, heads, splits, head_dim, out; };
+  for (const Case& c : {Case{1, 32, 33, 128, 4096}, Case{3, 8, 5, 64, 200}, Case{8, 4, 1, 128, 96},
+                        Case{2, 16, 64, 64, 130}, Case{4, 32, 17, 128, 256}}) {
+    const int64_t in = c.heads * c.head_dim;
+    const std::string label =
+        fmt::format("fp8 T={} {} heads x {} splits x {}", c.T, c.heads, c.splits, c.head_dim);
+    Weight w(random_fp8(c.out, in, 128, uint64_t(c.T * 5 + c.splits)));
+    const Weight wg = w.to_device(Device::cuda);
+    ops::AttentionSplits cpu{.max = random({c.T, c.heads, c.splits}, DType::f32, 21, 4.0f),
+                             .sum = random({c.T, c.heads, c.splits}, DType::f32, 22, 20.0f, 30.0f),
+                             .out = random({c.T, c.heads, c.splits, c.head_dim}, DType::f32, 23, 10.0f)};
+    for (int64_t r = 0; r < c.T * c.heads; ++r)
+      for (int64_t s = 1; s < c.splits; s += 3) cpu.max.data<float>()[r * c.splits + s] = -INFINITY;
+    Tensor merged = Tensor::empty({c.T, in}, DType::f32);
+    for (int64_t r = 0; r < c.T * c.heads; ++r) {
+      const float* m = cpu.max.data<float>() + r * c.splits;
+      const float* l = cpu.sum.data<float>() + r * c.splits;
+      const float* o = cpu.out.data<float>() + r * c.splits * c.head_dim;
+      const double top = *std::max_element(m, m + c.splits);
+      for (int64_t d = 0; d < c.head_dim; ++d) {
+        double num = 0, den = 0;
+        for (int64_t s = 0; s < c.splits; ++s) {
+          if (m[s] == -INFINITY) continue;
+          num += double(o[s * c.head_dim + d]) * std::exp(double(m[s]) - top);
+          den += double(l[s]) * std::exp(double(m[s]) - top);
+        }
+        merged.data<float>()[r * c.head_dim + d] = float(num / den);
+      }
+    }
+    const ops::AttentionSplits splits{.max = gpu(cpu.max), .sum = gpu(cpu.sum), .out = gpu(cpu.out)};
+    const Tensor residual = random({c.T, c.out}, DType::f32, 24), bias = random({c.out}, DType::f32, 25, 0.1f);
+    Tensor want = residual.clone();
+    ops::add_inplace(want, ops::linear(merged, w.dequantize(DType::f32), bias));
+
+    ops::set_launch_settings({.tensor_core_fp8_matvec = true});
+    Tensor fused = gpu(residual);
+    EXPECT_TRUE(ops::cuda::fp8_attention_linear_add(fused, splits, wg.fp8(), gpu(bias))) << label;
+    EXPECT_LE(relative_error(fused.to_device(Device::cpu), want, label + " fused"), kMatvecTolerance);
+    Tensor via_ops = gpu(residual);
+    ops::attention_linear_add(via_ops, splits, wg, gpu(bias));
+    EXPECT_EQ(std::memcmp(via_ops.to_device(Device::cpu).raw(), fused.to_device(Device::cpu).raw(), fused.size_bytes()),
+              0)
+        << label;
+    if (c.splits > 2) {
+      const int64_t live = (c.splits + 1) / 2;
+      Tensor only_live = cpu.max.clone(), garbage_max = cpu.max.clone(), garbage_out = cpu.out.clone();
+      for (int64_t r = 0; r < c.T * c.heads; ++r)
+        for (int64_t s = live; s < c.splits; ++s) {
+          only_live.data<float>()[r * c.splits + s] = -INFINITY;
+          garbage_max.data<float>()[r * c.splits + s] = 1e30f;
+          for (int64_t d = 0; d < c.head_dim; ++d) garbage_out.data<float>()[(r * c.splits + s) * c.head_dim + d] = NAN;
+        }
+      const ops::AttentionSplits marked{.max = gpu(only_live), .sum = gpu(cpu.sum), .out = gpu(cpu.out)};
+      ops::AttentionSplits garbage{.max = gpu(garbage_max), .sum = gpu(cpu.sum), .out = gpu(garbage_out)};
+      garbage.live = int(live);
+      Tensor want_live = gpu(residual), got_live = gpu(residual);
+      EXPECT_TRUE(ops::cuda::fp8_attention_linear_add(want_live, marked, wg.fp8(), gpu(bias))) << label;
+      EXPECT_TRUE(ops::cuda::fp8_attention_linear_add(got_live, garbage, wg.fp8(), gpu(bias))) << label;
+      EXPECT_EQ(std::memcmp(got_live.to_device(Device::cpu).raw(), want_live.to_device(Device::cpu).raw(),
+                            got_live.size_bytes()),
+                0)
+          << label << " live splits";
+    }
+    ops::set_launch_settings({});
+    // Without the lever the fused form declines; the op merges, then multiplies.
+    Tensor declined = gpu(residual);
+    EXPECT_FALSE(ops::cuda::fp8_attention_linear_add(declined, splits, wg.fp8(), gpu(bias))) << label;
+    ops::attention_linear_add(declined, splits, wg, gpu(bias));
+    EXPECT_LE(relative_error(declined.to_device(Device::cpu), want, label + " merged, then multiplied"),
+              kMatvecTolerance);
+  }
+}
+
+// The query behind lever fused_norm_matvec's auto mode: an FP8 weight on the
+// GPU at or above the one-token floor (2^24 weights) takes the tensor cores; a
+// smaller one, or the same weight on the CPU, does not.
+TEST_F(Fp8Gpu, OneTokenTensorCoreQueryFollowsTheFloor) {
+  const Weight large(random_fp8(4096, 4096, 128, 93)), small(random_fp8(4096 - 128, 4096, 128, 94));
+  EXPECT_TRUE(ops::one_token_matvec_on_tensor_cores(large.to_device(Device::cuda)));
+  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(small.to_device(Device::cuda)));
+  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(large));
+  LoadOptions o{.tensor_core_fp8_matvec = true};
+  EXPECT_TRUE(one_token_matvec_folds(large.to_device(Device::cuda), o));
+  o.tensor_core_fp8_matvec = false;
+  EXPECT_FALSE(one_token_matvec_folds(large.to_device(Device::cuda), o));
+}
+
+// The FP8 fixture with the norms folded (lever fused_norm_matvec on) against
+// the composition, in steps of 4 tokens, where the fused forms take its small
+// matrices (one token of them stays under the tensor cores' floor): logits
+// within f32 reordering, and three kernels fewer a layer (the residual adds
+// with their RMSNorms, SwiGLU).
+TEST_F(Fp8Gpu, FoldedFixtureMatchesTheComposition) {
+  const auto dir = test::fixtures_dir() / "qwen3-fp8";
+  const std::vector<int32_t> ids =
+      nlohmann::json::parse(test::read_file(dir / "reference.json"))["ids"].get<std::vector<int32_t>>();
+  Levers on, off;
+  on.fused_norm_matvec = LeverMode::on;
+  off.fused_norm_matvec = LeverMode::off;
+  auto folded = load_model(dir, Device::cuda, on.load_options(Device::cuda));
+  auto composed = load_model(dir, Device::cuda, off.load_options(Device::cuda));
+  ASSERT_TRUE(folded->info().folds_norms);
+  ASSERT_FALSE(composed->info().folds_norms);
+  // Auto leaves this tiny model unfolded (its one-token matvecs stay on the CUDA cores).
+  EXPECT_FALSE(load_model(dir, Device::cuda, Levers{}.load_options(Device::cuda))->info().folds_norms);
+  auto a = folded->make_state(), b = composed->make_state();
+  float worst = 0;
+  for (size_t at = 0; at + 4 <= ids.size(); at += 4) {
+    const std::vector<int32_t> chunk(ids.begin() + int64_t(at), ids.begin() + int64_t(at) + 4);
+    const Tensor got = folded->forward(chunk, *a, true).to_device(Device::cpu);
+    const Tensor want = composed->forward(chunk, *b, true).to_device(Device::cpu);
+    float top = 0;
+    for (int64_t i = 0; i < want.numel(); ++i) top = std::max(top, std::fabs(want.at(i)));
+    worst = std::max(worst, test::max_abs_diff(got, want).diff / top);
+  }
+  std::printf("[ gpu      ] qwen3-fp8 folded vs composed, steps of 4 tokens: logits rel diff %.3g\n", worst);
+  EXPECT_LE(worst, 1e-4f);
+  // One more step of 4 tokens, its kernels counted in a capture after a warm-up run.
+  auto kernels_of_a_step = [&](const Model& model, SeqState& state) {
+    Tensor chunk = Tensor::empty({4}, DType::i32), pos = Tensor::empty({1}, DType::i32);
+    for (int i = 0; i < 4; ++i) chunk.data<int32_t>()[i] = ids[size_t(i)];
+    state.reserve(state.length() + 4);
+    pos.data<int32_t>()[0] = int32_t(state.length());
+    const Tensor ids_dev = gpu(chunk), pos_dev = gpu(pos);
+    SeqState* states[] = {&state};
+    model.run(ids_dev, pos_dev, states, false);
+    device_synchronize();
+    return test::kernels_launched_by([&] { model.run(ids_dev, pos_dev, states, false); });
+  };
+  const size_t folded_kernels = kernels_of_a_step(*folded, *a), composed_kernels = kernels_of_a_step(*composed, *b);
+  const int64_t layers = folded->kv_layout().n_layers;
+  std::printf("[ gpu      ] qwen3-fp8, a step of 4 tokens: %zu kernels folded, %zu composed (%lld layers)\n",
+              folded_kernels, composed_kernels, (long long)layers);
+  // At least the two residual adds with their RMSNorms and SwiGLU a layer (attention's
+  // merge may move into o_proj's prepare too).
+  EXPECT_GE(composed_kernels, folded_kernels + size_t(3 * layers));
 }
 
 // ---- speed ---------------------------------------------------------------------

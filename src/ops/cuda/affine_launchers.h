@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/cuda/mma_input.h"
 
 namespace mere::cuda {
 
@@ -92,26 +93,9 @@ struct MmaKernelLocal {
 };
 MmaKernelLocal affine_matvec_mma_most_local();
 
-// The same with the input formed on the way in (lever fused_norm_matvec):
-// RMSNorm(h) norm_w, silu(gate) up from gate_up [T, 2 in] (as
-// silu_mul_halves), or split-K attention's partials merged (as
-// launch_attention_merge; in = heads * head_dim, head_dim a multiple of 8);
-// accumulate adds the product into y (the residual).
-struct AffineMmaInput {
-  enum class Kind { plain, rms_normed, silu_gated, attention_splits };
-  Kind kind = Kind::plain;
-  // [T, in]; rms_normed: h [T, in]; silu_gated: gate_up [T, 2 in];
-  // attention_splits: the partial outputs [T, heads, splits, head_dim]
-  const float* x = nullptr;
-  const void* norm_w = nullptr;
-  DType norm_dtype = DType::f32;
-  float eps = 0;
-  const float* split_max = nullptr;  // attention_splits: [T, heads, splits]
-  const float* split_sum = nullptr;
-  int splits = 0, head_dim = 0;
-  int live_splits = 0;  // attention_splits: the first splits, the rest empty and not read; 0: all
-  int digits = 3;  // x's base-256 digits: 3 (23 bits) or 2 (15 bits, lever int16_activation_matvec)
-};
+// The same with the input formed on the way in (mma_input.h; head_dim of
+// attention's splits a multiple of 8); accumulate adds the product into y (the residual).
+using AffineMmaInput = MmaInput;
 cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y,
                                      int64_t T, void* scratch, cudaStream_t stream, bool accumulate);
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/cuda/mma_input.h"
 
 namespace mere::cuda {
 
@@ -47,6 +48,11 @@ bool fp8_matvec_mma_supports(const Fp8WeightView& w, int64_t T);
 int64_t fp8_matvec_mma_scratch_bytes(const Fp8WeightView& w, int64_t T);
 cudaError_t launch_fp8_matvec_mma(const float* x, const Fp8WeightView& w, const float* bias, float* y, int64_t T,
                                   void* scratch, cudaStream_t stream);
+// The same with the input formed on the way in by the first kernel (mma_input.h:
+// RMSNorm(h) w, silu(gate) up, attention's splits merged, head_dim a multiple of
+// 4); accumulate adds the product into y (the residual).
+cudaError_t launch_fp8_matvec_mma(const MmaInput& input, const Fp8WeightView& w, const float* bias, float* y,
+                                  int64_t T, void* scratch, cudaStream_t stream, bool accumulate);
 
 // Activations for the FP8 GEMM: x [T, in] f32 -> q [T, in] E4M3 with one scale
 // per token and 128 columns, scales[kb * scale_ld + t] = amax / 448 (cuBLASLt's

@@ -123,32 +123,125 @@ __device__ __forceinline__ void copy_async_4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
 }
 
-// x [T, in] into the parts' images: a warp a (token, 128-column block), a lane
-// 4 values. A block holding inf or NaN gives NaN rows, as the f32 product would.
-// With `pair_weights` (the MoE experts' down), x is the gate/up products
-// [2][T in] and the input silu(gate) up times the routing weight of column e's
-// pair, pair_weights[e / pair_cols]; the next kernel then starts only after
-// this one's wait, so that it may read the routing's ids before its own.
-__global__ void __launch_bounds__(256)
-    fp8_mma_prepare_kernel(const float* __restrict__ x, int T, int in, int part_in, int x_stride, uint8_t* staged,
-                           int64_t x_bytes, int64_t part_bytes, const float* pair_weights, int pair_cols,
-                           bool allow_after_wait) {
-  if (!allow_after_wait) allow_next_kernel();
-  wait_for_previous_kernel();
-  if (allow_after_wait) allow_next_kernel();
-  const int lane = threadIdx.x % 32, blocks = in / kBlock;
-  const int item = blockIdx.x * 8 + threadIdx.x / 32;
-  if (item >= T * blocks) return;
-  const int t = item / blocks, b = item % blocks;
-  const int64_t at = int64_t(t) * in + b * kBlock + 4 * lane;
-  const float4 v4 = __ldg(reinterpret_cast<const float4*>(x + at));
-  float v[4] = {v4.x, v4.y, v4.z, v4.w};
-  if (pair_weights) {
-    const float4 u4 = __ldg(reinterpret_cast<const float4*>(x + int64_t(T) * in + at));
-    const float u[4] = {u4.x, u4.y, u4.z, u4.w}, w = __ldg(pair_weights + at / pair_cols);
+// One launch of the prepare kernel below: its input (mma_input.h) and where
+// the images go. A row cut into launches (x too long for shared memory) has one
+// image per launch's columns, part_bytes apart.
+struct Prepare {
+  // [T, in]; kRmsNormed: h [T, in]; kSiluGated: gate_up [T, 2 in];
+  // kAttentionSplits: the partial outputs [T, heads, splits, head_dim]
+  const float* x;
+  const void* norm_w;
+  float eps;
+  int T, in, part_in, x_stride;  // part_in: the columns of one matvec launch
+  uint8_t* staged;               // part k's image at staged + k part_bytes
+  int64_t x_bytes, part_bytes;
+  const float *split_max, *split_sum;  // kAttentionSplits: [T, heads, splits]
+  int splits, head_dim, live_splits;   // live_splits: the first ones, the rest empty and not read
+  // kSiluGated for the MoE experts' down: column e's product is scaled by the
+  // routing weight pair_weights[e / pair_cols] of its (token, slot) pair.
+  const float* pair_weights;
+  int pair_cols;
+  // The next kernel may start only after this one's wait, so that it can read
+  // what the kernel before this one wrote (the routing's ids) before its own.
+  bool allow_after_wait;
+};
+
+// Row t's sum of squares, f32, in the same order in every block: a thread's
+// float4s (all loads issued before the first add for rows up to 8 K values),
+// then the warps' sums in warp order. Every thread of the block calls it.
+__device__ __forceinline__ float row_sum_of_squares(const float* row, int n) {
+  const float4* row4 = reinterpret_cast<const float4*>(row);
+  const int quads = n / 4;
+  constexpr int kAtOnce = 8;
+  float4 held[kAtOnce];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * u[j] * w;
+  for (int k = 0; k < kAtOnce; ++k) {
+    const int s = threadIdx.x + k * blockDim.x;
+    held[k] = s < quads ? __ldg(row4 + s) : make_float4(0, 0, 0, 0);
   }
+  float sum = 0;
+  auto add = [&sum](const float4& a) { sum += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w; };
+#pragma unroll
+  for (int k = 0; k < kAtOnce; ++k) add(held[k]);
+  for (int s = threadIdx.x + kAtOnce * blockDim.x; s < quads; s += blockDim.x) add(__ldg(row4 + s));
+  __shared__ float partial[32];
+  sum = warp_sum(sum);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
+  __syncthreads();
+  float total = 0;
+  for (int w = 0; w < int(blockDim.x) / 32; ++w) total += partial[w];
+  return total;
+}
+
+// Split-K attention's partials merged at token t, columns e to e + 3 (one head's),
+// with attention_merge_kernel's formula (its sums in another order).
+__device__ __forceinline__ void merged_splits(const Prepare& p, int t, int e, float (&v)[4]) {
+  const int head = e / p.head_dim, d = e - head * p.head_dim;
+  const int64_t base = (int64_t(t) * (p.in / p.head_dim) + head) * p.splits;
+  float m = -INFINITY;
+#pragma unroll 4
+  for (int s = 0; s < p.live_splits; ++s) m = fmaxf(m, __ldg(p.split_max + base + s));
+  float l = 0, acc[4] = {};
+#pragma unroll 4
+  for (int s = 0; s < p.live_splits; ++s) {
+    const float ms = __ldg(p.split_max + base + s);
+    if (ms == -INFINITY) continue;  // an empty split (its outputs unwritten)
+    const float w = __expf(ms - m);
+    l += __ldg(p.split_sum + base + s) * w;
+    const float4 o = __ldg(reinterpret_cast<const float4*>(p.x + (base + s) * p.head_dim + d));
+    acc[0] += o.x * w, acc[1] += o.y * w, acc[2] += o.z * w, acc[3] += o.w * w;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = acc[j] / l;
+}
+
+// The input into the parts' images: a warp a (token, 128-column block), a lane
+// 4 values. kRmsNormed: blocks (b, t) take token t's blocks from 8 b, each
+// first summing the squares of the whole row for RMSNorm (one block a token
+// would leave the other SMs idle at one token). A block holding inf or NaN
+// gives NaN rows, as the f32 product would.
+template <int kKind, typename N>
+__global__ void __launch_bounds__(256) fp8_mma_prepare_kernel(const __grid_constant__ Prepare p) {
+  using Kind = MmaInput::Kind;
+  constexpr bool kNormed = kKind == int(Kind::rms_normed);
+  if (!p.allow_after_wait) allow_next_kernel();
+  const int lane = threadIdx.x % 32, blocks = p.in / kBlock;
+  const int item = blockIdx.x * 8 + threadIdx.x / 32;
+  const bool active = item < (kNormed ? blocks : p.T * blocks);
+  const int t = kNormed ? int(blockIdx.y) : (active ? item / blocks : 0);
+  const int b = kNormed ? item : item - t * blocks;
+  const int e = b * kBlock + 4 * lane;  // the lane's first column
+  // RMSNorm: the norm weights never change in a forward, so they are read
+  // before the wait (affine_matvec_mma.cu's prepare measured why).
+  float weight[4] = {};
+  if constexpr (kNormed) {
+    const N* norm_w = static_cast<const N*>(p.norm_w) + e;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) weight[j] = active ? to_float(norm_w[j]) : 0.0f;
+  }
+  wait_for_previous_kernel();
+  if (p.allow_after_wait) allow_next_kernel();
+  float v[4] = {};
+  if constexpr (kKind == int(Kind::attention_splits)) {
+    if (active) merged_splits(p, t, e, v);
+  } else {
+    const int64_t row = int64_t(t) * p.in * (kKind == int(Kind::silu_gated) ? 2 : 1);
+    const float4 v4 = active ? __ldg(reinterpret_cast<const float4*>(p.x + row + e)) : make_float4(0, 0, 0, 0);
+    v[0] = v4.x, v[1] = v4.y, v[2] = v4.z, v[3] = v4.w;
+    if constexpr (kKind == int(Kind::silu_gated)) {
+      const float4 u4 = active ? __ldg(reinterpret_cast<const float4*>(p.x + row + p.in + e)) : v4;
+      const float u[4] = {u4.x, u4.y, u4.z, u4.w};
+      const float w = p.pair_weights && active ? __ldg(p.pair_weights + e / p.pair_cols) : 1.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * u[j] * w;  // as silu_mul_halves
+    }
+    if constexpr (kNormed) {
+      const float inv = rsqrtf(row_sum_of_squares(p.x + row, p.in) / float(p.in) + p.eps);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = weight[j] * (v[j] * inv);  // RMSNorm(h) w, as rms_norm
+    }
+  }
+  if (!active) return;  // a whole warp: items are warps
   float amax = 0;
 #pragma unroll
   for (int j = 0; j < 4; ++j) amax = fmaxf(amax, isfinite(v[j]) ? fabsf(v[j]) : INFINITY);  // NaN counts as inf
@@ -167,11 +260,11 @@ __global__ void __launch_bounds__(256)
     hi[j / 2] |= uint32_t(__half_as_ushort(h)) << (16 * (j % 2));
     lo[j / 2] |= uint32_t(__half_as_ushort(l)) << (16 * (j % 2));
   }
-  const int k = b * kBlock / part_in, col = b * kBlock - k * part_in;  // the part, and the column in it
-  uint8_t* image = staged + k * part_bytes;
-  *reinterpret_cast<uint2*>(image + int64_t(2 * t) * x_stride + 2 * (col + 4 * lane)) = make_uint2(hi[0], hi[1]);
-  *reinterpret_cast<uint2*>(image + int64_t(2 * t + 1) * x_stride + 2 * (col + 4 * lane)) = make_uint2(lo[0], lo[1]);
-  if (lane == 0) reinterpret_cast<float*>(image + x_bytes)[t * (part_in / kBlock) + col / kBlock] = down;
+  const int k = b * kBlock / p.part_in, col = b * kBlock - k * p.part_in;  // the part, and the column in it
+  uint8_t* image = p.staged + k * p.part_bytes;
+  *reinterpret_cast<uint2*>(image + int64_t(2 * t) * p.x_stride + 2 * (col + 4 * lane)) = make_uint2(hi[0], hi[1]);
+  *reinterpret_cast<uint2*>(image + int64_t(2 * t + 1) * p.x_stride + 2 * (col + 4 * lane)) = make_uint2(lo[0], lo[1]);
+  if (lane == 0) reinterpret_cast<float*>(image + p.x_bytes)[t * (p.part_in / kBlock) + col / kBlock] = down;
 }
 
 // Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
@@ -357,9 +450,33 @@ int blocks_per_sm(int64_t smem) {
   return blocks;
 }
 
+// The prepare kernel of `input` over the whole row (every part's image).
+cudaError_t launch_prepare(const MmaInput& input, Prepare prep, cudaStream_t stream) {
+  using Kind = MmaInput::Kind;
+  const dim3 items(unsigned(ceil_div(prep.T * (prep.in / kBlock), 8)));      // a warp a (token, block)
+  const dim3 token_items(unsigned(ceil_div(prep.in / kBlock, 8)), unsigned(prep.T));  // kRmsNormed
+  switch (input.kind) {
+    case Kind::rms_normed: {
+      cudaError_t status = cudaSuccess;
+      const cudaError_t visited = visit_float(input.norm_dtype, [&]<typename N>() {
+        status = launch_kernel(fp8_mma_prepare_kernel<int(Kind::rms_normed), N>, token_items, dim3(256), 0, stream,
+                               prep);
+      });
+      return visited != cudaSuccess ? visited : status;
+    }
+    case Kind::silu_gated:
+      return launch_kernel(fp8_mma_prepare_kernel<int(Kind::silu_gated), float>, items, dim3(256), 0, stream, prep);
+    case Kind::attention_splits:
+      return launch_kernel(fp8_mma_prepare_kernel<int(Kind::attention_splits), float>, items, dim3(256), 0, stream,
+                           prep);
+    case Kind::plain: break;
+  }
+  return launch_kernel(fp8_mma_prepare_kernel<int(Kind::plain), float>, items, dim3(256), 0, stream, prep);
+}
+
 template <int kMmas>
-cudaError_t launch_for(const float* x, const Fp8WeightView& w, const float* bias, float* y, int64_t T, void* scratch,
-                       cudaStream_t stream) {
+cudaError_t launch_for(const MmaInput& input, const Fp8WeightView& w, const float* bias, float* y, int64_t T,
+                       void* scratch, bool accumulate, cudaStream_t stream) {
   const int parts = parts_for(w.in, T);
   const int64_t in = w.in / parts;
   const Layout l = layout(in, T);
@@ -369,10 +486,15 @@ cudaError_t launch_for(const float* x, const Fp8WeightView& w, const float* bias
   const int n_tiles = int((w.out + kTileRows - 1) / kTileRows), n_blocks = int(in / kBlock);
   const int split = tiles::split_for(n_tiles, n_blocks, slots, kStages - 1);
   const int64_t part_bytes = part_image_bytes(in, T);
-  cudaError_t status = launch_kernel(fp8_mma_prepare_kernel, dim3(unsigned(ceil_div(T * (w.in / kBlock), 8))),
-                                     dim3(256), 0, stream, x, int(T), int(w.in), int(in), l.x_stride,
-                                     static_cast<uint8_t*>(scratch), l.x_bytes, part_bytes,
-                                     static_cast<const float*>(nullptr), 1, false);
+  // The splits the prepare kernel reads: those the attention grid wrote.
+  const int live_splits = input.live_splits > 0 ? std::min(input.live_splits, input.splits) : input.splits;
+  const Prepare prep{.x = input.x, .norm_w = input.norm_w, .eps = input.eps, .T = int(T), .in = int(w.in),
+                     .part_in = int(in), .x_stride = l.x_stride, .staged = static_cast<uint8_t*>(scratch),
+                     .x_bytes = l.x_bytes, .part_bytes = part_bytes, .split_max = input.split_max,
+                     .split_sum = input.split_sum, .splits = input.splits, .head_dim = input.head_dim,
+                     .live_splits = live_splits, .pair_weights = nullptr, .pair_cols = 1,
+                     .allow_after_wait = false};
+  cudaError_t status = launch_prepare(input, prep, stream);
   if (status != cudaSuccess) return status;
   Problem p{};
   p.streamed_weights = streamed_weights_enabled();
@@ -394,7 +516,7 @@ cudaError_t launch_for(const float* x, const Fp8WeightView& w, const float* bias
     p.scales = w.scale_inv + col0 / kBlock;
     p.staged = static_cast<const uint8_t*>(scratch) + part * part_bytes;
     p.bias = part == 0 ? bias : nullptr;
-    p.accumulate = part > 0;
+    p.accumulate = accumulate || part > 0;
     status = launch_kernel(fp8_matvec_mma_kernel<kMmas, kDense>, dim3(grid), dim3(kWarps * 32), size_t(l.total),
                            stream, p);
     if (status != cudaSuccess) return status;
@@ -409,13 +531,18 @@ bool moe_fits(const ExpertMatrix& m, int64_t in) {
          m.expert_stride % kBlock == 0 && reinterpret_cast<uintptr_t>(m.w) % 16 == 0 && layout(in, 1).total <= max_smem();
 }
 
-// x [T, in] (or the gate/up products, with pair_weights) into one image per token.
+// x [T, in] (or the gate/up products [2][T in], with pair_weights: silu(gate)
+// up, as one row) into one image per token: a row of T in columns cut into parts of in.
 cudaError_t prepare_moe(const float* x, int64_t T, int64_t in, const float* pair_weights, int64_t pair_cols,
                         uint8_t* staged, cudaStream_t stream) {
   const Layout l = layout(in, 1);
-  return launch_kernel(fp8_mma_prepare_kernel, dim3(unsigned(ceil_div(T * (in / kBlock), 8))), dim3(256), 0, stream,
-                       x, 1, int(T * in), int(in), l.x_stride, staged, l.x_bytes, part_image_bytes(in, 1),
-                       pair_weights, int(pair_cols), true);
+  const MmaInput input{.kind = pair_weights ? MmaInput::Kind::silu_gated : MmaInput::Kind::plain, .x = x};
+  const Prepare prep{.x = x, .norm_w = nullptr, .eps = 0, .T = 1, .in = int(T * in), .part_in = int(in),
+                     .x_stride = l.x_stride, .staged = staged, .x_bytes = l.x_bytes,
+                     .part_bytes = part_image_bytes(in, 1), .split_max = nullptr, .split_sum = nullptr,
+                     .splits = 0, .head_dim = 0, .live_splits = 0, .pair_weights = pair_weights,
+                     .pair_cols = int(pair_cols), .allow_after_wait = true};
+  return launch_prepare(input, prep, stream);
 }
 
 // Gate/up (`m` the gate stack, `up` the up stack) or down (`m` the down stack,
@@ -498,13 +625,22 @@ int64_t fp8_matvec_mma_scratch_bytes(const Fp8WeightView& w, int64_t T) {
   return parts * part_image_bytes(w.in / parts, T);
 }
 
-cudaError_t launch_fp8_matvec_mma(const float* x, const Fp8WeightView& w, const float* bias, float* y, int64_t T,
-                                  void* scratch, cudaStream_t stream) {
-  if (!fp8_matvec_mma_supports(w, T) || reinterpret_cast<uintptr_t>(x) % 16 ||
+cudaError_t launch_fp8_matvec_mma(const MmaInput& input, const Fp8WeightView& w, const float* bias, float* y,
+                                  int64_t T, void* scratch, cudaStream_t stream, bool accumulate) {
+  using Kind = MmaInput::Kind;
+  const bool splits_fit = input.kind != Kind::attention_splits ||
+                          (input.split_max && input.split_sum && input.splits >= 1 && input.head_dim >= 4 &&
+                           input.head_dim % 4 == 0 && w.in % input.head_dim == 0);
+  if (!fp8_matvec_mma_supports(w, T) || !splits_fit || reinterpret_cast<uintptr_t>(input.x) % 16 ||
       reinterpret_cast<uintptr_t>(scratch) % 16)
     return cudaErrorInvalidValue;
-  return mmas_for(int(T)) == 1 ? launch_for<1>(x, w, bias, y, T, scratch, stream)
-                               : launch_for<2>(x, w, bias, y, T, scratch, stream);
+  return mmas_for(int(T)) == 1 ? launch_for<1>(input, w, bias, y, T, scratch, accumulate, stream)
+                               : launch_for<2>(input, w, bias, y, T, scratch, accumulate, stream);
+}
+
+cudaError_t launch_fp8_matvec_mma(const float* x, const Fp8WeightView& w, const float* bias, float* y, int64_t T,
+                                  void* scratch, cudaStream_t stream) {
+  return launch_fp8_matvec_mma(MmaInput{.x = x}, w, bias, y, T, scratch, stream, false);
 }
 
 }  // namespace mere::cuda

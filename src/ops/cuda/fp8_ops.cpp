@@ -152,6 +152,27 @@ bool fp8_gemm(const Tensor& x, const Fp8Weight& w, Tensor& out) {
   return true;
 }
 
+// Lever tensor_core_fp8_matvec: whether it takes T tokens of w.
+bool takes_tensor_cores(const Fp8WeightView& v, int64_t T) {
+  return tensor_core_fp8_matvec_enabled() && (T >= 2 || v.out * v.in >= kMinTensorCoreWeightsAtOneToken) &&
+         fp8_matvec_mma_supports(v, T);
+}
+
+// The tensor-core matvec of `input` where the lever takes it, into y (added to
+// it with accumulate); false, with nothing run, where it does not.
+bool tensor_core_linear(const Fp8Weight& w, int64_t T, const MmaInput& input, const Tensor& bias, float* y,
+                        bool accumulate) {
+  const Fp8WeightView v = view_of(w);
+  if (T > kMaxFp8MatvecTokens || !takes_tensor_cores(v, T) || reinterpret_cast<uintptr_t>(input.x) % 16 != 0)
+    return false;
+  MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
+             dtype_name(bias.dtype()));
+  Tensor scratch = Tensor::empty({fp8_matvec_mma_scratch_bytes(v, T)}, DType::u8, Device::cuda);
+  MERE_CUDA(launch_fp8_matvec_mma(input, v, bias.defined() ? bias.data<float>() : nullptr, y, T, scratch.raw(),
+                                  stream(), accumulate));
+  return true;
+}
+
 }  // namespace
 }  // namespace mere::ops::cuda
 
@@ -176,14 +197,8 @@ void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor&
   if (T == 0) return;
   const float* b = bias.defined() ? bias.data<float>() : nullptr;
   if (T <= kMaxFp8MatvecTokens) {
-    const Fp8WeightView v = view_of(w);
-    if (tensor_core_fp8_matvec_enabled() && (T >= 2 || v.out * v.in >= kMinTensorCoreWeightsAtOneToken) &&
-        fp8_matvec_mma_supports(v, T) && reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0) {
-      Tensor scratch = Tensor::empty({fp8_matvec_mma_scratch_bytes(v, T)}, DType::u8, Device::cuda);
-      MERE_CUDA(launch_fp8_matvec_mma(x.data<float>(), v, b, out.data<float>(), T, scratch.raw(), stream()));
-      return;
-    }
-    MERE_CUDA(launch_fp8_matvec(x.data<float>(), v, b, out.data<float>(), T, stream()));
+    if (tensor_core_linear(w, T, MmaInput{.x = x.data<float>()}, bias, out.data<float>(), false)) return;
+    MERE_CUDA(launch_fp8_matvec(x.data<float>(), view_of(w), b, out.data<float>(), T, stream()));
     return;
   }
   if (fp8_activation_gemm_enabled() && fp8_gemm(x, w, out)) {
@@ -199,6 +214,42 @@ void fp8_embed(const Fp8Weight& w, const Tensor& ids, Tensor& out) {
   MERE_CUDA(launch_fp8_embed(view_of(w), ids.data<int32_t>(), ids.numel(), out.data<float>(), stream()));
 }
 
+// The fused decode forms (lever fused_norm_matvec): the prepare kernel forms
+// the input as it converts x, and o_proj and down_proj add into h.
+bool fp8_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Fp8Weight& w, const Tensor& bias,
+                         Tensor& out) {
+  const DType nd = norm_w.dtype();
+  if (nd != DType::f32 && nd != DType::f16 && nd != DType::bf16) return false;
+  const MmaInput input{.kind = MmaInput::Kind::rms_normed, .x = h.data<float>(), .norm_w = norm_w.raw(),
+                       .norm_dtype = nd, .eps = eps};
+  return tensor_core_linear(w, h.dim(0), input, bias, out.data<float>(), false);
+}
+
+bool fp8_linear_add(Tensor& h, const Tensor& x, const Fp8Weight& w, const Tensor& bias) {
+  return tensor_core_linear(w, x.dim(0), MmaInput{.x = x.data<float>()}, bias, h.data<float>(), true);
+}
+
+bool fp8_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Fp8Weight& w, const Tensor& bias) {
+  const MmaInput input{.kind = MmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
+  return tensor_core_linear(w, gate_up.dim(0), input, bias, h.data<float>(), true);
+}
+
+bool fp8_attention_linear_add(Tensor& h, const AttentionSplits& splits, const Fp8Weight& w, const Tensor& bias) {
+  if (splits.merged.defined())  // merged in clusters (lever cluster_attention_merge)
+    return fp8_linear_add(h, splits.merged.reshape({splits.merged.dim(0), -1}), w, bias);
+  const Tensor& o = splits.out;  // [T, heads, splits, head_dim]
+  if (o.dim(3) % 4 != 0) return false;  // a lane's 4 columns within one head
+  const MmaInput input{.kind = MmaInput::Kind::attention_splits, .x = o.data<float>(),
+                       .split_max = splits.max.data<float>(), .split_sum = splits.sum.data<float>(),
+                       .splits = int(o.dim(2)), .head_dim = int(o.dim(3)), .live_splits = splits.live};
+  return tensor_core_linear(w, o.dim(0), input, bias, h.data<float>(), true);
+}
+
+bool fp8_one_token_on_tensor_cores(const Fp8Weight& w) {
+  const Fp8WeightView v = view_of(w);
+  return v.out * v.in >= kMinTensorCoreWeightsAtOneToken && fp8_matvec_mma_supports(v, 1);
+}
+
 }  // namespace mere::ops::cuda
 
 #else  // no CUDA backend: unreachable, since no tensor can live on the GPU
@@ -209,6 +260,11 @@ void fp8_linear(const Tensor&, const Fp8Weight&, const Tensor&, Tensor&) {
   fail("this binary was built without the CUDA backend");
 }
 void fp8_embed(const Fp8Weight&, const Tensor&, Tensor&) { fail("this binary was built without the CUDA backend"); }
+bool fp8_rms_norm_linear(const Tensor&, const Tensor&, float, const Fp8Weight&, const Tensor&, Tensor&) { return false; }
+bool fp8_linear_add(Tensor&, const Tensor&, const Fp8Weight&, const Tensor&) { return false; }
+bool fp8_swiglu_linear_add(Tensor&, const Tensor&, const Fp8Weight&, const Tensor&) { return false; }
+bool fp8_attention_linear_add(Tensor&, const AttentionSplits&, const Fp8Weight&, const Tensor&) { return false; }
+bool fp8_one_token_on_tensor_cores(const Fp8Weight&) { return false; }
 
 }  // namespace mere::ops::cuda
 
