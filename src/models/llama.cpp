@@ -186,7 +186,7 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* cons
   const int64_t T = ids.numel();
 
   apply_launch_settings(info_.options, info_.device);
-  const bool fold_norms = info_.folds_norms;
+  const bool fold_norms = info_.folds_norms && T <= ops::kMaxFusedRows;
 
   Tensor h = ops::embed(tok_embed_, ids);                                      // [T, d_model], the residual
   Tensor x;                                                                    // the normed input, unless folded

@@ -175,7 +175,7 @@ Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* c
   apply_launch_settings(info_.options, info_.device);
 
   Tensor h = ops::embed(tok_embed_, ids);                                   // [T, d_model], the residual
-  if (info_.folds_norms) return run_folded(h, pos, states, all_logits);
+  if (info_.folds_norms && T <= ops::kMaxFusedRows) return run_folded(h, pos, states, all_logits);
   Tensor x = ops::rms_norm(h, layers_[0].attn_norm, k.norm_eps);
   for (int l = 0; l < k.n_layers; ++l) {
     const Qwen3MoeLayer& w = layers_[size_t(l)];

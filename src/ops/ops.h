@@ -46,6 +46,10 @@ Tensor add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps);
 // tensor-core affine or FP8 matvec with its input formed by its prepare kernel
 // (MLX affine or FP8 weights, where that kernel applies); elsewhere they
 // compose the ops above, which defines them.
+// The most rows the fused forms below take as single kernels (the decode
+// matvecs'); a model folds its norms only for steps this short, since longer
+// ones compose kernels where add_rms_norm would have been one.
+constexpr int64_t kMaxFusedRows = 8;
 // linear(rms_norm(h, norm_w, eps), w, bias).
 Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Weight& w,
                        const Tensor& bias = Tensor());

@@ -23,6 +23,7 @@
 #include "engine/levers.h"
 #include "io/npy.h"
 #include "models/model.h"
+#include "models/shapes.h"
 #include "ops/cuda/fp8_launchers.h"
 #include "ops/cuda/launchers.h"
 #include "ops/ops.h"
@@ -449,46 +450,57 @@ TEST_F(Fp8Gpu, OneTokenTensorCoreQueryFollowsTheFloor) {
   EXPECT_TRUE(ops::one_token_matvec_on_tensor_cores(large.to_device(Device::cuda)));
   EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(small.to_device(Device::cuda)));
   EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(large));
+  // Unlike the affine matvec's, the floor stays 2^24 in a fused form: Qwen3-30B-A3B's
+  // attention (2^23-2^23.3 weights) folded decoded 0.8% slower in FP8 (docs/levers.md).
+  const Weight o_proj = Weight(random_fp8(2048, 4096, 128, 95)).to_device(Device::cuda);
+  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(o_proj, true));
   LoadOptions o{.tensor_core_fp8_matvec = true};
   EXPECT_TRUE(one_token_matvec_folds(large.to_device(Device::cuda), o));
   o.tensor_core_fp8_matvec = false;
   EXPECT_FALSE(one_token_matvec_folds(large.to_device(Device::cuda), o));
 }
 
-// The FP8 fixture with the norms folded (lever fused_norm_matvec on) against
-// the composition, in steps of 4 tokens, where the fused forms take its small
-// matrices (one token of them stays under the tensor cores' floor): logits
-// within f32 reordering, and three kernels fewer a layer (the residual adds
-// with their RMSNorms, SwiGLU).
-TEST_F(Fp8Gpu, FoldedFixtureMatchesTheComposition) {
-  const auto dir = test::fixtures_dir() / "qwen3-fp8";
-  const std::vector<int32_t> ids =
-      nlohmann::json::parse(test::read_file(dir / "reference.json"))["ids"].get<std::vector<int32_t>>();
+// Lever fused_norm_matvec on an FP8 model whose matrices take the tensor-core
+// matvec (Qwen3-0.6B's shape, random weights; the FP8 fixture's 64 columns are
+// below the kernel's 128-column blocks): steps of 2-8 tokens folded against the
+// composition, logits within 1e-4 of the largest (the RMSNorm's sum in another
+// order) and at least three kernels fewer a layer (the residual adds with their
+// RMSNorms, SwiGLU); a prefill of more than 8 tokens runs unfolded either way,
+// bit for bit. One token of this model's matrices (below 2^24 weights) keeps the
+// CUDA-core kernel, so auto leaves it unfolded.
+TEST_F(Fp8Gpu, FoldedModelMatchesTheComposition) {
   Levers on, off;
   on.fused_norm_matvec = LeverMode::on;
   off.fused_norm_matvec = LeverMode::off;
-  auto folded = load_model(dir, Device::cuda, on.load_options(Device::cuda));
-  auto composed = load_model(dir, Device::cuda, off.load_options(Device::cuda));
+  const RandomQuant fp8 = RandomQuant::parse("fp8");
+  auto folded = random_model("qwen3-0.6b", Device::cuda, on.load_options(Device::cuda), 1, fp8);
+  auto composed = random_model("qwen3-0.6b", Device::cuda, off.load_options(Device::cuda), 1, fp8);
   ASSERT_TRUE(folded->info().folds_norms);
   ASSERT_FALSE(composed->info().folds_norms);
-  // Auto leaves this tiny model unfolded (its one-token matvecs stay on the CUDA cores).
-  EXPECT_FALSE(load_model(dir, Device::cuda, Levers{}.load_options(Device::cuda))->info().folds_norms);
-  auto a = folded->make_state(), b = composed->make_state();
-  float worst = 0;
-  for (size_t at = 0; at + 4 <= ids.size(); at += 4) {
-    const std::vector<int32_t> chunk(ids.begin() + int64_t(at), ids.begin() + int64_t(at) + 4);
-    const Tensor got = folded->forward(chunk, *a, true).to_device(Device::cpu);
-    const Tensor want = composed->forward(chunk, *b, true).to_device(Device::cpu);
+  EXPECT_FALSE(random_model("qwen3-0.6b", Device::cuda, Levers{}.load_options(Device::cuda), 1, fp8)->info().folds_norms);
+  auto a = folded->make_state(64), b = composed->make_state(64);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(int32_t((97 * i + 5) % folded->info().vocab));
+  const std::vector<int32_t> prefill(prompt.begin(), prompt.begin() + 16);
+  const Tensor p1 = folded->forward(prefill, *a, true).to_device(Device::cpu);
+  const Tensor p2 = composed->forward(prefill, *b, true).to_device(Device::cpu);
+  EXPECT_EQ(std::memcmp(p1.raw(), p2.raw(), p1.size_bytes()), 0) << "a 16-token prefill runs unfolded";
+  size_t at = 16;
+  for (size_t n : {2, 4, 8}) {
+    const std::vector<int32_t> step(prompt.begin() + int64_t(at), prompt.begin() + int64_t(at + n));
+    at += n;
+    const Tensor got = folded->forward(step, *a, true).to_device(Device::cpu);
+    const Tensor want = composed->forward(step, *b, true).to_device(Device::cpu);
     float top = 0;
     for (int64_t i = 0; i < want.numel(); ++i) top = std::max(top, std::fabs(want.at(i)));
-    worst = std::max(worst, test::max_abs_diff(got, want).diff / top);
+    const float rel = test::max_abs_diff(got, want).diff / top;
+    std::printf("[ gpu      ] qwen3-0.6b fp8, a step of %zu tokens folded vs composed: logits rel diff %.3g\n", n, rel);
+    EXPECT_LE(rel, 1e-4f) << n << " tokens";
   }
-  std::printf("[ gpu      ] qwen3-fp8 folded vs composed, steps of 4 tokens: logits rel diff %.3g\n", worst);
-  EXPECT_LE(worst, 1e-4f);
   // One more step of 4 tokens, its kernels counted in a capture after a warm-up run.
   auto kernels_of_a_step = [&](const Model& model, SeqState& state) {
     Tensor chunk = Tensor::empty({4}, DType::i32), pos = Tensor::empty({1}, DType::i32);
-    for (int i = 0; i < 4; ++i) chunk.data<int32_t>()[i] = ids[size_t(i)];
+    for (int i = 0; i < 4; ++i) chunk.data<int32_t>()[i] = prompt[size_t(i)];
     state.reserve(state.length() + 4);
     pos.data<int32_t>()[0] = int32_t(state.length());
     const Tensor ids_dev = gpu(chunk), pos_dev = gpu(pos);
@@ -499,7 +511,7 @@ TEST_F(Fp8Gpu, FoldedFixtureMatchesTheComposition) {
   };
   const size_t folded_kernels = kernels_of_a_step(*folded, *a), composed_kernels = kernels_of_a_step(*composed, *b);
   const int64_t layers = folded->kv_layout().n_layers;
-  std::printf("[ gpu      ] qwen3-fp8, a step of 4 tokens: %zu kernels folded, %zu composed (%lld layers)\n",
+  std::printf("[ gpu      ] qwen3-0.6b fp8, a step of 4 tokens: %zu kernels folded, %zu composed (%lld layers)\n",
               folded_kernels, composed_kernels, (long long)layers);
   // At least the two residual adds with their RMSNorms and SwiGLU a layer (attention's
   // merge may move into o_proj's prepare too).
