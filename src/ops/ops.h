@@ -60,9 +60,9 @@ void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const 
 // Whether w's one-token decode matvec runs on the tensor cores when lever
 // tensor_core_affine_matvec (an MLX affine weight on the GPU, large enough) or
 // tensor_core_fp8_matvec (an FP8 one) is on: where the fused forms above are
-// single kernels. formed_input: as
-// one of those forms, whose prepare kernel replaces one that would run anyway,
-// so smaller matrices pay.
+// single kernels. formed_input: as one of those forms, whose prepare kernel
+// replaces one that would run anyway, so smaller affine matrices pay (FP8 ones
+// measured no gain).
 bool one_token_matvec_on_tensor_cores(const Weight& w, bool formed_input = false);
 
 // pos (i32 [1], on any device) += by; on the GPU a kernel, so a CUDA graph's
