@@ -6,6 +6,7 @@
 #include "models/blocks/token_embeddings.h"
 #include "quant/load_weight.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "models/blocks/rope_scaling.h"
@@ -79,17 +80,19 @@ namespace {
 
 // Lever fused_norm_matvec, auto: fold the norms where every layer matrix's
 // one-token matvec runs on the tensor cores (MLX affine or FP8), whose prepare
-// kernel forms the input; elsewhere the fused forms compose kernels and cost
-// more than they save (docs/levers.md).
-bool folding_pays(const std::vector<LlamaLayer>& layers, const LoadOptions& o) {
-  if (layers.empty()) return false;
+// kernel forms the input, for steps of as many rows as each matrix's fused
+// forms pay (folded_rows); elsewhere they compose kernels and cost more than
+// they save (docs/levers.md). 0: no folding.
+int64_t folding_pays_up_to(const std::vector<LlamaLayer>& layers, const LoadOptions& o) {
+  if (layers.empty()) return 0;
+  int64_t rows = ops::kMaxFusedRows;
   for (const LlamaLayer& l : layers) {
     const QkvProjection& a = l.attn.qkv;
     const GatedMlp& m = l.mlp;
     for (const Weight* w : {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o, &m.gate_up, &m.gate, &m.up, &m.down})
-      if (!one_token_matvec_folds(*w, o)) return false;
+      rows = std::min(rows, folded_rows(*w, o));
   }
-  return true;
+  return rows;
 }
 
 }  // namespace
@@ -149,8 +152,10 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   info_.weight_bytes = checkpoint.size_bytes();
   info_.weights = layers_.empty() ? tok_embed_.describe() : layers_.front().attn.o.describe();
   info_.n_params = logical_param_count(checkpoint, quant);
-  info_.folds_norms = options.fuse_norm_matvec == LeverMode::on ||
-                      (options.fuse_norm_matvec == LeverMode::automatic && folding_pays(layers_, options));
+  info_.fold_rows = options.fuse_norm_matvec == LeverMode::on          ? ops::kMaxFusedRows
+                    : options.fuse_norm_matvec == LeverMode::automatic ? folding_pays_up_to(layers_, options)
+                                                                       : 0;
+  info_.folds_norms = info_.fold_rows > 0;
 }
 
 uint64_t Llama::decode_bytes(int64_t context, KvCacheMode kv_mode) const {
@@ -186,7 +191,7 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* cons
   const int64_t T = ids.numel();
 
   apply_launch_settings(info_.options, info_.device);
-  const bool fold_norms = info_.folds_norms && T <= ops::kMaxFusedRows;
+  const bool fold_norms = info_.folds_norms && T <= info_.fold_rows;
 
   Tensor h = ops::embed(tok_embed_, ids);                                      // [T, d_model], the residual
   Tensor x;                                                                    // the normed input, unless folded

@@ -43,11 +43,12 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                             .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on});
 }
 
-bool one_token_matvec_folds(const Weight& w, const LoadOptions& o, bool formed_input) {
-  if (!w.defined()) return true;
-  const bool lever = w.kind() == Weight::Kind::fp8 ? o.tensor_core_fp8_matvec
-                                                   : o.tensor_core_affine_matvec && !o.int8_activation_matvec;
-  return lever && ops::one_token_matvec_on_tensor_cores(w, formed_input);
+int64_t folded_rows(const Weight& w, const LoadOptions& o, bool formed_input) {
+  if (!w.defined()) return ops::kMaxFusedRows;
+  const bool fp8 = w.kind() == Weight::Kind::fp8;
+  const bool lever = fp8 ? o.tensor_core_fp8_matvec : o.tensor_core_affine_matvec && !o.int8_activation_matvec;
+  if (!lever || !ops::one_token_matvec_on_tensor_cores(w, formed_input)) return 0;
+  return fp8 ? 1 : ops::kMaxFusedRows;
 }
 
 Tensor Model::forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const {

@@ -88,12 +88,14 @@ struct LoadOptions {
 // on CUDA, ops::set_cpu_settings on the CPU); each family calls it before it runs.
 void apply_launch_settings(const LoadOptions& o, Device device);
 
-// Whether w's one-token decode matvec runs on the tensor cores under o's levers
-// (tensor_core_affine_matvec without int8_activation_matvec for MLX affine
-// weights, tensor_core_fp8_matvec for FP8 ones), so that the fused forms of
-// lever fused_norm_matvec are single kernels; true for an absent weight.
-// formed_input: as ops::one_token_matvec_on_tensor_cores.
-bool one_token_matvec_folds(const Weight& w, const LoadOptions& o, bool formed_input = false);
+// The most rows of a step for which lever fused_norm_matvec's forms of w pay
+// under o's levers: 0 where w's one-token decode matvec is not on the tensor
+// cores (tensor_core_affine_matvec without int8_activation_matvec for MLX
+// affine weights, tensor_core_fp8_matvec for FP8 ones); ops::kMaxFusedRows for
+// affine weights; one for FP8 ones (Llama-3-8B fp8 folded decodes +3.1% at
+// batch 1, level at 2, -2% at 4 and -13% at 8: docs/levers.md); no limit for
+// an absent weight. formed_input: as ops::one_token_matvec_on_tensor_cores.
+int64_t folded_rows(const Weight& w, const LoadOptions& o, bool formed_input = false);
 
 struct ModelInfo {
   std::string model_type;   // config.json's model_type, e.g. "qwen3"
@@ -101,6 +103,7 @@ struct ModelInfo {
   Device device = Device::cpu;
   LoadOptions options;  // how the model was laid out and runs
   bool folds_norms = false;  // the fused decode forms run (lever fused_norm_matvec, `auto` decided at load)
+  int64_t fold_rows = 0;     // for steps of at most this many rows
   int64_t vocab = 0;
   int64_t max_positions = 0;
   int64_t n_params = 0;
