@@ -371,7 +371,7 @@ TEST_F(Fp8Gpu, TensorCoreMatvecFormsItsInputAndAddsIntoTheResidual) {
 TEST_F(Fp8Gpu, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
   struct Case { int64_t T, heads, splits, head_dim, out; };
   for (const Case& c : {Case{1, 32, 33, 128, 4096}, Case{3, 8, 5, 64, 200}, Case{8, 4, 1, 128, 96},
-                        Case{2, 16, 64, 64, 130}, Case{4, 32, 17, 128, 256}}) {
+                        Case{2, 16, 64, 64, 130}, Case{4, 32, 17, 128, 256}, Case{2, 8, 40, 32, 256}}) {
     const int64_t in = c.heads * c.head_dim;
     const std::string label =
         fmt::format("fp8 T={} {} heads x {} splits x {}", c.T, c.heads, c.splits, c.head_dim);
@@ -427,10 +427,10 @@ TEST_F(Fp8Gpu, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
       Tensor want_live = gpu(residual), got_live = gpu(residual);
       EXPECT_TRUE(ops::cuda::fp8_attention_linear_add(want_live, marked, wg.fp8(), gpu(bias))) << label;
       EXPECT_TRUE(ops::cuda::fp8_attention_linear_add(got_live, garbage, wg.fp8(), gpu(bias))) << label;
-      EXPECT_EQ(std::memcmp(got_live.to_device(Device::cpu).raw(), want_live.to_device(Device::cpu).raw(),
-                            got_live.size_bytes()),
-                0)
-          << label << " live splits";
+      // The warps share out the splits read by their count, so the sums regroup.
+      EXPECT_LE(relative_error(got_live.to_device(Device::cpu), want_live.to_device(Device::cpu),
+                               label + " live splits", false),
+                1e-6f);
     }
     ops::set_launch_settings({});
     // Without the lever the fused form declines; the op merges, then multiplies.

@@ -173,30 +173,38 @@ __device__ __forceinline__ float row_sum_of_squares(const float* row, int n) {
   return total;
 }
 
-// Split-K attention's partials merged at token t, columns e to e + 3 (one head's),
-// with attention_merge_kernel's formula (its sums in another order).
-__device__ __forceinline__ void merged_splits(const Prepare& p, int t, int e, float (&v)[4]) {
-  const int head = e / p.head_dim, d = e - head * p.head_dim;
-  const int64_t base = (int64_t(t) * (p.in / p.head_dim) + head) * p.splits;
-  float m = -INFINITY;
-#pragma unroll 4
-  for (int s = 0; s < p.live_splits; ++s) m = fmaxf(m, __ldg(p.split_max + base + s));
-  float l = 0, acc[4] = {};
-#pragma unroll 4
-  for (int s = 0; s < p.live_splits; ++s) {
-    const float ms = __ldg(p.split_max + base + s);
-    if (ms == -INFINITY) continue;  // an empty split (its outputs unwritten)
-    const float w = __expf(ms - m);
-    l += __ldg(p.split_sum + base + s) * w;
-    const float4 o = __ldg(reinterpret_cast<const float4*>(p.x + (base + s) * p.head_dim + d));
-    acc[0] += o.x * w, acc[1] += o.y * w, acc[2] += o.z * w, acc[3] += o.w * w;
-  }
+// A warp's (token t, 128-column block b) into its part's image, lane l holding
+// columns 4 l to 4 l + 3: per token and block, x scaled by the power of two
+// that puts its largest |x| in [2^14, 2^15), as two f16 (hi, lo) and 2^-k.
+__device__ __forceinline__ void stage_block(const Prepare& p, int t, int b, const float (&v)[4]) {
+  const int lane = threadIdx.x % 32;
+  float amax = 0;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) v[j] = acc[j] / l;
+  for (int j = 0; j < 4; ++j) amax = fmaxf(amax, isfinite(v[j]) ? fabsf(v[j]) : INFINITY);  // NaN counts as inf
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const bool finite = amax <= 3.4e38f;
+  // amax in [2^(exponent-1), 2^exponent)
+  const int exponent = amax > 0 && finite ? max(frexp_exponent(amax), -100) : 0;
+  const float up = exp2_int(kTop - exponent);
+  const float down = finite ? exp2_int(exponent - kTop) : __int_as_float(0x7fc00000);
+  uint32_t hi[2] = {}, lo[2] = {};  // f16 pairs, the first value in the low half
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float s = finite ? v[j] * up : 0.0f;
+    const __half h = __float2half_rn(s), l = __float2half_rn(s - __half2float(h));
+    hi[j / 2] |= uint32_t(__half_as_ushort(h)) << (16 * (j % 2));
+    lo[j / 2] |= uint32_t(__half_as_ushort(l)) << (16 * (j % 2));
+  }
+  const int k = b * kBlock / p.part_in, col = b * kBlock - k * p.part_in;  // the part, and the column in it
+  uint8_t* image = p.staged + k * p.part_bytes;
+  *reinterpret_cast<uint2*>(image + int64_t(2 * t) * p.x_stride + 2 * (col + 4 * lane)) = make_uint2(hi[0], hi[1]);
+  *reinterpret_cast<uint2*>(image + int64_t(2 * t + 1) * p.x_stride + 2 * (col + 4 * lane)) = make_uint2(lo[0], lo[1]);
+  if (lane == 0) reinterpret_cast<float*>(image + p.x_bytes)[t * (p.part_in / kBlock) + col / kBlock] = down;
 }
 
-// The input into the parts' images: a warp a (token, 128-column block), a lane
-// 4 values. kRmsNormed: blocks (b, t) take token t's blocks from 8 b, each
+// The input (every kind but kAttentionSplits, below) into the parts' images: a
+// warp a (token, 128-column block), a lane 4 values. kRmsNormed: blocks (b, t) take token t's blocks from 8 b, each
 // first summing the squares of the whole row for RMSNorm (one block a token
 // would leave the other SMs idle at one token). A block holding inf or NaN
 // gives NaN rows, as the f32 product would.
@@ -221,50 +229,81 @@ __global__ void __launch_bounds__(256) fp8_mma_prepare_kernel(const __grid_const
   }
   wait_for_previous_kernel();
   if (p.allow_after_wait) allow_next_kernel();
-  float v[4] = {};
-  if constexpr (kKind == int(Kind::attention_splits)) {
-    if (active) merged_splits(p, t, e, v);
-  } else {
-    const int64_t row = int64_t(t) * p.in * (kKind == int(Kind::silu_gated) ? 2 : 1);
-    const float4 v4 = active ? __ldg(reinterpret_cast<const float4*>(p.x + row + e)) : make_float4(0, 0, 0, 0);
-    v[0] = v4.x, v[1] = v4.y, v[2] = v4.z, v[3] = v4.w;
-    if constexpr (kKind == int(Kind::silu_gated)) {
-      const float4 u4 = active ? __ldg(reinterpret_cast<const float4*>(p.x + row + p.in + e)) : v4;
-      const float u[4] = {u4.x, u4.y, u4.z, u4.w};
-      const float w = p.pair_weights && active ? __ldg(p.pair_weights + e / p.pair_cols) : 1.0f;
+  const int64_t row = int64_t(t) * p.in * (kKind == int(Kind::silu_gated) ? 2 : 1);
+  const float4 v4 = active ? __ldg(reinterpret_cast<const float4*>(p.x + row + e)) : make_float4(0, 0, 0, 0);
+  float v[4] = {v4.x, v4.y, v4.z, v4.w};
+  if constexpr (kKind == int(Kind::silu_gated)) {
+    const float4 u4 = active ? __ldg(reinterpret_cast<const float4*>(p.x + row + p.in + e)) : v4;
+    const float u[4] = {u4.x, u4.y, u4.z, u4.w};
+    const float w = p.pair_weights && active ? __ldg(p.pair_weights + e / p.pair_cols) : 1.0f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * u[j] * w;  // as silu_mul_halves
-    }
-    if constexpr (kNormed) {
-      const float inv = rsqrtf(row_sum_of_squares(p.x + row, p.in) / float(p.in) + p.eps);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = weight[j] * (v[j] * inv);  // RMSNorm(h) w, as rms_norm
-    }
+    for (int j = 0; j < 4; ++j) v[j] = v[j] / (1.0f + __expf(-v[j])) * u[j] * w;  // as silu_mul_halves
   }
-  if (!active) return;  // a whole warp: items are warps
-  float amax = 0;
+  if constexpr (kNormed) {
+    const float inv = rsqrtf(row_sum_of_squares(p.x + row, p.in) / float(p.in) + p.eps);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) amax = fmaxf(amax, isfinite(v[j]) ? fabsf(v[j]) : INFINITY);  // NaN counts as inf
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const bool finite = amax <= 3.4e38f;
-  // amax in [2^(exponent-1), 2^exponent)
-  const int exponent = amax > 0 && finite ? max(frexp_exponent(amax), -100) : 0;
-  const float up = exp2_int(kTop - exponent);
-  const float down = finite ? exp2_int(exponent - kTop) : __int_as_float(0x7fc00000);
-  uint32_t hi[2] = {}, lo[2] = {};  // f16 pairs, the first value in the low half
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float s = finite ? v[j] * up : 0.0f;
-    const __half h = __float2half_rn(s), l = __float2half_rn(s - __half2float(h));
-    hi[j / 2] |= uint32_t(__half_as_ushort(h)) << (16 * (j % 2));
-    lo[j / 2] |= uint32_t(__half_as_ushort(l)) << (16 * (j % 2));
+    for (int j = 0; j < 4; ++j) v[j] = weight[j] * (v[j] * inv);  // RMSNorm(h) w, as rms_norm
   }
-  const int k = b * kBlock / p.part_in, col = b * kBlock - k * p.part_in;  // the part, and the column in it
-  uint8_t* image = p.staged + k * p.part_bytes;
-  *reinterpret_cast<uint2*>(image + int64_t(2 * t) * p.x_stride + 2 * (col + 4 * lane)) = make_uint2(hi[0], hi[1]);
-  *reinterpret_cast<uint2*>(image + int64_t(2 * t + 1) * p.x_stride + 2 * (col + 4 * lane)) = make_uint2(lo[0], lo[1]);
-  if (lane == 0) reinterpret_cast<float*>(image + p.x_bytes)[t * (p.part_in / kBlock) + col / kBlock] = down;
+  if (active) stage_block(p, t, b, v);  // items are whole warps
+}
+
+// Attention's split-K partials merged into o_proj's input (kAttentionSplits),
+// with attention_merge_kernel's formula (its sums in another order): a block a
+// (token, 128-column block), its warp w the splits w, w + W, ... (up to 8, every
+// load issued at once), a lane 4 columns of its head. The warps' maxima, sums
+// and outputs then meet in warp order, and warp 0 stages the merged block.
+constexpr int kSplitsPerWarp = 8;
+
+__global__ void __launch_bounds__(kMaxAttentionSplits / kSplitsPerWarp * 32)
+    fp8_mma_prepare_splits_kernel(const __grid_constant__ Prepare p) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int blocks = p.in / kBlock, t = blockIdx.x / blocks, b = blockIdx.x - t * blocks;
+  const int e = b * kBlock + 4 * lane, head = e / p.head_dim, d = e - head * p.head_dim;
+  const int64_t base = (int64_t(t) * (p.in / p.head_dim) + head) * p.splits;
+  float ms[kSplitsPerWarp], ls[kSplitsPerWarp];
+  float4 os[kSplitsPerWarp];
+#pragma unroll
+  for (int k = 0; k < kSplitsPerWarp; ++k) {
+    const int s = warp + k * warps;
+    const bool used = s < p.live_splits;
+    ms[k] = used ? __ldg(p.split_max + base + s) : -INFINITY;
+    ls[k] = used ? __ldg(p.split_sum + base + s) : 0.0f;
+    os[k] = used ? __ldg(reinterpret_cast<const float4*>(p.x + (base + s) * p.head_dim + d)) : make_float4(0, 0, 0, 0);
+  }
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kSplitsPerWarp; ++k) m = fmaxf(m, ms[k]);
+  float l = 0, acc[4] = {};
+#pragma unroll
+  for (int k = 0; k < kSplitsPerWarp; ++k) {
+    if (ms[k] == -INFINITY) continue;  // an empty split (its outputs unwritten), or none
+    const float w = __expf(ms[k] - m);
+    l += ls[k] * w;
+    acc[0] += os[k].x * w, acc[1] += os[k].y * w, acc[2] += os[k].z * w, acc[3] += os[k].w * w;
+  }
+  __shared__ float shared[kMaxAttentionSplits / kSplitsPerWarp][6][32];  // per warp: max, sum, 4 outputs
+  shared[warp][0][lane] = m;
+  shared[warp][1][lane] = l;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) shared[warp][2 + j][lane] = acc[j];
+  __syncthreads();
+  if (warp != 0) return;
+  float top = -INFINITY;
+  for (int w = 0; w < warps; ++w) top = fmaxf(top, shared[w][0][lane]);
+  float sum = 0, v[4] = {};
+  for (int w = 0; w < warps; ++w) {
+    const float mw = shared[w][0][lane];
+    if (mw == -INFINITY) continue;
+    const float scale = __expf(mw - top);
+    sum += shared[w][1][lane] * scale;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] += shared[w][2 + j][lane] * scale;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] /= sum;
+  stage_block(p, t, b, v);
 }
 
 // Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
@@ -466,9 +505,9 @@ cudaError_t launch_prepare(const MmaInput& input, Prepare prep, cudaStream_t str
     }
     case Kind::silu_gated:
       return launch_kernel(fp8_mma_prepare_kernel<int(Kind::silu_gated), float>, items, dim3(256), 0, stream, prep);
-    case Kind::attention_splits:
-      return launch_kernel(fp8_mma_prepare_kernel<int(Kind::attention_splits), float>, items, dim3(256), 0, stream,
-                           prep);
+    case Kind::attention_splits:  // a block a (token, block), a warp per 8 of the splits read
+      return launch_kernel(fp8_mma_prepare_splits_kernel, dim3(unsigned(prep.T * (prep.in / kBlock))),
+                           dim3(unsigned(32 * ceil_div(prep.live_splits, kSplitsPerWarp))), 0, stream, prep);
     case Kind::plain: break;
   }
   return launch_kernel(fp8_mma_prepare_kernel<int(Kind::plain), float>, items, dim3(256), 0, stream, prep);
@@ -629,8 +668,9 @@ cudaError_t launch_fp8_matvec_mma(const MmaInput& input, const Fp8WeightView& w,
                                   int64_t T, void* scratch, cudaStream_t stream, bool accumulate) {
   using Kind = MmaInput::Kind;
   const bool splits_fit = input.kind != Kind::attention_splits ||
-                          (input.split_max && input.split_sum && input.splits >= 1 && input.head_dim >= 4 &&
-                           input.head_dim % 4 == 0 && w.in % input.head_dim == 0);
+                          (input.split_max && input.split_sum && input.splits >= 1 &&
+                           input.splits <= kMaxAttentionSplits && input.head_dim >= 4 && input.head_dim % 4 == 0 &&
+                           w.in % input.head_dim == 0);
   if (!fp8_matvec_mma_supports(w, T) || !splits_fit || reinterpret_cast<uintptr_t>(input.x) % 16 ||
       reinterpret_cast<uintptr_t>(scratch) % 16)
     return cudaErrorInvalidValue;
