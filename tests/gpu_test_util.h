@@ -63,6 +63,41 @@ inline Tensor random(Shape shape, DType dt, uint64_t seed, float scale = 1.0f, f
 
 inline Tensor gpu(const Tensor& t) { return t.to_device(Device::cuda); }
 
+// Split-K attention's partials on the CPU, as o_proj's fused input takes them:
+// random maxima, sums and outputs [T, heads, splits(, head_dim)], every third
+// split of a row after its first empty (max -inf, as the last splits of a short
+// context are).
+inline ops::AttentionSplits random_attention_splits(int64_t T, int64_t heads, int64_t splits, int64_t head_dim) {
+  ops::AttentionSplits s{.max = random({T, heads, splits}, DType::f32, 21, 4.0f),
+                         .sum = random({T, heads, splits}, DType::f32, 22, 20.0f, 30.0f),
+                         .out = random({T, heads, splits, head_dim}, DType::f32, 23, 10.0f)};
+  for (int64_t r = 0; r < T * heads; ++r)
+    for (int64_t k = 1; k < splits; k += 3) s.max.data<float>()[r * splits + k] = -INFINITY;
+  return s;
+}
+
+// Those partials merged on the CPU in double: [T, heads * head_dim].
+inline Tensor merged_on_cpu(const ops::AttentionSplits& s) {
+  const int64_t T = s.out.dim(0), heads = s.out.dim(1), splits = s.out.dim(2), head_dim = s.out.dim(3);
+  Tensor merged = Tensor::empty({T, heads * head_dim}, DType::f32);
+  for (int64_t r = 0; r < T * heads; ++r) {
+    const float* m = s.max.data<float>() + r * splits;
+    const float* l = s.sum.data<float>() + r * splits;
+    const float* o = s.out.data<float>() + r * splits * head_dim;
+    const double top = *std::max_element(m, m + splits);
+    for (int64_t d = 0; d < head_dim; ++d) {
+      double num = 0, den = 0;
+      for (int64_t k = 0; k < splits; ++k) {
+        if (m[k] == -INFINITY) continue;
+        num += double(o[k * head_dim + d]) * std::exp(double(m[k]) - top);
+        den += double(l[k]) * std::exp(double(m[k]) - top);
+      }
+      merged.data<float>()[r * head_dim + d] = float(num / den);
+    }
+  }
+  return merged;
+}
+
 // An MLX affine weight [out, in] (CPU) of random codes; scales near 1e-2 and
 // biases near -scale 2^(bits-1), so the weights centre on zero as a quantized
 // trained matrix's do.

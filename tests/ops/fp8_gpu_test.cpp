@@ -377,27 +377,8 @@ TEST_F(Fp8Gpu, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
         fmt::format("fp8 T={} {} heads x {} splits x {}", c.T, c.heads, c.splits, c.head_dim);
     Weight w(random_fp8(c.out, in, 128, uint64_t(c.T * 5 + c.splits)));
     const Weight wg = w.to_device(Device::cuda);
-    ops::AttentionSplits cpu{.max = random({c.T, c.heads, c.splits}, DType::f32, 21, 4.0f),
-                             .sum = random({c.T, c.heads, c.splits}, DType::f32, 22, 20.0f, 30.0f),
-                             .out = random({c.T, c.heads, c.splits, c.head_dim}, DType::f32, 23, 10.0f)};
-    for (int64_t r = 0; r < c.T * c.heads; ++r)
-      for (int64_t s = 1; s < c.splits; s += 3) cpu.max.data<float>()[r * c.splits + s] = -INFINITY;
-    Tensor merged = Tensor::empty({c.T, in}, DType::f32);
-    for (int64_t r = 0; r < c.T * c.heads; ++r) {
-      const float* m = cpu.max.data<float>() + r * c.splits;
-      const float* l = cpu.sum.data<float>() + r * c.splits;
-      const float* o = cpu.out.data<float>() + r * c.splits * c.head_dim;
-      const double top = *std::max_element(m, m + c.splits);
-      for (int64_t d = 0; d < c.head_dim; ++d) {
-        double num = 0, den = 0;
-        for (int64_t s = 0; s < c.splits; ++s) {
-          if (m[s] == -INFINITY) continue;
-          num += double(o[s * c.head_dim + d]) * std::exp(double(m[s]) - top);
-          den += double(l[s]) * std::exp(double(m[s]) - top);
-        }
-        merged.data<float>()[r * c.head_dim + d] = float(num / den);
-      }
-    }
+    const ops::AttentionSplits cpu = test::random_attention_splits(c.T, c.heads, c.splits, c.head_dim);
+    const Tensor merged = test::merged_on_cpu(cpu);
     const ops::AttentionSplits splits{.max = gpu(cpu.max), .sum = gpu(cpu.sum), .out = gpu(cpu.out)};
     const Tensor residual = random({c.T, c.out}, DType::f32, 24), bias = random({c.out}, DType::f32, 25, 0.1f);
     Tensor want = residual.clone();
