@@ -1,6 +1,7 @@
-// FP8 E4M3 block-scaled weights on CUDA (ctest label gpu): the decode matvec,
-// the prefill GEMM and the embedding against Weight::dequantize and the CPU dense
-// reference, on random weights of awkward shapes; then speed on Llama-3-8B-shaped
+// FP8 E4M3 block-scaled weights on CUDA (ctest label gpu): the decode matvec
+// (plain, and in the fused forms of lever fused_norm_matvec), the prefill GEMM
+// and the embedding against Weight::dequantize and the CPU dense reference, on
+// random weights of awkward shapes; then speed on Llama-3-8B-shaped
 // matrices, printed and not asserted. The matvec accumulates the same f32
 // products as the reference (1e-5); the prefill GEMM rounds the activations to
 // E4M3 (one scale per token and 128 columns), so it is checked twice: loosely

@@ -18,7 +18,10 @@
 //
 // Shape (as affine_matvec_mma.cu): a first kernel converts x into the image a
 // block stages in shared memory (rows 2t and 2t + 1: token t's hi and lo, f16,
-// in column order; then 2^-k per token and block). Each warp streams its 16-row
+// in column order; then 2^-k per token and block). For the fused decode forms
+// (lever fused_norm_matvec) that kernel also forms the input, RMSNorm(h) w,
+// silu(gate) up or attention's split-K partials merged, and the matvec adds its
+// product into y (the residual). Each warp streams its 16-row
 // tiles, 128 bytes of each row and the tile's block scale a stage, through a
 // ring of cp.async stages; `split` warps share a tile's stages and add their
 // sums in a fixed order. Lane (g, q) takes bytes [32 j + 8 q, +8) of rows g and
