@@ -219,7 +219,7 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* cons
     x = ops::add_rms_norm(h, w.mlp.apply(x), next_norm, k.norm_eps);
   }
   if (fold_norms) {
-    return ops::rms_norm_linear(logit_rows(h, states, all_logits), final_norm_, k.norm_eps, lm_head_);
+    return final_logits(logit_rows(h, states, all_logits), final_norm_, k.norm_eps, lm_head_);
   }
   return ops::linear(logit_rows(x, states, all_logits), lm_head_);             // [T or 1, vocab]
 }

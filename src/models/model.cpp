@@ -51,6 +51,11 @@ int64_t folded_rows(const Weight& w, const LoadOptions& o, bool formed_input) {
   return fp8 ? 1 : ops::kMaxFusedRows;
 }
 
+Tensor final_logits(const Tensor& h, const Tensor& norm_w, float eps, const Weight& lm_head) {
+  if (lm_head.is_dense()) return ops::linear(ops::rms_norm(h, norm_w, eps), lm_head);
+  return ops::rms_norm_linear(h, norm_w, eps, lm_head);
+}
+
 Tensor Model::forward(const std::vector<int32_t>& tokens, SeqState& state, bool all_logits) const {
   const int64_t T = int64_t(tokens.size()), pos0 = state.length();
   MERE_CHECK(T > 0, "forward: no tokens");

@@ -220,7 +220,7 @@ Tensor Qwen3Moe::run_folded(Tensor& h, const Tensor& pos, std::span<SeqState* co
       w.mlp.add_normed(h, w.mlp_norm, k.norm_eps);
     }
   }
-  return ops::rms_norm_linear(logit_rows(h, states, all_logits), final_norm_, k.norm_eps, lm_head_);
+  return final_logits(logit_rows(h, states, all_logits), final_norm_, k.norm_eps, lm_head_);
 }
 
 }  // namespace mere
