@@ -155,7 +155,6 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   info_.fold_rows = options.fuse_norm_matvec == LeverMode::on          ? ops::kMaxFusedRows
                     : options.fuse_norm_matvec == LeverMode::automatic ? folding_pays_up_to(layers_, options)
                                                                        : 0;
-  info_.folds_norms = info_.fold_rows > 0;
 }
 
 uint64_t Llama::decode_bytes(int64_t context, KvCacheMode kv_mode) const {
@@ -191,7 +190,7 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* cons
   const int64_t T = ids.numel();
 
   apply_launch_settings(info_.options, info_.device);
-  const bool fold_norms = info_.folds_norms && T <= info_.fold_rows;
+  const bool fold_norms = T <= info_.fold_rows;
 
   Tensor h = ops::embed(tok_embed_, ids);                                      // [T, d_model], the residual
   Tensor x;                                                                    // the normed input, unless folded

@@ -108,8 +108,10 @@ struct ModelInfo {
   std::string family;       // the file that implements it, e.g. "llama"
   Device device = Device::cpu;
   LoadOptions options;  // how the model was laid out and runs
-  bool folds_norms = false;  // the fused decode forms run (lever fused_norm_matvec, `auto` decided at load)
-  int64_t fold_rows = 0;     // for steps of at most this many rows
+  // The fused decode forms run (lever fused_norm_matvec, `auto` decided at load)
+  // for steps of at most fold_rows rows; 0: never.
+  int64_t fold_rows = 0;
+  bool folds_norms() const { return fold_rows > 0; }
   int64_t vocab = 0;
   int64_t max_positions = 0;
   int64_t n_params = 0;

@@ -125,7 +125,6 @@ Qwen3Moe::Qwen3Moe(const ConfigJson& config, const Checkpoint& checkpoint, Devic
                     : options.fuse_norm_matvec == LeverMode::on          ? ops::kMaxFusedRows
                     : options.fuse_norm_matvec == LeverMode::automatic ? folding_pays_up_to(layers_, options)
                                                                        : 0;
-  info_.folds_norms = info_.fold_rows > 0;
   info_.model_type = k.model_type;
   info_.family = "qwen3_moe";
   info_.device = device;
@@ -178,7 +177,7 @@ Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* c
   apply_launch_settings(info_.options, info_.device);
 
   Tensor h = ops::embed(tok_embed_, ids);                                   // [T, d_model], the residual
-  if (info_.folds_norms && T <= info_.fold_rows) return run_folded(h, pos, states, all_logits);
+  if (T <= info_.fold_rows) return run_folded(h, pos, states, all_logits);
   Tensor x = ops::rms_norm(h, layers_[0].attn_norm, k.norm_eps);
   for (int l = 0; l < k.n_layers; ++l) {
     const Qwen3MoeLayer& w = layers_[size_t(l)];

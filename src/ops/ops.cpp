@@ -136,23 +136,22 @@ Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const W
   MERE_CHECK(norm_w.shape() == Shape{h.dim(1)}, "rms_norm_linear: norm weight {} for rows of {}",
              shape_str(norm_w.shape()), h.dim(1));
   check_same_device("rms_norm_linear", h, norm_w);
-  if (h.device() == Device::cuda && w.is_dense() && w.device() == Device::cuda) {
+  if (h.device() == Device::cuda && w.device() == Device::cuda) {
     MERE_CHECK(!bias.defined() || bias.shape() == Shape{w.rows()}, "rms_norm_linear: bias {} for {} outputs",
                shape_str(bias.shape()), w.rows());
     Tensor out = Tensor::empty({h.dim(0), w.rows()}, DType::f32, Device::cuda);
-    if (cuda::rms_norm_linear(h, norm_w, eps, w.dense(), bias, out)) return out;
-  }
-  if (h.device() == Device::cuda && w.kind() == Weight::Kind::affine && w.device() == Device::cuda) {
-    MERE_CHECK(!bias.defined() || bias.shape() == Shape{w.rows()}, "rms_norm_linear: bias {} for {} outputs",
-               shape_str(bias.shape()), w.rows());
-    Tensor out = Tensor::empty({h.dim(0), w.rows()}, DType::f32, Device::cuda);
-    if (cuda::affine_rms_norm_linear(h, norm_w, eps, w.affine(), bias, out)) return out;
-  }
-  if (h.device() == Device::cuda && w.kind() == Weight::Kind::fp8 && w.device() == Device::cuda) {
-    MERE_CHECK(!bias.defined() || bias.shape() == Shape{w.rows()}, "rms_norm_linear: bias {} for {} outputs",
-               shape_str(bias.shape()), w.rows());
-    Tensor out = Tensor::empty({h.dim(0), w.rows()}, DType::f32, Device::cuda);
-    if (cuda::fp8_rms_norm_linear(h, norm_w, eps, w.fp8(), bias, out)) return out;
+    switch (w.kind()) {
+      case Weight::Kind::dense:
+        if (cuda::rms_norm_linear(h, norm_w, eps, w.dense(), bias, out)) return out;
+        break;
+      case Weight::Kind::affine:
+        if (cuda::affine_rms_norm_linear(h, norm_w, eps, w.affine(), bias, out)) return out;
+        break;
+      case Weight::Kind::fp8:
+        if (cuda::fp8_rms_norm_linear(h, norm_w, eps, w.fp8(), bias, out)) return out;
+        break;
+      default: break;
+    }
   }
   return linear(rms_norm(h, norm_w, eps), w, bias);
 }

@@ -139,11 +139,11 @@ TEST_P(LlamaGpu, FusedNormMatvecMatchesTheComposition) {
 // under the floors); `on` folds everywhere.
 TEST_P(LlamaGpu, FusedNormMatvecAutoLeavesSmallModelsUnfolded) {
   const auto dir = test::fixtures_dir() / GetParam();
-  EXPECT_FALSE(load_model(dir, Device::cuda, Levers{}.load_options(Device::cuda))->info().folds_norms) << GetParam();
+  EXPECT_FALSE(load_model(dir, Device::cuda, Levers{}.load_options(Device::cuda))->info().folds_norms()) << GetParam();
   Levers on;
   on.fused_norm_matvec = LeverMode::on;
   const auto model = load_model(dir, Device::cuda, on.load_options(Device::cuda));
-  EXPECT_TRUE(model->info().folds_norms) << GetParam();
+  EXPECT_TRUE(model->info().folds_norms()) << GetParam();
 }
 
 // matvec_split_k: decode matvecs with several warps per row (decode only: the
@@ -408,8 +408,8 @@ TEST(MoeGpu, FoldedAttentionMatchesTheCompositionOnTheQwen3_30B_A3B_Shape) {
   for (const char* quant : {"int4", "int8"}) {
     auto off = random_model("qwen3-30b-a3b", Device::cuda, unfolded, 1, RandomQuant::parse(quant));
     auto on = random_model("qwen3-30b-a3b", Device::cuda, base, 1, RandomQuant::parse(quant));
-    ASSERT_TRUE(on->info().folds_norms) << quant << ": auto folds this shape";
-    ASSERT_FALSE(off->info().folds_norms) << quant;
+    ASSERT_TRUE(on->info().folds_norms()) << quant << ": auto folds this shape";
+    ASSERT_FALSE(off->info().folds_norms()) << quant;
     int flipped = 0;
     for (int n : {1, 2, 8})
       flipped += step_moved_past(*off, *on, n, 1e-3f,

@@ -424,6 +424,26 @@ TEST_F(Fp8Gpu, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
   }
 }
 
+// More splits than the fused merge takes (a warp per 8, at most
+// kMaxAttentionSplits): the fused form declines, and the op merges with the
+// merge kernel, then multiplies.
+TEST_F(Fp8Gpu, FusedMergeDeclinesMoreSplitsThanItTakes) {
+  const int64_t T = 2, heads = 4, splits = cuda::kMaxAttentionSplits + 1, head_dim = 128, out = 256;
+  const Weight w(random_fp8(out, heads * head_dim, 128, 97));
+  const Weight wg = w.to_device(Device::cuda);
+  const ops::AttentionSplits cpu = test::random_attention_splits(T, heads, splits, head_dim);
+  const ops::AttentionSplits gpu_splits{.max = gpu(cpu.max), .sum = gpu(cpu.sum), .out = gpu(cpu.out)};
+  const Tensor residual = random({T, out}, DType::f32, 24);
+  Tensor want = residual.clone();
+  ops::add_inplace(want, ops::linear(test::merged_on_cpu(cpu), w.dequantize(DType::f32)));
+  ops::set_launch_settings({.tensor_core_fp8_matvec = true});
+  Tensor h = gpu(residual);
+  EXPECT_FALSE(ops::cuda::fp8_attention_linear_add(h, gpu_splits, wg.fp8(), Tensor()));
+  ops::attention_linear_add(h, gpu_splits, wg);
+  ops::set_launch_settings({});
+  EXPECT_LE(relative_error(h.to_device(Device::cpu), want, "65 splits merged, then multiplied"), kMatvecTolerance);
+}
+
 // The query behind lever fused_norm_matvec's auto mode: an FP8 weight on the
 // GPU at or above the one-token floor (2^24 weights) takes the tensor cores; a
 // smaller one, or the same weight on the CPU, does not.
@@ -459,9 +479,9 @@ TEST_F(Fp8Gpu, FoldedModelMatchesTheComposition) {
   const RandomQuant fp8 = RandomQuant::parse("fp8");
   auto folded = random_model("qwen3-0.6b", Device::cuda, on.load_options(Device::cuda), 1, fp8);
   auto composed = random_model("qwen3-0.6b", Device::cuda, off.load_options(Device::cuda), 1, fp8);
-  ASSERT_TRUE(folded->info().folds_norms);
-  ASSERT_FALSE(composed->info().folds_norms);
-  EXPECT_FALSE(random_model("qwen3-0.6b", Device::cuda, Levers{}.load_options(Device::cuda), 1, fp8)->info().folds_norms);
+  ASSERT_TRUE(folded->info().folds_norms());
+  ASSERT_FALSE(composed->info().folds_norms());
+  EXPECT_FALSE(random_model("qwen3-0.6b", Device::cuda, Levers{}.load_options(Device::cuda), 1, fp8)->info().folds_norms());
   auto a = folded->make_state(64), b = composed->make_state(64);
   std::vector<int32_t> prompt;
   for (int i = 0; i < 40; ++i) prompt.push_back(int32_t((97 * i + 5) % folded->info().vocab));

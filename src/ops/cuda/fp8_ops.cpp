@@ -152,10 +152,10 @@ bool fp8_gemm(const Tensor& x, const Fp8Weight& w, Tensor& out) {
   return true;
 }
 
-// Lever tensor_core_fp8_matvec: whether it takes T tokens of w.
-bool takes_tensor_cores(const Fp8WeightView& v, int64_t T) {
-  return tensor_core_fp8_matvec_enabled() && (T >= 2 || v.out * v.in >= kMinTensorCoreWeightsAtOneToken) &&
-         fp8_matvec_mma_supports(v, T);
+// Whether the tensor-core matvec takes T tokens of w (as the lever allows): from
+// 2 tokens, and one token of a large matrix.
+bool tensor_cores_take(const Fp8WeightView& v, int64_t T) {
+  return (T >= 2 || v.out * v.in >= kMinTensorCoreWeightsAtOneToken) && fp8_matvec_mma_supports(v, T);
 }
 
 // The tensor-core matvec of `input` where the lever takes it, into y (added to
@@ -163,7 +163,8 @@ bool takes_tensor_cores(const Fp8WeightView& v, int64_t T) {
 bool tensor_core_linear(const Fp8Weight& w, int64_t T, const MmaInput& input, const Tensor& bias, float* y,
                         bool accumulate) {
   const Fp8WeightView v = view_of(w);
-  if (T > kMaxFp8MatvecTokens || !takes_tensor_cores(v, T) || reinterpret_cast<uintptr_t>(input.x) % 16 != 0)
+  if (T > kMaxFp8MatvecTokens || !tensor_core_fp8_matvec_enabled() || !tensor_cores_take(v, T) ||
+      reinterpret_cast<uintptr_t>(input.x) % 16 != 0)
     return false;
   MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
              dtype_name(bias.dtype()));
@@ -238,17 +239,15 @@ bool fp8_attention_linear_add(Tensor& h, const AttentionSplits& splits, const Fp
   if (splits.merged.defined())  // merged in clusters (lever cluster_attention_merge)
     return fp8_linear_add(h, splits.merged.reshape({splits.merged.dim(0), -1}), w, bias);
   const Tensor& o = splits.out;  // [T, heads, splits, head_dim]
-  if (o.dim(3) % 4 != 0) return false;  // a lane's 4 columns within one head
+  // A lane's 4 columns within one head; at most kMaxAttentionSplits splits, a warp per 8.
+  if (o.dim(3) % 4 != 0 || o.dim(2) > kMaxAttentionSplits) return false;
   const MmaInput input{.kind = MmaInput::Kind::attention_splits, .x = o.data<float>(),
                        .split_max = splits.max.data<float>(), .split_sum = splits.sum.data<float>(),
                        .splits = int(o.dim(2)), .head_dim = int(o.dim(3)), .live_splits = splits.live};
   return tensor_core_linear(w, o.dim(0), input, bias, h.data<float>(), true);
 }
 
-bool fp8_one_token_on_tensor_cores(const Fp8Weight& w) {
-  const Fp8WeightView v = view_of(w);
-  return v.out * v.in >= kMinTensorCoreWeightsAtOneToken && fp8_matvec_mma_supports(v, 1);
-}
+bool fp8_one_token_on_tensor_cores(const Fp8Weight& w) { return tensor_cores_take(view_of(w), 1); }
 
 }  // namespace mere::ops::cuda
 
