@@ -73,7 +73,7 @@ double resident_bytes(const Model& model, const SeqState& state) {
 std::string layout_levers(const ModelInfo& info) {
   const LoadOptions& o = info.options;
   auto on = [](bool b) { return b ? "on" : "off"; };
-  // auto shows what the model decided at load: off, on, or on for steps of fewer rows (FP8: one).
+  // auto shows what the model decided at load: off, on, or on for steps of fewer rows.
   const std::string rows = info.folds_norms() && info.fold_rows < ops::kMaxFusedRows
                                ? ",rows<=" + std::to_string(info.fold_rows)
                                : "";

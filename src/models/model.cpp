@@ -47,8 +47,7 @@ int64_t folded_rows(const Weight& w, const LoadOptions& o, bool formed_input) {
   if (!w.defined()) return ops::kMaxFusedRows;
   const bool fp8 = w.kind() == Weight::Kind::fp8;
   const bool lever = fp8 ? o.tensor_core_fp8_matvec : o.tensor_core_affine_matvec && !o.int8_activation_matvec;
-  if (!lever || !ops::one_token_matvec_on_tensor_cores(w, formed_input)) return 0;
-  return fp8 ? 1 : ops::kMaxFusedRows;
+  return lever && ops::one_token_matvec_on_tensor_cores(w, formed_input) ? ops::kMaxFusedRows : 0;
 }
 
 Tensor final_logits(const Tensor& h, const Tensor& norm_w, float eps, const Weight& lm_head) {
