@@ -93,6 +93,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "deep_moe_ring" ? &l.deep_moe_ring
                 : name == "deep_dense_ring" ? &l.deep_dense_ring
                 : name == "wide_batch_stages" ? &l.wide_batch_stages
+                : name == "int4_byte_codes" ? &l.int4_byte_codes
                 : name == "streamed_weights" ? &l.streamed_weights
                 : name == "cpu_direct_matvec" ? &l.cpu_direct_matvec
                 : name == "cpu_tiled_matmul" ? &l.cpu_tiled_matmul
@@ -199,7 +200,7 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
+    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
                                         lo.fuse_rope_store, lo.rope_in_attention, lo.wide_attention_blocks,
                                         lo.cluster_attention_merge,
                                         int(lo.fuse_norm_matvec), lo.programmatic_launch,
@@ -208,7 +209,7 @@ class Auditor {
                                         lo.tensor_core_affine_matvec,
                                         lo.int16_activation_matvec, lo.tensor_core_fp8_matvec,
                                         int(lo.tensor_core_affine_gemm), lo.routing_in_experts,
-                                        lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages,
+                                        lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages, lo.int4_byte_codes,
                                         lo.streamed_weights, lo.cpu_direct_matvec, lo.cpu_tiled_matmul, lo.cpu_vnni_matvec,
                                         lo.cpu_vector_attention, lo.cpu_avx512_matmul, lo.cpu_packed_matmul,
                                         lo.cpu_avx512_attention);

@@ -96,6 +96,7 @@ std::string layout_levers(const ModelInfo& info) {
          (o.routing_in_experts ? " routing_in_experts=on" : "") + (o.deep_moe_ring ? " deep_moe_ring=on" : "") +
          (o.deep_dense_ring ? " deep_dense_ring=on" : "") +
          (o.wide_batch_stages ? " wide_batch_stages=on" : "") +
+         (o.int4_byte_codes ? " int4_byte_codes=on" : "") +
          (o.streamed_weights ? " streamed_weights=on" : "") +
          (o.tensor_core_affine_gemm != LeverMode::off
               ? std::string(" tensor_core_affine_gemm=") + lever_mode_name(o.tensor_core_affine_gemm)

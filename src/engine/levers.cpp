@@ -50,6 +50,7 @@ Levers Levers::from_env() {
   l.deep_moe_ring = env_flag("MERERUN_DEEP_MOE_RING", l.deep_moe_ring);
   l.deep_dense_ring = env_flag("MERERUN_DEEP_DENSE_RING", l.deep_dense_ring);
   l.wide_batch_stages = env_flag("MERERUN_WIDE_BATCH_STAGES", l.wide_batch_stages);
+  l.int4_byte_codes = env_flag("MERERUN_INT4_BYTE_CODES", l.int4_byte_codes);
   l.streamed_weights = env_flag("MERERUN_STREAMED_WEIGHTS", l.streamed_weights);
   l.tensor_core_affine_gemm = env_mode("MERERUN_TENSOR_CORE_AFFINE_GEMM", l.tensor_core_affine_gemm);
   l.fused_moe_gate_up = env_flag("MERERUN_PSI_FUSED_MOE", l.fused_moe_gate_up);
@@ -89,6 +90,7 @@ std::string Levers::describe(Device device) const {
          " tensor_core_moe_matvec=" + on(tensor_core_moe_matvec) +
          " routing_in_experts=" + on(routing_in_experts) + " deep_moe_ring=" + on(deep_moe_ring) +
          " deep_dense_ring=" + on(deep_dense_ring) + " wide_batch_stages=" + on(wide_batch_stages) +
+         " int4_byte_codes=" + on(int4_byte_codes) +
          " streamed_weights=" + on(streamed_weights) +
          " tensor_core_affine_gemm=" + lever_mode_name(tensor_core_affine_gemm) +
          " fused_moe_gate_up=" + on(fused_moe_gate_up) + " prefix_cache=" + on(prefix_cache);
@@ -116,6 +118,7 @@ LoadOptions Levers::load_options(Device device) const {
                      .deep_moe_ring = deep_moe_ring && tensor_core_moe_matvec && cuda,
                      .deep_dense_ring = deep_dense_ring && tensor_core_affine_matvec && cuda,
                      .wide_batch_stages = wide_batch_stages && tensor_core_affine_matvec && cuda,
+                     .int4_byte_codes = int4_byte_codes && tensor_core_moe_matvec && cuda,
                      .streamed_weights = streamed_weights && cuda,
                      .tensor_core_affine_gemm = cuda ? tensor_core_affine_gemm : LeverMode::off,
                      .fuse_moe_gate_up = fused_moe_gate_up,

@@ -38,6 +38,7 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                             .deep_moe_ring = o.deep_moe_ring,
                             .deep_dense_ring = o.deep_dense_ring,
                             .wide_batch_stages = o.wide_batch_stages,
+                            .int4_byte_codes = o.int4_byte_codes,
                             .streamed_weights = o.streamed_weights,
                             .tensor_core_affine_gemm = o.tensor_core_affine_gemm != LeverMode::off,
                             .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on});

@@ -61,6 +61,8 @@ struct LoadOptions {
   bool deep_dense_ring = false;
   // Those matvecs at 5-8 tokens read 256-byte stages (lever wide_batch_stages).
   bool wide_batch_stages = false;
+  // Those experts' int4 g64/g128 stacks take the stored bytes (lever int4_byte_codes).
+  bool int4_byte_codes = false;
   // The decode matvecs' weight reads evict first from L2 (lever streamed_weights).
   bool streamed_weights = false;
   // MLX affine prefill GEMMs that dequantize their tiles (lever tensor_core_affine_gemm);

@@ -96,6 +96,7 @@ struct LaunchSettings {
   bool deep_moe_ring = false;  // lever deep_moe_ring: those experts' one-token int8 matvecs keep 5 stages in flight
   bool deep_dense_ring = false;  // lever deep_dense_ring: one-token int8 dense matvecs on mma keep 5 stages in flight
   bool wide_batch_stages = false;  // lever wide_batch_stages: 5-8-token int8 dense matvecs on mma read 256-byte stages
+  bool int4_byte_codes = false;  // lever int4_byte_codes: int4 g64/g128 experts on mma take the stored bytes
   bool streamed_weights = false;  // lever streamed_weights: the decode matvecs' weights evict first from L2
   // Lever tensor_core_affine_gemm: affine prefill on the GEMM that dequantizes its
   // tiles, where it measured faster (auto), or at every size (on).

@@ -213,6 +213,14 @@ TEST(Levers, WideBatchStagesIsACudaLeverOfTheTensorCoreAffineMatvec) {
   expect_off_without(&Levers::tensor_core_affine_matvec, &LoadOptions::wide_batch_stages);
 }
 
+// int4_byte_codes: on by default, a CUDA lever switched by its variable, in
+// effect only with the tensor-core experts whose codes it reads.
+TEST(Levers, Int4ByteCodesIsACudaLeverOfTheTensorCoreExperts) {
+  expect_default_cuda_lever("MERERUN_INT4_BYTE_CODES", "int4_byte_codes", &Levers::int4_byte_codes,
+                            &LoadOptions::int4_byte_codes);
+  expect_off_without(&Levers::tensor_core_moe_matvec, &LoadOptions::int4_byte_codes);
+}
+
 // streamed_weights: on by default, a CUDA lever switched by its variable; the
 // engine's launch settings carry it to the kernels.
 TEST(Levers, StreamedWeightsIsACudaLever) {

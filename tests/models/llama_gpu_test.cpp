@@ -388,6 +388,27 @@ TEST(LlamaGpu, WideBatchStagesMoveOnlyTheRoundingOnTheLlama3_8B_Shape) {
   }
 }
 
+// Lever int4_byte_codes on the Qwen3-30B-A3B shape in random int4 (g64), one
+// layer: the experts take the stored bytes at every batch, with the same 23-bit
+// x and integer sums. One decode step of 1, 2 or 8 tokens keeps the argmax and
+// its logits within 1e-4 of the lever off, but where a near-tie in the layer's
+// top 8 flips on a last-bit change (within 0.1): the steps of 2 and 8 tokens
+// share their second token, where one sits (H100: 3.9e-2 in both; one token
+// 3.4e-5), so up to two steps. Then 16 greedy steps give the same tokens.
+TEST(MoeGpu, Int4ByteCodesMoveOnlyTheRoundingOnTheQwen3_30B_A3B_Shape) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  LoadOptions bytes = Levers{}.load_options(Device::cuda), digits = bytes;
+  ASSERT_TRUE(bytes.int4_byte_codes);
+  digits.int4_byte_codes = false;
+  auto off = random_model("qwen3-30b-a3b", Device::cuda, digits, 1, RandomQuant::parse("int4"));
+  auto on = random_model("qwen3-30b-a3b", Device::cuda, bytes, 1, RandomQuant::parse("int4"));
+  int flipped = 0;
+  for (int n : {1, 2, 8})
+    flipped += step_moved_past(*off, *on, n, 1e-4f, "int4 byte codes, one step of " + std::to_string(n) + " token(s)");
+  EXPECT_LE(flipped, 2);
+  EXPECT_EQ(greedy_moe_tokens(*on), greedy_moe_tokens(*off));
+}
+
 // Lever fused_norm_matvec, auto, on the Qwen3-30B-A3B shape (random int4 and
 // int8): its attention matrices (2^23 weights and up) fold, so q/k/v take h
 // through their RMSNorm'd prepare, attention's splits merge on their way into

@@ -406,6 +406,72 @@ TEST_F(MoeTensorCoreGpu, DeepRingAtOneTokenOfInt8ExpertsMovesOnlyTheRounding) {
     }
 }
 
+// Lever int4_byte_codes on the experts: int4 g64 and g128 stacks take the stored
+// bytes at every batch (one image a token), their two prepares and two matvecs
+// their own kernels; g32 keeps the unpacked codes, the same kernels and bits.
+// Within 1e-5 of the lever off, routing in the experts or not, adding into the
+// residual, or normalizing it first, and within 1e-4 of the CPU; x's token 0
+// beyond f16's range, token 1 each group at its own scale down to 1e-7.
+TEST_F(MoeTensorCoreGpu, Int4ByteCodesMoveOnlyTheRounding) {
+  const int64_t E = 16, f = 768, d = 2048, k = 8;
+  const Weight router = random_affine(E, d, 4, 64, 289).to_device(Device::cuda);
+  const Tensor norm_w = gpu(random({d}, DType::bf16, 288, 0.5f, 1.0f));
+  for (int group : {32, 64, 128}) {
+    const ops::ExpertWeights w = random_experts(E, f, d, "int4", group != 64, group), wg = on_gpu(w);
+    for (int64_t T : {1, 2, 5})
+      for (bool in_experts : {false, true}) {
+        const std::string label = "int4 g" + std::to_string(group) + " T=" + std::to_string(T) +
+                                  (in_experts ? " routing in the experts" : "");
+        Tensor x = random({T, d}, DType::f32, 290 + uint64_t(T), 3.0f);
+        if (T > 1)
+          for (int64_t i = 0; i < d; ++i) {
+            x.data<float>()[i] *= 1e5f;
+            x.data<float>()[d + i] *= float(1 << ((i / group) % 24)) * 1e-7f;
+          }
+        const Tensor logits = random({T, E}, DType::f32, 291 + uint64_t(T), 2.0f);
+        const Tensor h = random({T, d}, DType::f32, 292 + uint64_t(T));
+        const Tensor xg = gpu(x), lg = gpu(logits);
+        const ops::MoeRouting routing{.top_k = int(k), .renormalize = true};
+        auto run = [&] { return ops::moe_routed_experts(xg, wg, lg, routing); };
+        struct Run {
+          std::vector<std::string> names;
+          Tensor y, added, normed;
+        };
+        auto run_with = [&](bool bytes) {
+          ops::set_launch_settings(
+              {.tensor_core_moe_matvec = true, .routing_in_experts = in_experts, .int4_byte_codes = bytes});
+          Run r;
+          for (const auto& launch : test::kernel_launches_by(run)) r.names.push_back(launch.name);
+          r.y = run().to_device(Device::cpu);
+          Tensor added = gpu(h), normed = gpu(h);
+          ops::moe_routed_experts_add(added, xg, wg, lg, routing);
+          r.added = added.to_device(Device::cpu);
+          ops::moe_normed_experts_add(normed, norm_w, 1e-6f, router, wg, routing);
+          r.normed = normed.to_device(Device::cpu);
+          ops::set_launch_settings({});
+          return r;
+        };
+        const Run off = run_with(false), on = run_with(true);
+        ASSERT_EQ(on.names.size(), off.names.size()) << label;
+        size_t changed = 0;
+        for (size_t i = 0; i < on.names.size(); ++i) changed += on.names[i] != off.names[i];
+        EXPECT_EQ(changed, group >= 64 ? 4u : 0u) << label << ": two prepares and two matvecs";
+        if (group < 64) {
+          EXPECT_EQ(test::max_abs_diff(on.y, off.y).diff, 0.0f) << label;
+        }
+        EXPECT_LE(relative_error(on.y, off.y, label + ", bytes against digits"), 1e-5f);
+        EXPECT_LE(relative_error(on.added, off.added, label + ", added, bytes against digits"), 1e-5f);
+        EXPECT_LE(relative_error(on.normed, off.normed, label + ", normed, bytes against digits"), 1e-5f);
+        for (int64_t t = 0; t < T; ++t)
+          EXPECT_LE(relative_error(on.y.slice_rows(t, t + 1), off.y.slice_rows(t, t + 1),
+                                   label + ", token " + std::to_string(t)),
+                    1e-5f);
+        EXPECT_LE(relative_error(on.y, ops::moe_routed_experts(x, w, logits, routing), label + ", bytes against the CPU"),
+                  1e-4f);
+      }
+  }
+}
+
 // Where the experts cannot route (FP8 experts, k = 3 on the CUDA-core kernels),
 // the lever leaves the routing kernel in place, with the same results.
 TEST_F(MoeTensorCoreGpu, RoutingInExpertsFallsBackToTheRoutingKernel) {

@@ -24,6 +24,17 @@
 // to 24 bits, 2^-32 of the group's sum, below the f32 accumulation's rounding).
 // The staged table holds 2^-k (or 2^-k 65536) and 2^-k sum x' per lane quad;
 // quads of tokens past T hold zeros.
+// Lever int4_byte_codes (the MoE experts' int4 g64 and g128 stacks): the
+// stored bytes go into the mma as they are, b = lo + 16 hi for
+// codes lo = c_2j and hi = c_2j+1, so no shift unpacks them. A step pair takes
+// the bytes against y_j = x'_2j+1 and their low codes (one mask) against
+// z_j = 16 x'_2j - x'_2j+1, which sums to 16 sum c x' exactly:
+//   b y + lo z = lo x'_2j+1 + 16 hi x'_2j+1 + 16 lo x'_2j - lo x'_2j+1.
+// y and z are 4 digits each (|z| < 17 2^22), a token's four columns, and the
+// factors carry the 1/16 (kByteCodes below). Two mmas a 64-value group as
+// before, 4 mask instructions a lane instead of 12 (masks and shifts). The
+// dense one-token matvec in this form measured level (Llama-3-8B int4 -0.2%,
+// docs/levers.md), so only the experts take it; the kernel supports both.
 // Lever int16_activation_matvec (affine_ops.cpp: from 2 tokens): x' is rounded
 // to 15 bits instead (largest |x'| in [2^13, 2^14)), two digits d0 + 256 d1,
 // so a token takes two columns and four tokens share an mma (T <= 4 takes one
@@ -101,6 +112,7 @@ bool streamed_weights = false;  // lever streamed_weights
 // +3% at 5-8 tokens). Stages of 64 bytes, which let two blocks share an SM at
 // 5-8 tokens of int4, measured 11-12% slower.
 bool wide_batch_stages = false;
+bool int4_byte_codes = false;  // lever int4_byte_codes (the header's comment)
 constexpr int kDeepRingStages = 5;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight (at least 3 stages)
 constexpr int kMaxParts = 8;          // launches a row may be cut into (x too long for shared memory)
@@ -136,6 +148,10 @@ struct Shape {
   static constexpr int kSteps = kGroup / 32;  // k32 steps per group
 };
 
+// The digit count that names lever int4_byte_codes' form of x (y and z, four
+// digits each, a token's four columns): kernels instantiated with it read int4
+// codes as whole bytes.
+constexpr int kByteCodes = 4;
 // B columns a token takes: its digits, padded to a power of two (3 digits: 4).
 __host__ __device__ constexpr int columns_per_token(int digits) { return digits == 3 ? 4 : digits; }
 // mmas a k32 step: one per 8 B columns.
@@ -145,7 +161,7 @@ __host__ __device__ constexpr int mmas_for(int T, int digits) {
 }
 // The largest |x'| of a group lies in [2^(top - 1), 2^top): 23 significant
 // bits in three digits, 15 in two (the top digit then in [-64, 64]).
-__host__ __device__ constexpr int top_bit(int digits) { return digits == 3 ? 22 : 14; }
+__host__ __device__ constexpr int top_bit(int digits) { return digits >= 3 ? 22 : 14; }
 
 // One launch's share of the columns (all of them unless x is too long for
 // shared memory: then launches of whole stages, each adding into y).
@@ -246,6 +262,66 @@ __device__ __forceinline__ float2* token_factors(uint8_t* staged, int64_t x_byte
          t % kTokens * (4 / kTokens);
 }
 
+// The four digit bytes of each of four words, as four digit words: word d
+// holds digit d of b[0..3].
+__device__ __forceinline__ void transpose_digits(const uint32_t (&b)[4], uint32_t (&digits)[4]) {
+  const uint32_t low01 = __byte_perm(b[0], b[1], 0x5140), low23 = __byte_perm(b[2], b[3], 0x5140);
+  const uint32_t high01 = __byte_perm(b[0], b[1], 0x7362), high23 = __byte_perm(b[2], b[3], 0x7362);
+  digits[0] = __byte_perm(low01, low23, 0x5410);
+  digits[1] = __byte_perm(low01, low23, 0x7632);
+  digits[2] = __byte_perm(high01, high23, 0x5410);
+  digits[3] = __byte_perm(high01, high23, 0x7632);
+}
+
+// Lever int4_byte_codes' staging of a run of 8 values (4 stored bytes, j = 0..3):
+// y_j = x'_2j+1 and z_j = 16 x'_2j - x'_2j+1 in 4 digits each. In a group's digit
+// row, lane q's 8-byte runs of codes (bytes 8 p + 0..7 of its G / 8, mma pair p)
+// have 16 bytes at q G / 4 + 16 p: y of the 8 bytes, then z of them, the B
+// words of steps 2 p and 2 p + 1.
+template <int kGroup>
+__device__ __forceinline__ void stage_byte_coded(const float (&v)[8], float up, bool finite, int T, int t, int e,
+                                                 bool active, int x_stride, uint8_t* staged, int64_t x_bytes,
+                                                 float down) {
+  constexpr int kLanes = kGroup / 8;
+  int sum = 0;
+  uint32_t y_bytes[4], z_bytes[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int lo = finite ? __float2int_rn(v[2 * j] * up) : 0, hi = finite ? __float2int_rn(v[2 * j + 1] * up) : 0;
+    sum += lo + hi;
+    // Balanced base-256 digits: z + 0x80808080 holds each digit plus 128 in its
+    // own byte (|z| < 17 2^22), and the xor makes them signed.
+    y_bytes[j] = (uint32_t(hi) + 0x80808080u) ^ 0x80808080u;
+    z_bytes[j] = (uint32_t(16 * lo - hi) + 0x80808080u) ^ 0x80808080u;
+  }
+  uint32_t y[4], z[4];
+  transpose_digits(y_bytes, y);
+  transpose_digits(z_bytes, z);
+#pragma unroll
+  for (int o = 1; o < kLanes; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (!active) return;
+  const int in_group = e % kGroup, byte0 = in_group / 2;  // the run's first stored byte in its group
+  constexpr int kLaneBytes = kGroup / 8;
+  const int q = byte0 / kLaneBytes, o = byte0 % kLaneBytes;
+  const int at = e - in_group + q * (kGroup / 4) + 16 * (o / 8) + o % 8;
+#pragma unroll
+  for (int d = 0; d < kByteCodes; ++d) {
+    uint8_t* row = staged + int64_t(kByteCodes * t + d) * x_stride + at;
+    *reinterpret_cast<uint32_t*>(row) = y[d];
+    *reinterpret_cast<uint32_t*>(row + 8) = z[d];
+  }
+  if (threadIdx.x % kLanes != 0) return;
+  const int group = e / kGroup, mmas = mmas_for(T, kByteCodes);
+  float2* f = token_factors<kByteCodes>(staged, x_bytes, group, mmas, t);
+  f[0] = make_float2(down * 0.0625f, float(sum) * down);  // (C0 + 256 C1) / 16, and the bias term
+  f[1] = make_float2(down * 4096.0f, 0.0f);               // 65536 (C2 + 256 C3) / 16
+  if (t != 0) return;
+  for (int u = T; u < mmas * 2; ++u) {  // tokens past T in the last mma
+    float2* past = token_factors<kByteCodes>(staged, x_bytes, group, mmas, u);
+    past[0] = past[1] = make_float2(0.0f, 0.0f);
+  }
+}
+
 // Eight values of x (token t, columns e to e + 8) into the staged image: their
 // digits (4 bits: stored as 0 2 4 6 1 3 5 7) and, with the group's other runs,
 // its factors. The G / 8 lanes of a group are consecutive lanes of one warp
@@ -266,47 +342,52 @@ __device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, 
   const float up = exp2_int(kTop - exponent);
   // A group holding inf or NaN gives NaN rows, as the f32 product would give inf or NaN.
   const float down = finite ? exp2_int(exponent - kTop) : __int_as_float(0x7fc00000);
-  int sum = 0;
-  // Byte d of position k's word is its digit d: the digits below the top are
-  // in [-128, 128) and the top one in [-64, 64], so x' + 0x808080 holds each
-  // digit plus 128 in its own byte (no carries), and the xor makes them signed.
-  uint32_t digit_bytes[8];
+  if constexpr (kDigits == kByteCodes) {
+    static_assert(kBits == 4 && kGroup >= 64, "byte codes: int4, a lane's 8-byte runs of a group");
+    stage_byte_coded<kGroup>(v, up, finite, T, t, e, active, x_stride, staged, x_bytes, down);
+  } else {
+    int sum = 0;
+    // Byte d of position k's word is its digit d: the digits below the top are
+    // in [-128, 128) and the top one in [-64, 64], so x' + 0x808080 holds each
+    // digit plus 128 in its own byte (no carries), and the xor makes them signed.
+    uint32_t digit_bytes[8];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    // Staged position k holds value j: 8 bits in place, 4 bits 0 2 4 6 1 3 5 7.
-    const int j = kBits == 8 ? k : (k < 4 ? 2 * k : 2 * (k - 4) + 1);
-    const int xq = finite ? __float2int_rn(v[j] * up) : 0;  // |xq| <= 2^kTop
-    sum += xq;
-    digit_bytes[k] = (uint32_t(xq) + 0x808080u) ^ 0x808080u;
-  }
-  // Digit d's row takes byte d of positions 4 h .. 4 h + 3 (word h).
-  uint32_t digits[kDigits][2];
+    for (int k = 0; k < 8; ++k) {
+      // Staged position k holds value j: 8 bits in place, 4 bits 0 2 4 6 1 3 5 7.
+      const int j = kBits == 8 ? k : (k < 4 ? 2 * k : 2 * (k - 4) + 1);
+      const int xq = finite ? __float2int_rn(v[j] * up) : 0;  // |xq| <= 2^kTop
+      sum += xq;
+      digit_bytes[k] = (uint32_t(xq) + 0x808080u) ^ 0x808080u;
+    }
+    // Digit d's row takes byte d of positions 4 h .. 4 h + 3 (word h).
+    uint32_t digits[kDigits][2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t* b = digit_bytes + 4 * h;
-    const uint32_t low01 = __byte_perm(b[0], b[1], 0x5140), low23 = __byte_perm(b[2], b[3], 0x5140);
-    digits[0][h] = __byte_perm(low01, low23, 0x5410);
-    digits[1][h] = __byte_perm(low01, low23, 0x7632);
-    if constexpr (kDigits == 3)
-      digits[2][h] = __byte_perm(__byte_perm(b[0], b[1], 0x7362), __byte_perm(b[2], b[3], 0x7362), 0x5410);
-  }
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t* b = digit_bytes + 4 * h;
+      const uint32_t low01 = __byte_perm(b[0], b[1], 0x5140), low23 = __byte_perm(b[2], b[3], 0x5140);
+      digits[0][h] = __byte_perm(low01, low23, 0x5410);
+      digits[1][h] = __byte_perm(low01, low23, 0x7632);
+      if constexpr (kDigits == 3)
+        digits[2][h] = __byte_perm(__byte_perm(b[0], b[1], 0x7362), __byte_perm(b[2], b[3], 0x7362), 0x5410);
+    }
 #pragma unroll
-  for (int o = 1; o < kLanes; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (!active) return;
+    for (int o = 1; o < kLanes; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (!active) return;
 #pragma unroll
-  for (int d = 0; d < kDigits; ++d)
-    *reinterpret_cast<uint2*>(staged + int64_t(kDigits * t + d) * x_stride + e) = make_uint2(digits[d][0], digits[d][1]);
-  if (threadIdx.x % kLanes != 0) return;
-  const int group = e / kGroup, mmas = mmas_for(T, kDigits);
-  constexpr int kQuads = 4 / (8 / columns_per_token(kDigits));  // a token's lane quads
-  float2* f = token_factors<kDigits>(staged, x_bytes, group, mmas, t);
-  f[0] = make_float2(down, float(sum) * down);                // C0 + 256 C1, and the bias term
-  if constexpr (kQuads == 2) f[1] = make_float2(down * 65536.0f, 0.0f);  // C2
-  if (t != 0) return;
-  for (int u = T; u < mmas * 8 / columns_per_token(kDigits); ++u) {  // tokens past T in the last mma
-    float2* past = token_factors<kDigits>(staged, x_bytes, group, mmas, u);
+    for (int d = 0; d < kDigits; ++d)
+      *reinterpret_cast<uint2*>(staged + int64_t(kDigits * t + d) * x_stride + e) = make_uint2(digits[d][0], digits[d][1]);
+    if (threadIdx.x % kLanes != 0) return;
+    const int group = e / kGroup, mmas = mmas_for(T, kDigits);
+    constexpr int kQuads = 4 / (8 / columns_per_token(kDigits));  // a token's lane quads
+    float2* f = token_factors<kDigits>(staged, x_bytes, group, mmas, t);
+    f[0] = make_float2(down, float(sum) * down);                // C0 + 256 C1, and the bias term
+    if constexpr (kQuads == 2) f[1] = make_float2(down * 65536.0f, 0.0f);  // C2
+    if (t != 0) return;
+    for (int u = T; u < mmas * 8 / columns_per_token(kDigits); ++u) {  // tokens past T in the last mma
+      float2* past = token_factors<kDigits>(staged, x_bytes, group, mmas, u);
 #pragma unroll
-    for (int k = 0; k < kQuads; ++k) past[k] = make_float2(0.0f, 0.0f);
+      for (int k = 0; k < kQuads; ++k) past[k] = make_float2(0.0f, 0.0f);
+    }
   }
 }
 
@@ -612,9 +693,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
     affine_matvec_mma_kernel(const __grid_constant__ Problem p) {
   using Sh = Shape<kBits, kGroup, S, kRowBytesAtLeast>;
   // 3 digits: lane quads q and q + 1 hold token 2 m + q / 2, q even its digits
-  // 0 and 1, q odd digit 2 (and an unused column); 2 digits: quad q holds token
-  // 4 m + q, both digits.
-  constexpr bool kPairedQuads = kDigits == 3;
+  // 0 and 1, q odd digit 2 (and an unused column); byte codes likewise, q odd
+  // digits 2 and 3; 2 digits: quad q holds token 4 m + q, both digits.
+  constexpr bool kPairedQuads = kDigits >= 3;
+  static_assert(kDigits != kByteCodes || (kBits == 4 && kGroup >= 64), "byte codes: int4 g64 and g128");
   auto token_of = [](int m, int quad) { return kPairedQuads ? 2 * m + quad / 2 : 4 * m + quad; };
   constexpr int kSg = Sh::kStageGroups;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -753,8 +835,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
     const int digit_row = kDigits * min(token, p.T - 1) + min(g % kColumns, kDigits - 1);
     b_row[m] = smem + digit_row * p.x_stride + q * (kGroup / 4);
   }
-  // Quads holding digits 0 and 1 sum C0 + 256 C1; with 3 digits q odd holds digit 2 (and column 3).
-  const int high = kPairedQuads && q % 2 ? 0 : 256;
+  // Quads holding digits 0 and 1 sum C0 + 256 C1; with 3 digits q odd holds digit 2 (and
+  // column 3, unused), with byte codes digits 2 and 3 (C2 + 256 C3).
+  const int high = kDigits == 3 && q % 2 ? 0 : 256;
   int row0 = (int(blockIdx.x) * tiles_per_unit + warp / p.split) * kTileRows, stage = stage_begin;
   uint32_t slot_addr = ring_addr;
 
@@ -795,6 +878,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
         uint32_t a[4];
         if constexpr (kBits == 8) {
           a[0] = top[2 * s], a[1] = bottom[2 * s], a[2] = top[2 * s + 1], a[3] = bottom[2 * s + 1];
+        } else if constexpr (kDigits == kByteCodes) {
+          // Step 2 p: the lane's stored bytes 8 p .. 8 p + 7 (against y); step 2 p + 1: their low codes (against z).
+          const int w = s / 2 * 2;
+          const uint32_t keep = s % 2 ? 0x0F0F0F0Fu : 0xFFFFFFFFu;
+          a[0] = top[w] & keep, a[1] = bottom[w] & keep, a[2] = top[w + 1] & keep, a[3] = bottom[w + 1] & keep;
         } else {  // codes 0 2 4 6 and 1 3 5 7 of the word, as bytes
           a[0] = top[s] & 0x0F0F0F0Fu, a[1] = bottom[s] & 0x0F0F0F0Fu;
           a[2] = (top[s] >> 4) & 0x0F0F0F0Fu, a[3] = (bottom[s] >> 4) & 0x0F0F0F0Fu;
@@ -867,7 +955,10 @@ struct Variant {
   template <int kMode, int kStages = Sh::kStages, bool kWarpRouted = false>
   static constexpr auto kernel_for =
       affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits, kMode, kStages, 128, kWarpRouted>;
-  static constexpr auto kernel = kernel_for<kDense>;
+  // Functions, not data members, for what only the dense launches read: the
+  // experts' byte-coded variants (lever int4_byte_codes) never do, and nvcc
+  // reports a data member never read (warning #177).
+  static constexpr auto kernel() { return kernel_for<kDense>; }
   // Lever wide_batch_stages: 256 bytes of each row a stage at 5-8 tokens (two
   // digits) of int8 weights with 16-bit scales (g32 and g64: g128's stages
   // take 256 bytes already). int4 measured level in the model (+1% at 5
@@ -875,9 +966,11 @@ struct Variant {
   using Wide = Shape<kBits, kGroup, S, 256>;
   // Worked out without reading Wide's members: where Wide is not used (int8 g128, whose
   // stages take two 128-byte groups anyway) nvcc reported them unused (warning #177).
-  static constexpr bool kHasWide = kBits == 8 && kMmas == 2 && kDigits == 2 && sizeof(S) == 2 &&
-                                   stage_groups(kBits, kGroup, 256) > Sh::kStageGroups;
-  static constexpr auto wide_kernel() {  // instantiated only where called (kHasWide)
+  static constexpr bool has_wide() {
+    return kBits == 8 && kMmas == 2 && kDigits == 2 && sizeof(S) == 2 &&
+           stage_groups(kBits, kGroup, 256) > Sh::kStageGroups;
+  }
+  static constexpr auto wide_kernel() {  // instantiated only where called (has_wide())
     return affine_matvec_mma_kernel<kBits, kGroup, S, kMmas, kDigits, kDense, Wide::kStages, 256>;
   }
 
@@ -1084,7 +1177,7 @@ struct Variant {
   struct DenseLaunch {
     Layout l;
     int per_sm;
-    decltype(kernel) kernel_used;
+    decltype(kernel()) kernel_used;
     int stage_values, stages;  // the kernel's Shape
   };
   static DenseLaunch dense_launch(int64_t in, int64_t T, int parts) {
@@ -1097,7 +1190,7 @@ struct Variant {
           return {deep, per_sm, kernel_for<kDense, kDeepRingStages>, Sh::kStageValues, kDeepRingStages};
       }
     }
-    if constexpr (kHasWide) {
+    if constexpr (has_wide()) {
       // Only where the blocks an SM stay (one: x's image at 5-8 tokens).
       if (wide_batch_stages && per_sm > 0 && in % Wide::kStageValues == 0) {
         const Layout wide = layout(int(in), kGroup, int(T), kDigits, Wide::kStageBytes, Wide::kStages);
@@ -1105,7 +1198,7 @@ struct Variant {
           return {wide, per_sm, wide_kernel(), Wide::kStageValues, Wide::kStages};
       }
     }
-    return {l, per_sm, kernel, Sh::kStageValues, Sh::kStages};
+    return {l, per_sm, kernel(), Sh::kStageValues, Sh::kStages};
   }
 
   // Warps a tile for launches of `in` columns (tiles::split_for, minding the
@@ -1237,11 +1330,19 @@ bool shape_supported(const AffineArgs& w, int64_t T, int digits) {
   return reinterpret_cast<uintptr_t>(w.packed) % 16 == 0;
 }
 
-// Calls fn with the one-token Variant (three digits) for an expert stack's format.
+// Calls fn with the one-token Variant (three digits, or lever int4_byte_codes'
+// form for int4 g64 and g128) for an expert stack's format.
 template <typename Fn>
 cudaError_t visit_expert_variant(const ExpertMatrix& m, Fn&& fn) {
   return visit_float(m.dtype, [&]<typename S>() {
     auto by_group = [&]<int kBits>() {
+      if constexpr (kBits == 4) {
+        if (int4_byte_codes && m.group_size >= 64) {
+          if (m.group_size == 64) fn(Variant<4, 64, S, 1, kByteCodes>{});
+          else fn(Variant<4, 128, S, 1, kByteCodes>{});
+          return;
+        }
+      }
       if (m.group_size == 32) fn(Variant<kBits, 32, S, 1, 3>{});
       else if (m.group_size == 64) fn(Variant<kBits, 64, S, 1, 3>{});
       else fn(Variant<kBits, 128, S, 1, 3>{});
@@ -1320,6 +1421,8 @@ void set_deep_moe_ring(bool on) { deep_moe_ring = on; }
 void set_deep_dense_ring(bool on) { deep_dense_ring = on; }
 void set_streamed_weights(bool on) { streamed_weights = on; }
 void set_wide_batch_stages(bool on) { wide_batch_stages = on; }
+void set_int4_byte_codes(bool on) { int4_byte_codes = on; }
+bool int4_byte_codes_enabled() { return int4_byte_codes; }
 bool streamed_weights_enabled() { return streamed_weights; }
 bool deep_moe_ring_enabled() { return deep_moe_ring; }
 
@@ -1341,40 +1444,46 @@ MmaKernelLocal affine_matvec_mma_most_local() {
     if (cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && int64_t(attr.localSizeBytes) > most.bytes)
       most = {int64_t(attr.localSizeBytes), w.bits, w.group_size, mmas, digits, w.scale_dtype, mode};
   };
-  // Every kernel the launches can pick: through the same dispatch, every format, T and digit count.
-  for (const DType dtype : {DType::f32, DType::f16, DType::bf16})
-    for (const int bits : {4, 8})
-      for (const int group : {32, 64, 128}) {
-        const AffineArgs w{.scale_dtype = dtype, .bits = bits, .group_size = group};
-        for (const int digits : {2, 3})
-          for (int T = 1; T <= 8; ++T)
-            visit_variant(w, T, digits, [&](auto v) {
-              using V = decltype(v);
-              check(reinterpret_cast<const void*>(V::kernel), w, mmas_for(T, digits), digits, "dense");
-              if constexpr (V::kWeightBits == 8 && V::kMmaCount == 1 && V::kDigitCount == 3)  // deep_dense_ring's
-                check(reinterpret_cast<const void*>(V::template kernel_for<kDense, kDeepRingStages>), w, 1, 3,
-                      "dense, deep ring");
-              if constexpr (V::kHasWide)  // wide_batch_stages'
-                check(reinterpret_cast<const void*>(V::wide_kernel()), w, mmas_for(T, digits), digits,
-                      "dense, wide stages");
-            });
-        const ExpertMatrix m{.dtype = dtype, .bits = bits, .group_size = group};
-        visit_expert_variant(m, [&](auto v) {
-          using V = decltype(v);
-          check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp>), w, 1, 3, "gate/up");
-          check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp, V::Sh::kStages, true>), w, 1, 3,
-                "gate/up, each warp routing");
-          check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown>), w, 1, 3, "down");
-          if constexpr (V::kWeightBits == 8) {  // lever deep_moe_ring's
-            check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp, kDeepRingStages>), w, 1, 3,
-                  "gate/up, deep ring");
-            check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp, kDeepRingStages, true>), w, 1, 3,
-                  "gate/up, deep ring, each warp routing");
-            check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown, kDeepRingStages>), w, 1, 3,
-                  "down, deep ring");
-          }
-        });
-      }
+  // Every kernel the launches can pick: through the same dispatch, every format, T and digit count,
+  // with lever int4_byte_codes off and on.
+  const bool byte_codes_set = int4_byte_codes;
+  for (const bool bytes : {false, true}) {
+    int4_byte_codes = bytes;
+    for (const DType dtype : {DType::f32, DType::f16, DType::bf16})
+      for (const int bits : {4, 8})
+        for (const int group : {32, 64, 128}) {
+          const AffineArgs w{.scale_dtype = dtype, .bits = bits, .group_size = group};
+          for (const int digits : {2, 3})
+            for (int T = 1; T <= 8; ++T)
+              visit_variant(w, T, digits, [&](auto v) {
+                using V = decltype(v);
+                check(reinterpret_cast<const void*>(V::kernel()), w, mmas_for(T, digits), V::kDigitCount, "dense");
+                if constexpr (V::kWeightBits == 8 && V::kMmaCount == 1 && V::kDigitCount == 3)  // deep_dense_ring's
+                  check(reinterpret_cast<const void*>(V::template kernel_for<kDense, kDeepRingStages>), w, 1, 3,
+                        "dense, deep ring");
+                if constexpr (V::has_wide())  // wide_batch_stages'
+                  check(reinterpret_cast<const void*>(V::wide_kernel()), w, mmas_for(T, digits), digits,
+                        "dense, wide stages");
+              });
+          const ExpertMatrix m{.dtype = dtype, .bits = bits, .group_size = group};
+          visit_expert_variant(m, [&](auto v) {
+            using V = decltype(v);
+            check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp>), w, V::kMmaCount, V::kDigitCount, "gate/up");
+            check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp, V::Sh::kStages, true>), w, V::kMmaCount, V::kDigitCount,
+                  "gate/up, each warp routing");
+            check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown>), w, V::kMmaCount, V::kDigitCount, "down");
+            if constexpr (V::kWeightBits == 8) {  // lever deep_moe_ring's
+              check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp, kDeepRingStages>), w, 1, 3,
+                    "gate/up, deep ring");
+              check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUp, kDeepRingStages, true>), w, 1, 3,
+                    "gate/up, deep ring, each warp routing");
+              check(reinterpret_cast<const void*>(V::template kernel_for<kMoeDown, kDeepRingStages>), w, 1, 3,
+                    "down, deep ring");
+            }
+          });
+        }
+  }
+  int4_byte_codes = byte_codes_set;
   return most;
 }
 

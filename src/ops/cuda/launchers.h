@@ -79,6 +79,11 @@ void set_deep_dense_ring(bool on);
 // bytes of each row a stage instead of 128 where its blocks an SM stay
 // (affine_matvec_mma.cu).
 void set_wide_batch_stages(bool on);
+// Lever int4_byte_codes: the tensor-core MoE experts' int4 stacks in groups of
+// 64 or 128 take the stored bytes as the mma's operand, against x written as y
+// and z (affine_matvec_mma.cu).
+void set_int4_byte_codes(bool on);
+bool int4_byte_codes_enabled();
 // The tensor-core decode matvecs (affine and FP8) take one token only of a
 // matrix this large: a smaller one pays more for their extra launch, which
 // converts x, than it gains (docs/levers.md).
