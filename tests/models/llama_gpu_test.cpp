@@ -307,14 +307,14 @@ TEST(MoeGpu, TensorCoreExpertsMatchTheCudaCoreKernelsOnTheQwen3_30B_A3B_Shape) {
   EXPECT_LE(flipped, 1) << "one-step decodes whose logits moved past 1e-4";
 }
 
-// Lever routing_in_experts on the Qwen3-30B-A3B shape (random int4 and int8
-// experts, softmax top 8 of 128, renormalised): the experts' gate/up blocks
+// Lever routing_in_experts on the Qwen3-30B-A3B shape (random int4, int8 and
+// FP8 experts, softmax top 8 of 128, renormalised): the experts' gate/up blocks
 // choose the same experts with the same weights as the routing kernel, so one
 // decode step of 1, 2 or 8 tokens gives the same logits bit for bit, and 16
 // greedy tokens through the decode loop (CUDA graphs) are the same.
 TEST(MoeGpu, RoutingInExpertsIsBitIdenticalOnTheQwen3_30B_A3B_Shape) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  for (const char* quant : {"int4", "int8"}) {
+  for (const char* quant : {"int4", "int8", "fp8"}) {
     auto off = random_model("qwen3-30b-a3b", Device::cuda, {.tensor_core_moe_matvec = true}, 1,
                             RandomQuant::parse(quant));
     auto on = random_model("qwen3-30b-a3b", Device::cuda, {.tensor_core_moe_matvec = true, .routing_in_experts = true},

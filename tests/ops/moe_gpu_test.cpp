@@ -271,7 +271,7 @@ TEST_F(MoeTensorCoreGpu, FallsBackWhereItCannotRunAndMixesFormats) {
   }
 }
 
-// Lever routing_in_experts: the tensor-core affine experts' gate/up blocks route
+// Lever routing_in_experts: the tensor-core experts' (affine and FP8) gate/up blocks route
 // each token themselves with the routing kernel's code, so the output is the
 // lever off's bit for bit, with the routing kernel gone. Softmax with and
 // without renormalising, sigmoid scores with a correction and a scale, in
@@ -299,7 +299,10 @@ TEST_F(MoeTensorCoreGpu, RoutingInExpertsGivesTheRoutingKernelsChoiceBitForBit) 
                         Case{"int4", 64, 128, 256, 512, {.top_k = 8, .renormalize = true}, false, true},
                         Case{"int8", 64, 64, 256, 512,
                              {.score = ops::MoeRouting::Score::sigmoid, .top_k = 4, .scale = 1.5f}, true, true},
-                        Case{"int4", 32, 32, 256, 512, {.top_k = 4, .renormalize = true}, false}})
+                        Case{"int4", 32, 32, 256, 512, {.top_k = 4, .renormalize = true}, false},
+                        Case{"fp8", 128, 128, 256, 512, {.top_k = 8, .renormalize = true}, false},
+                        Case{"fp8", 128, 256, 256, 256, deepseek, true},
+                        Case{"fp8", 128, 64, 384, 256, {.top_k = 2}, false, true}})
     for (bool fused : {false, true}) {
       const ops::ExpertWeights w = random_experts(s.E, s.f, s.d, s.format, fused, s.group), wg = on_gpu(w);
       const Tensor correction = s.correction ? random({s.E}, DType::f32, 140, 0.5f) : Tensor();
@@ -472,12 +475,12 @@ TEST_F(MoeTensorCoreGpu, Int4ByteCodesMoveOnlyTheRounding) {
   }
 }
 
-// Where the experts cannot route (FP8 experts, k = 3 on the CUDA-core kernels),
-// the lever leaves the routing kernel in place, with the same results.
+// Where the experts cannot route (k = 3, affine or FP8, on the CUDA-core
+// kernels), the lever leaves the routing kernel in place, with the same results.
 TEST_F(MoeTensorCoreGpu, RoutingInExpertsFallsBackToTheRoutingKernel) {
   const int64_t E = 16, f = 256, d = 512, T = 2;
   const Tensor x = random({T, d}, DType::f32, 160), logits = random({T, E}, DType::f32, 161, 2.0f);
-  for (const auto& [format, k] : {std::pair<std::string, int>{"fp8", 4}, {"int4", 3}}) {
+  for (const auto& [format, k] : {std::pair<std::string, int>{"fp8", 3}, {"int4", 3}}) {
     const ops::ExpertWeights w = random_experts(E, f, d, format, false), wg = on_gpu(w);
     const Tensor xg = gpu(x), lg = gpu(logits);
     const ops::MoeRouting routing{.top_k = k, .renormalize = true};

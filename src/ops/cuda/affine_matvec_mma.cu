@@ -639,42 +639,6 @@ __device__ __forceinline__ float unpack_scale(const uint32_t* words, int i) {
   }
 }
 
-// Gate/up under lever routing_in_experts: the block routes its token (the
-// router's logits came from the kernel two back, final once the prepare kernel
-// between let this one start): each warp alone in its own ring (kWarpRouted, a
-// kernel of its own: docs/benchmarks.md, forty-second session), or the whole
-// block in the space of x's image, which it fills only after its wait; the
-// block then takes its slot's expert, and the blocks of column 0 write their
-// pair's choice for the kernels after this one.
-template <bool kWarpRouted>
-__device__ __forceinline__ tiles::MoeBlock routed_block(const Problem& p, uint8_t* smem, uint8_t* warp_scratch) {
-  const int pair = blockIdx.y, slot = pair % p.k;
-  tiles::MoeBlock b;
-  b.token = pair / p.k;
-  if constexpr (kWarpRouted) {
-    const bool writes = blockIdx.x == 0 && threadIdx.x < 32;  // warp 0 of column 0
-    int expert = 0;
-    float weight = 0;
-    route_slot_in_warp(p.route, b.token, slot, warp_scratch, writes, expert, weight);
-    if (writes && threadIdx.x == 0) {
-      p.route.ids[pair] = expert;
-      p.route.weights[pair] = weight;
-    }
-    b.expert_row0 = int64_t(expert) * p.expert_stride;
-    return b;
-  }
-  const RoutingScratch s(smem, p.route.E);
-  rank_experts(p.route, b.token, s);
-  const int32_t expert = s.chosen[slot];
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    p.route.ids[pair] = expert;
-    p.route.weights[pair] = chosen_weight(p.route, s, slot);
-  }
-  __syncthreads();  // before x's image overwrites the choice
-  b.expert_row0 = int64_t(expert) * p.expert_stride;
-  return b;
-}
-
 // The blocks an SM each kernel is built for, which sets ptxas's register
 // budget: without it ptxas aimed at about 80 registers and spilled in the int8
 // MoE gate/up kernel's loop (Qwen3-30B-A3B int8 decode 2.3% slower). Two (up
@@ -1383,12 +1347,9 @@ bool moe_experts_mma_supports(const MoeExpertsArgs& a) {
   visit_expert_variant(a.down, [&](auto v) { fits = decltype(v)::moe_fits(a.down, a.k * a.d_ff); });
   if (!fits || !a.route.logits) return fits;
   // Routing in gate/up: the choice must fit before the ring in a block's shared memory.
-  const MoeRouteArgs& r = a.route;
-  if (r.k != a.k || r.k > 32 || r.E < a.k || r.E > kMaxRoutedExperts || r.T != a.T || !r.ids || !r.weights ||
-      r.ids != a.ids || r.weights != a.weights)
-    return false;
+  if (!routing_fits(a)) return false;
   visit_expert_variant(a.gate, [&](auto v) {
-    fits = routing_scratch_bytes(r.E) <= decltype(v)::layout_for(a.d_model, 1).total;
+    fits = routing_scratch_bytes(a.route.E) <= decltype(v)::layout_for(a.d_model, 1).total;
   });
   return fits;
 }

@@ -33,7 +33,8 @@
 // the kernel in the two more modes of affine_matvec_mma.cu: gate/up a block row
 // per (token, slot) pair over its expert's gate then up rows, down a block row
 // per token over its k experts' rows side by side (warp s of a tile on slot s),
-// over one image per token.
+// over one image per token; under lever routing_in_experts the gate/up blocks
+// route their token themselves (moe_routing.cuh, routed_block).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -45,6 +46,7 @@
 #include "ops/cuda/launchers.h"
 #include "ops/cuda/matvec_tiles.cuh"
 #include "ops/cuda/moe_launchers.h"
+#include "ops/cuda/moe_routing.cuh"
 
 namespace mere::cuda {
 namespace {
@@ -87,6 +89,9 @@ struct Problem {
   const uint8_t* up_values;
   const float* up_scales;
   int64_t image_bytes;  // one token's staged image
+  // Gate/up under lever routing_in_experts (route.logits set): each block routes
+  // its token before its wait (moe_routing.cuh, routed_block).
+  MoeRouteArgs route;
 };
 
 
@@ -311,8 +316,9 @@ __global__ void __launch_bounds__(kMaxAttentionSplits / kSplitsPerWarp * 32)
 
 // Block b takes units b, b + gridDim.x, ...; a unit is kWarps / split tiles of
 // 16 rows, warp w its tile w / split and the share w % split of its stages.
-template <int kMmas, int kMode>
+template <int kMmas, int kMode, bool kWarpRouted = false>
 __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __grid_constant__ Problem p) {
+  static_assert(!kWarpRouted || kStages * kStageBytes >= kWarpRoutingBytes, "a warp routes in its own ring");
   extern __shared__ __align__(16) uint8_t smem[];
   const float* factors = reinterpret_cast<const float*>(smem + p.x_bytes);
   uint8_t* ring = smem + p.staged_bytes + int64_t(threadIdx.x / 32) * kStages * kStageBytes;
@@ -325,7 +331,9 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
   const int n_stages = my_units * (stage_end - stage_begin);
 
   // Mixture of experts: the block's token and its expert's rows (up rows from d_ff on).
-  const tiles::MoeBlock moe = tiles::moe_block<kMode>(p.ids, p.k, p.expert_stride, part);
+  const tiles::MoeBlock moe = kMode == kMoeGateUp && p.route.logits
+                                  ? routed_block<kWarpRouted>(p, smem, ring)
+                                  : tiles::moe_block<kMode>(p.ids, p.k, p.expert_stride, part);
   const int token = moe.token, slot = moe.slot;
   const int64_t expert_row0 = moe.expert_row0, up_row0 = expert_row0 - p.d_ff;
   const int slot_blocks = int(p.row_bytes / kBlock);  // down: a slot's stages
@@ -481,14 +489,14 @@ int parts_for(int64_t in, int64_t T) {
 
 int64_t part_image_bytes(int64_t part_in, int64_t T) { return (layout(part_in, T).staged_bytes + 15) / 16 * 16; }
 
-template <int kMmas, int kMode = kDense>
+template <int kMmas, int kMode = kDense, bool kWarpRouted = false>
 int blocks_per_sm(int64_t smem) {
-  static const cudaError_t raised = cudaFuncSetAttribute(fp8_matvec_mma_kernel<kMmas, kMode>,
-                                                         cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
+  constexpr auto kernel = fp8_matvec_mma_kernel<kMmas, kMode, kWarpRouted>;
+  static const cudaError_t raised =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem());
   (void)raised;
   int blocks = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fp8_matvec_mma_kernel<kMmas, kMode>, kWarps * 32,
-                                                size_t(smem));
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, size_t(smem));
   return blocks;
 }
 
@@ -588,12 +596,16 @@ cudaError_t prepare_moe(const float* x, int64_t T, int64_t in, const float* pair
 }
 
 // Gate/up (`m` the gate stack, `up` the up stack) or down (`m` the down stack,
-// `in` = k columns of it) over the images at `staged`.
-template <int kMode>
+// `in` = k columns of it) over the images at `staged`; gate/up that routes its
+// token (a.route) takes the kernel of warps that route alone where routes_in_a_warp.
+template <int kMode, bool kWarpRouted = false>
 cudaError_t launch_moe(const MoeExpertsArgs& a, const ExpertMatrix& m, const ExpertMatrix& up, int64_t in,
                        const uint8_t* staged, float* y, cudaStream_t stream) {
+  if constexpr (kMode == kMoeGateUp && !kWarpRouted)
+    if (a.route.logits && routes_in_a_warp(a.route))
+      return launch_moe<kMode, true>(a, m, up, in, staged, y, stream);
   const Layout l = layout(in, 1);
-  const int per_sm = blocks_per_sm<1, kMode>(l.total);
+  const int per_sm = blocks_per_sm<1, kMode, kWarpRouted>(l.total);
   if (per_sm < 1) return cudaErrorInvalidValue;
   const int64_t slots = int64_t(per_sm) * sm_count();
   const int64_t blocks_y = tiles::moe_block_rows<kMode>(a.T, a.k);
@@ -623,7 +635,8 @@ cudaError_t launch_moe(const MoeExpertsArgs& a, const ExpertMatrix& m, const Exp
   p.expert_stride = m.expert_stride;
   p.up_values = static_cast<const uint8_t*>(up.w);
   p.up_scales = static_cast<const float*>(up.scales);
-  return launch_kernel(fp8_matvec_mma_kernel<1, kMode>, tiles::moe_grid(p.n_units, slots, blocks_y),
+  if constexpr (kMode == kMoeGateUp) p.route = a.route;
+  return launch_kernel(fp8_matvec_mma_kernel<1, kMode, kWarpRouted>, tiles::moe_grid(p.n_units, slots, blocks_y),
                        dim3(kWarps * 32), size_t(l.total), stream, p);
 }
 
@@ -635,9 +648,11 @@ tiles::MoeScratch moe_scratch(const MoeExpertsArgs& a) {
 
 bool moe_experts_fp8_mma_supports(const MoeExpertsArgs& a) {
   if (a.T < 1 || a.T > kMaxFp8MatvecTokens || a.k < 1 || kWarps % a.k != 0 || a.d_ff % kBlock != 0 ||
-      a.gate.cols != a.up.cols || a.gate.expert_stride != a.up.expert_stride)
+      a.gate.cols != a.up.cols || a.gate.expert_stride != a.up.expert_stride || a.accumulate || a.norm_w)
     return false;
-  return moe_fits(a.gate, a.d_model) && moe_fits(a.up, a.d_model) && moe_fits(a.down, a.k * a.d_ff);
+  if (!moe_fits(a.gate, a.d_model) || !moe_fits(a.up, a.d_model) || !moe_fits(a.down, a.k * a.d_ff)) return false;
+  // Routing in gate/up: the routing scratch fits in a block's shared memory (x's image, then the rings).
+  return !a.route.logits || (routing_fits(a) && routing_scratch_bytes(a.route.E) <= layout(a.d_model, 1).total);
 }
 
 int64_t moe_experts_fp8_mma_scratch_bytes(const MoeExpertsArgs& a) { return moe_scratch(a).total; }

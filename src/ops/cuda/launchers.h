@@ -101,8 +101,9 @@ bool tensor_core_fp8_matvec_enabled();
 // launch_moe_experts_mma); off: the CUDA-core kernels. Off unless set.
 void set_tensor_core_moe_matvec(bool on);
 bool tensor_core_moe_matvec_enabled();
-// Those experts' gate/up blocks route each token themselves (lever
-// routing_in_experts, ops::moe_routed_experts); off: the routing kernel. Off unless set.
+// The tensor-core experts' (affine and FP8) gate/up blocks route each token
+// themselves (lever routing_in_experts, ops::moe_routed_experts); off: the
+// routing kernel. Off unless set.
 void set_routing_in_experts(bool on);
 bool routing_in_experts_enabled();
 bool tensor_core_affine_matvec_enabled();

@@ -55,7 +55,7 @@ struct MoeExpertsArgs {
   const float* weights = nullptr;
   float* out = nullptr;          // [T, d_model]
   int64_t T = 0, k = 0, n_experts = 0, d_model = 0, d_ff = 0;
-  // Lever routing_in_experts (the tensor-core affine experts only): with
+  // Lever routing_in_experts (the tensor-core experts, affine and FP8): with
   // route.logits set, the gate/up kernel routes each token itself, before its
   // wait, and writes the choice to route.ids and route.weights (which ids and
   // weights then name) for the kernels after it; no routing kernel runs.
@@ -72,6 +72,13 @@ struct MoeExpertsArgs {
   float eps = 0;
   bool x_final = false;
 };
+// Whether a.route (set) describes a's own choice, for a gate/up that routes:
+// the same k, T, ids and weights, and an expert count the routing takes.
+inline bool routing_fits(const MoeExpertsArgs& a) {
+  const MoeRouteArgs& r = a.route;
+  return r.k == a.k && r.k <= 32 && r.E >= a.k && r.E <= kMaxRoutedExperts && r.T == a.T && r.ids && r.weights &&
+         r.ids == a.ids && r.weights == a.weights;
+}
 // Matvecs over the chosen experts' rows only, two kernels, f32 arithmetic: decode
 // (T <= kMaxMatvecTokens), and every T for f32 experts (test checkpoints, which
 // the bf16 GEMM would round). T * k <= 65535. `act` is scratch [T * k, d_ff] f32.

@@ -129,19 +129,26 @@ void run_experts(const MoeExpertsArgs& a) {
   MERE_CUDA(launch_moe_experts_prefill(a, scratch.raw(), stream()));
 }
 
-// Whether run_experts takes the tensor-core affine experts (which alone route
-// in gate/up and add into the residual).
+// Whether run_experts takes the tensor-core affine experts (which alone add
+// into the residual and normalize it).
 bool affine_experts_on_tensor_cores(const MoeExpertsArgs& a) {
   return a.T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled() && a.gate.dtype != DType::f8_e4m3 &&
          moe_experts_mma_supports(a);
 }
 
+// Whether run_experts takes the tensor-core experts, affine or FP8 (whose
+// gate/up routes where a.route is set).
+bool experts_on_tensor_cores(const MoeExpertsArgs& a) {
+  if (a.gate.dtype != DType::f8_e4m3) return affine_experts_on_tensor_cores(a);
+  return a.T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled() && moe_experts_fp8_mma_supports(a);
+}
+
 // The routing, then the experts: under lever routing_in_experts the tensor-core
-// affine experts' gate/up routes, else the routing kernel runs first.
+// experts' gate/up routes, else the routing kernel runs first.
 void route_and_run_experts(MoeExpertsArgs a, const MoeRouteArgs& route) {
   if (routing_in_experts_enabled()) {
     a.route = route;
-    if (affine_experts_on_tensor_cores(a)) return run_experts(a);
+    if (experts_on_tensor_cores(a)) return run_experts(a);
     a.route = MoeRouteArgs{};
   }
   MERE_CUDA(launch_moe_route(route, stream()));

@@ -1,6 +1,7 @@
 // How a router's logits choose one token's experts, by one block: the routing
 // kernel's body (moe.cu), and under lever routing_in_experts the first thing
-// each block of the tensor-core experts' gate/up does (affine_matvec_mma.cu),
+// each block of the tensor-core experts' gate/up does (affine_matvec_mma.cu,
+// fp8_matvec_mma.cu: routed_block below),
 // there by each warp alone where routes_in_a_warp (route_slot_in_warp), so
 // that all give the same ids and weights bit for bit.
 #pragma once
@@ -8,6 +9,7 @@
 #include <climits>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/matvec_tiles.cuh"
 #include "ops/cuda/moe_launchers.h"
 #include "ops/cuda/phase_probe.cuh"
 
@@ -245,6 +247,44 @@ __device__ __forceinline__ float chosen_weight(const MoeRouteArgs& a, const Rout
   float sum = 0;
   for (int i = 0; i < a.k; ++i) sum += s.chosen_score[i];
   return (a.renormalize ? s.chosen_score[j] / sum : s.chosen_score[j]) * a.scale;
+}
+
+// The tensor-core experts' gate/up (affine_matvec_mma.cu and fp8_matvec_mma.cu,
+// whose Problem has route, k and expert_stride) under lever routing_in_experts:
+// the block routes its token (the router's logits came from the kernel two
+// back, final once the prepare kernel between let this one start): each warp
+// alone in its own ring (kWarpRouted, a
+// kernel of its own: docs/benchmarks.md, forty-second session), or the whole
+// block in the space of x's image, which it fills only after its wait; the
+// block then takes its slot's expert, and the blocks of column 0 write their
+// pair's choice for the kernels after this one.
+template <bool kWarpRouted, typename Problem>
+__device__ __forceinline__ tiles::MoeBlock routed_block(const Problem& p, uint8_t* smem, uint8_t* warp_scratch) {
+  const int pair = blockIdx.y, slot = pair % p.k;
+  tiles::MoeBlock b;
+  b.token = pair / p.k;
+  if constexpr (kWarpRouted) {
+    const bool writes = blockIdx.x == 0 && threadIdx.x < 32;  // warp 0 of column 0
+    int expert = 0;
+    float weight = 0;
+    route_slot_in_warp(p.route, b.token, slot, warp_scratch, writes, expert, weight);
+    if (writes && threadIdx.x == 0) {
+      p.route.ids[pair] = expert;
+      p.route.weights[pair] = weight;
+    }
+    b.expert_row0 = int64_t(expert) * p.expert_stride;
+    return b;
+  }
+  const RoutingScratch s(smem, p.route.E);
+  rank_experts(p.route, b.token, s);
+  const int32_t expert = s.chosen[slot];
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    p.route.ids[pair] = expert;
+    p.route.weights[pair] = chosen_weight(p.route, s, slot);
+  }
+  __syncthreads();  // before x's image overwrites the choice
+  b.expert_row0 = int64_t(expert) * p.expert_stride;
+  return b;
 }
 
 }  // namespace mere::cuda
