@@ -230,6 +230,51 @@ TEST_F(Fp8Gpu, EveryMatvecTileMatches) {
     }
 }
 
+// Lever matvec_split_k on the FP8 matvec: matrices whose row groups do not fill
+// a wave of resident warps share each row among 2 or 4 warps (Qwen3-30B-A3B's
+// o_proj and router; its q/k/v at 2), each keeping a batch of 8 steps; a
+// matrix of many rows, or of short rows, keeps one. The default launch gives
+// the bits of the compiled variant of the same split, within the tolerance of
+// the CPU, at 1 and 8 tokens; with the lever off, split 1.
+TEST_F(Fp8Gpu, FewRowsShareTheirColumnsAmongWarps) {
+  struct Case { int64_t out, in; int split; };
+  // An H100's or H200's 132 SMs hold 8,448 resident warps.
+  for (Case c : {Case{2048, 4096, 4}, Case{128, 2048, 2}, Case{5120, 2048, 2}, Case{28672, 4096, 1},
+                 Case{64, 1024, 1}})
+    for (int64_t T : {1, 8}) {
+      const std::string label = fmt::format("{}x{} T={}", c.out, c.in, T);
+      Weight w(random_fp8(c.out, c.in, 128, uint64_t(c.out + 3 * c.in)));
+      Tensor values = gpu(w.fp8().values), scales = gpu(w.fp8().scale_inv);
+      const cuda::Fp8WeightView view{values.data<uint8_t>(), scales.data<float>(), c.out, c.in, scales.dim(1), 128};
+      Tensor x = random_activations(T, c.in, 19);
+      const Tensor want = ops::linear(x, w.dequantize(DType::f32), Tensor());
+      Tensor xd = gpu(x);
+      auto run = [&](int variant) {
+        Tensor y = Tensor::empty({T, c.out}, DType::f32, Device::cuda);
+        EXPECT_EQ(cuda::launch_fp8_matvec(xd.data<float>(), view, nullptr, y.data<float>(), T, stream(), variant),
+                  cudaSuccess);
+        return y.to_device(Device::cpu);
+      };
+      // The variant of the default tile (T = 1: 2 x 8; T = 8: 2 x 8 pipelined) with a given split.
+      auto variant_of = [&](int split) {
+        for (int v = 0; v < cuda::fp8_matvec_variants(); ++v) {
+          const cuda::Fp8MatvecTile t = cuda::fp8_matvec_tile(v);
+          if (t.rows_per_warp == 2 && t.steps_in_flight == 8 && t.pipelined == (T > 2) && t.split == split) return v;
+        }
+        return -1;
+      };
+      ops::set_launch_settings({.matvec_split_k = true});
+      EXPECT_EQ(cuda::fp8_matvec_split(view), c.split) << label;
+      const Tensor split = run(-1);
+      ops::set_launch_settings({});
+      EXPECT_EQ(cuda::fp8_matvec_split(view), 1) << label;
+      const Tensor one = run(-1);
+      EXPECT_TRUE(test::same_bytes(split, run(variant_of(c.split)))) << label;
+      EXPECT_TRUE(test::same_bytes(one, run(variant_of(1)))) << label;
+      EXPECT_LE(relative_error(split, want, label + " split"), kMatvecTolerance);
+    }
+}
+
 TEST_F(Fp8Gpu, ProgrammaticLaunchAndFusedRowsChangeNothing) {
   Weight q(random_fp8(256, 1024, 128, 1)), k(random_fp8(128, 1024, 128, 2)), v(random_fp8(128, 1024, 128, 3));
   Tensor x = gpu(random_activations(3, 1024, 4));

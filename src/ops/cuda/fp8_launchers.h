@@ -36,6 +36,9 @@ struct Fp8MatvecTile {
 };
 int fp8_matvec_variants();
 Fp8MatvecTile fp8_matvec_tile(int variant);
+// The split the default tile (2 rows x 8 steps) takes for w under lever
+// matvec_split_k (1 with it off); the variant of that split gives the same bits.
+int fp8_matvec_split(const Fp8WeightView& w);
 
 // The same product on the tensor cores (fp8_matvec_mma.cu, lever
 // tensor_core_fp8_matvec): E4M3 weights as f16 mma operands, x per token and

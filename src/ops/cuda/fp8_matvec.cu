@@ -2,9 +2,9 @@
 // matvec, and the small kernels around the prefill GEMM and the embedding.
 //
 // Matvec: `split` warps of a block per kRows output rows, each taking a
-// contiguous share of the columns (split-K; 1 by default, variants with 2 and 4
-// are compiled to measure it on matrices with few or long rows; the block adds
-// the shares in a fixed order). A warp steps through its rows 128 columns (one
+// contiguous share of the columns (split-K: 2 or 4 where the row groups do not
+// fill a wave of resident warps, lever matvec_split_k; the block adds the shares
+// in a fixed order). A warp steps through its rows 128 columns (one
 // scale block, 128 bytes) at a time: lane l takes the 4 weights of bytes
 // [4l, 4l + 4) of each row and the matching 4 inputs of each token with one
 // float4 load, so the warp's input loads are as contiguous as its weight loads
@@ -179,6 +179,21 @@ cudaError_t launch_fast(const float* x, const Fp8WeightView& w, const float* bia
                        w, bias, y, split);
 }
 
+// Lever matvec_split_k, the rule of the bf16 matvec's (matvec.cu): warps per
+// row group until the grid fills one wave of resident warps, at most 4, each
+// warp keeping at least a batch of steps in flight. One warp a row group left
+// Qwen3-30B-A3B's o_proj (2,048 rows, 128 blocks of 8 warps) one block an SM
+// and read it at 1.4 TB/s (H100: 6.0 us for 8.4 MB; docs/benchmarks.md).
+int split_for(int64_t out, int64_t in, int rows, int batch) {
+  static const int64_t resident_warps =
+      int64_t(sm_count()) * device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor) / 32;
+  if (!matvec_split_k_enabled()) return 1;
+  const int64_t row_groups = (out + rows - 1) / rows, steps = (in + kScaleBlock - 1) / kScaleBlock;
+  int split = 1;
+  while (split < 4 && row_groups * split * 2 <= resident_warps && steps / (split * 2) >= batch) split *= 2;
+  return split;
+}
+
 // The tile shapes compiled for T = 1 and 8, to compare them (variant >= 0).
 constexpr Fp8MatvecTile kTiles[] = {{2, 8, false, 1}, {2, 8, false, 2}, {2, 8, false, 4}, {2, 8, true, 1},
                                     {2, 8, true, 2},  {2, 8, true, 4},  {1, 16, false, 1}, {4, 4, false, 1}};
@@ -204,8 +219,9 @@ cudaError_t launch_matvec_for(const float* x, const Fp8WeightView& w, const floa
   // 2 rows x 8 steps was the best of the tiles on every shape; T = 8: 2 rows x 8
   // pipelined measured 18-28% of the roofline against 11-24% for 4 x 4, the
   // earlier default from 3 tokens; docs/benchmarks.md.)
-  if constexpr (T <= 2) return launch_fast<T, 2, 8, false>(x, w, bias, y, 1, stream);
-  else return launch_fast<T, 2, 8, true>(x, w, bias, y, 1, stream);
+  const int split = split_for(w.out, w.in, 2, 8);
+  if constexpr (T <= 2) return launch_fast<T, 2, 8, false>(x, w, bias, y, split, stream);
+  else return launch_fast<T, 2, 8, true>(x, w, bias, y, split, stream);
 }
 
 // One warp per (token, 128-column block); each lane holds 4 of its values.
@@ -311,6 +327,7 @@ cudaError_t launch_fp8_matvec(const float* x, const Fp8WeightView& w, const floa
 }
 
 int fp8_matvec_variants() { return int(sizeof(kTiles) / sizeof(kTiles[0])); }
+int fp8_matvec_split(const Fp8WeightView& w) { return split_for(w.out, w.in, 2, 8); }
 Fp8MatvecTile fp8_matvec_tile(int variant) { return kTiles[variant]; }
 
 cudaError_t launch_fp8_quantize_activations(const float* x, int64_t T, int64_t in, uint8_t* q, float* scales,
