@@ -264,7 +264,7 @@ __device__ __forceinline__ float2* token_factors(uint8_t* staged, int64_t x_byte
 
 // The four digit bytes of each of four words, as four digit words: word d
 // holds digit d of b[0..3].
-__device__ __forceinline__ void transpose_digits(const uint32_t (&b)[4], uint32_t (&digits)[4]) {
+__device__ __forceinline__ void transpose_digits(const uint32_t* b, uint32_t (&digits)[4]) {
   const uint32_t low01 = __byte_perm(b[0], b[1], 0x5140), low23 = __byte_perm(b[2], b[3], 0x5140);
   const uint32_t high01 = __byte_perm(b[0], b[1], 0x7362), high23 = __byte_perm(b[2], b[3], 0x7362);
   digits[0] = __byte_perm(low01, low23, 0x5410);
@@ -360,22 +360,15 @@ __device__ __forceinline__ void stage_values(const float (&v)[8], int T, int t, 
       digit_bytes[k] = (uint32_t(xq) + 0x808080u) ^ 0x808080u;
     }
     // Digit d's row takes byte d of positions 4 h .. 4 h + 3 (word h).
-    uint32_t digits[kDigits][2];
+    uint32_t digits[2][4];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t* b = digit_bytes + 4 * h;
-      const uint32_t low01 = __byte_perm(b[0], b[1], 0x5140), low23 = __byte_perm(b[2], b[3], 0x5140);
-      digits[0][h] = __byte_perm(low01, low23, 0x5410);
-      digits[1][h] = __byte_perm(low01, low23, 0x7632);
-      if constexpr (kDigits == 3)
-        digits[2][h] = __byte_perm(__byte_perm(b[0], b[1], 0x7362), __byte_perm(b[2], b[3], 0x7362), 0x5410);
-    }
+    for (int h = 0; h < 2; ++h) transpose_digits(digit_bytes + 4 * h, digits[h]);
 #pragma unroll
     for (int o = 1; o < kLanes; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (!active) return;
 #pragma unroll
     for (int d = 0; d < kDigits; ++d)
-      *reinterpret_cast<uint2*>(staged + int64_t(kDigits * t + d) * x_stride + e) = make_uint2(digits[d][0], digits[d][1]);
+      *reinterpret_cast<uint2*>(staged + int64_t(kDigits * t + d) * x_stride + e) = make_uint2(digits[0][d], digits[1][d]);
     if (threadIdx.x % kLanes != 0) return;
     const int group = e / kGroup, mmas = mmas_for(T, kDigits);
     constexpr int kQuads = 4 / (8 / columns_per_token(kDigits));  // a token's lane quads
