@@ -73,12 +73,9 @@ double resident_bytes(const Model& model, const SeqState& state) {
 std::string layout_levers(const ModelInfo& info) {
   const LoadOptions& o = info.options;
   auto on = [](bool b) { return b ? "on" : "off"; };
-  // auto shows what the model decided at load: off, on, or on for steps of fewer rows.
-  const std::string rows = info.folds_norms() && info.fold_rows < ops::kMaxFusedRows
-                               ? ",rows<=" + std::to_string(info.fold_rows)
-                               : "";
+  // auto shows what the model decided at load.
   const std::string fold = o.fuse_norm_matvec == LeverMode::automatic
-                               ? std::string("auto(") + on(info.folds_norms()) + rows + ")"
+                               ? std::string("auto(") + on(info.folds_norms()) + ")"
                                : std::string(lever_mode_name(o.fuse_norm_matvec));
   return std::string("fused_projections=") + on(o.fuse_projections) + " fused_rope_store=" + on(o.fuse_rope_store) +
          (o.rope_in_attention ? " rope_in_attention=on" : "") +

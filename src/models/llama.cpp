@@ -80,19 +80,17 @@ namespace {
 
 // Lever fused_norm_matvec, auto: fold the norms where every layer matrix's
 // one-token matvec runs on the tensor cores (MLX affine or FP8), whose prepare
-// kernel forms the input, for steps of as many rows as each matrix's fused
-// forms pay (folded_rows); elsewhere they compose kernels and cost more than
-// they save (docs/levers.md). 0: no folding.
-int64_t folding_pays_up_to(const std::vector<LlamaLayer>& layers, const LoadOptions& o) {
-  if (layers.empty()) return 0;
-  int64_t rows = ops::kMaxFusedRows;
+// kernel forms the input (folding_pays); elsewhere they compose kernels and
+// cost more than they save (docs/levers.md).
+bool folding_pays_everywhere(const std::vector<LlamaLayer>& layers, const LoadOptions& o) {
+  if (layers.empty()) return false;
   for (const LlamaLayer& l : layers) {
     const QkvProjection& a = l.attn.qkv;
     const GatedMlp& m = l.mlp;
     for (const Weight* w : {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o, &m.gate_up, &m.gate, &m.up, &m.down})
-      rows = std::min(rows, folded_rows(*w, o));
+      if (!folding_pays(*w, o)) return false;
   }
-  return rows;
+  return true;
 }
 
 }  // namespace
@@ -152,9 +150,8 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   info_.weight_bytes = checkpoint.size_bytes();
   info_.weights = layers_.empty() ? tok_embed_.describe() : layers_.front().attn.o.describe();
   info_.n_params = logical_param_count(checkpoint, quant);
-  info_.fold_rows = options.fuse_norm_matvec == LeverMode::on          ? ops::kMaxFusedRows
-                    : options.fuse_norm_matvec == LeverMode::automatic ? folding_pays_up_to(layers_, options)
-                                                                       : 0;
+  info_.fold_norms = options.fuse_norm_matvec == LeverMode::on ||
+                     (options.fuse_norm_matvec == LeverMode::automatic && folding_pays_everywhere(layers_, options));
 }
 
 uint64_t Llama::decode_bytes(int64_t context, KvCacheMode kv_mode) const {
@@ -190,7 +187,7 @@ Tensor Llama::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* cons
   const int64_t T = ids.numel();
 
   apply_launch_settings(info_.options, info_.device);
-  const bool fold_norms = T <= info_.fold_rows;
+  const bool fold_norms = info_.folds_step(T);
 
   Tensor h = ops::embed(tok_embed_, ids);                                      // [T, d_model], the residual
   Tensor x;                                                                    // the normed input, unless folded

@@ -44,11 +44,13 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                             .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on});
 }
 
-int64_t folded_rows(const Weight& w, const LoadOptions& o, bool formed_input) {
-  if (!w.defined()) return ops::kMaxFusedRows;
+bool ModelInfo::folds_step(int64_t T) const { return fold_norms && T <= ops::kMaxFusedRows; }
+
+bool folding_pays(const Weight& w, const LoadOptions& o, bool formed_input) {
+  if (!w.defined()) return true;
   const bool fp8 = w.kind() == Weight::Kind::fp8;
   const bool lever = fp8 ? o.tensor_core_fp8_matvec : o.tensor_core_affine_matvec && !o.int8_activation_matvec;
-  return lever && ops::one_token_matvec_on_tensor_cores(w, formed_input) ? ops::kMaxFusedRows : 0;
+  return lever && ops::one_token_matvec_on_tensor_cores(w, formed_input);
 }
 
 Tensor final_logits(const Tensor& h, const Tensor& norm_w, float eps, const Weight& lm_head) {

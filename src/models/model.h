@@ -90,14 +90,13 @@ struct LoadOptions {
 // on CUDA, ops::set_cpu_settings on the CPU); each family calls it before it runs.
 void apply_launch_settings(const LoadOptions& o, Device device);
 
-// The most rows of a step for which lever fused_norm_matvec's forms of w pay
-// under o's levers: 0 where w's one-token decode matvec is not on the tensor
-// cores (tensor_core_affine_matvec without int8_activation_matvec for MLX
-// affine weights, tensor_core_fp8_matvec for FP8 ones), else ops::kMaxFusedRows
-// (Llama-3-8B folded, H100: int4 +9.2% / +8.1% at batches of 4 / 8, fp8 +3.3%
-// at 1 and 8: docs/levers.md); no limit for an absent weight. formed_input: as
-// ops::one_token_matvec_on_tensor_cores.
-int64_t folded_rows(const Weight& w, const LoadOptions& o, bool formed_input = false);
+// Whether lever fused_norm_matvec's forms of w pay under o's levers (for steps
+// of up to ops::kMaxFusedRows rows): where w's one-token decode matvec is on the
+// tensor cores (tensor_core_affine_matvec without int8_activation_matvec for MLX
+// affine weights, tensor_core_fp8_matvec for FP8 ones; Llama-3-8B folded, H100:
+// int4 +9.2% / +8.1% at batches of 4 / 8, fp8 +3.3% at 1 and 8: docs/levers.md),
+// and for an absent weight. formed_input: as ops::one_token_matvec_on_tensor_cores.
+bool folding_pays(const Weight& w, const LoadOptions& o, bool formed_input = false);
 
 // A folded step's final RMSNorm and lm_head: one fused op where lm_head is
 // quantized (its prepare kernel forms the input); a dense lm_head, as FP8
@@ -111,9 +110,10 @@ struct ModelInfo {
   Device device = Device::cpu;
   LoadOptions options;  // how the model was laid out and runs
   // The fused decode forms run (lever fused_norm_matvec, `auto` decided at load)
-  // for steps of at most fold_rows rows; 0: never.
-  int64_t fold_rows = 0;
-  bool folds_norms() const { return fold_rows > 0; }
+  // for steps of at most ops::kMaxFusedRows rows.
+  bool fold_norms = false;
+  bool folds_norms() const { return fold_norms; }
+  bool folds_step(int64_t T) const;  // a step of T rows
   int64_t vocab = 0;
   int64_t max_positions = 0;
   int64_t n_params = 0;

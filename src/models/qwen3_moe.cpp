@@ -34,17 +34,16 @@ namespace {
 // Lever fused_norm_matvec, auto: fold the attention side's norms where every
 // attention matrix's one-token matvec runs on the tensor cores in its fused form
 // (the RMSNorm'd input for q/k/v, attention's splits merged for o; the experts
-// have their own kernels), for steps of as many rows as each matrix's fused
-// forms pay (folded_rows). Qwen3-30B-A3B's affine ones (2^23 weights and up)
-// do: int4 decode +8.0% at batch 1 (docs/benchmarks.md). 0: no folding.
-int64_t folding_pays_up_to(const std::vector<Qwen3MoeLayer>& layers, const LoadOptions& o) {
-  if (layers.empty()) return 0;
-  int64_t rows = ops::kMaxFusedRows;
+// have their own kernels; folding_pays). Qwen3-30B-A3B's affine ones (2^23
+// weights and up) do: int4 decode +8.0% at batch 1 (docs/benchmarks.md).
+bool folding_pays_everywhere(const std::vector<Qwen3MoeLayer>& layers, const LoadOptions& o) {
+  if (layers.empty()) return false;
   for (const Qwen3MoeLayer& l : layers) {
     const QkvProjection& a = l.attn.qkv;
-    for (const Weight* w : {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o}) rows = std::min(rows, folded_rows(*w, o, true));
+    for (const Weight* w : {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o})
+      if (!folding_pays(*w, o, true)) return false;
   }
-  return rows;
+  return true;
 }
 
 }  // namespace
@@ -121,10 +120,9 @@ Qwen3Moe::Qwen3Moe(const ConfigJson& config, const Checkpoint& checkpoint, Devic
   MERE_CHECK(unused.empty(), "{}: {} tensor(s) the qwen3_moe family does not use, e.g. {}",
              checkpoint.path().string(), unused.size(), unused.empty() ? "" : unused.front());
 
-  info_.fold_rows = device != Device::cuda                           ? 0
-                    : options.fuse_norm_matvec == LeverMode::on          ? ops::kMaxFusedRows
-                    : options.fuse_norm_matvec == LeverMode::automatic ? folding_pays_up_to(layers_, options)
-                                                                       : 0;
+  info_.fold_norms = device == Device::cuda &&
+                     (options.fuse_norm_matvec == LeverMode::on ||
+                      (options.fuse_norm_matvec == LeverMode::automatic && folding_pays_everywhere(layers_, options)));
   info_.model_type = k.model_type;
   info_.family = "qwen3_moe";
   info_.device = device;
@@ -177,7 +175,7 @@ Tensor Qwen3Moe::run(const Tensor& ids, const Tensor& pos, std::span<SeqState* c
   apply_launch_settings(info_.options, info_.device);
 
   Tensor h = ops::embed(tok_embed_, ids);                                   // [T, d_model], the residual
-  if (T <= info_.fold_rows) return run_folded(h, pos, states, all_logits);
+  if (info_.folds_step(T)) return run_folded(h, pos, states, all_logits);
   Tensor x = ops::rms_norm(h, layers_[0].attn_norm, k.norm_eps);
   for (int l = 0; l < k.n_layers; ++l) {
     const Qwen3MoeLayer& w = layers_[size_t(l)];
