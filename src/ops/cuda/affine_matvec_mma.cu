@@ -73,6 +73,7 @@
 #include <type_traits>
 
 #include "ops/cuda/affine_launchers.h"
+#include "ops/cuda/attention_split.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 #include "ops/cuda/matvec_tiles.cuh"
@@ -538,7 +539,7 @@ __global__ void affine_mma_prepare_kernel(const __grid_constant__ Prepare p) {
 // w + W, ... of all 32 runs, a lane a run, with every load issued at once. The
 // warps' maxima, sums and outputs then meet in warp order, and warp 0 stages
 // the merged runs.
-constexpr int kSplitsPerWarp = 8;
+constexpr int kSplitsPerWarp = kSplitsPerMergeWarp;
 constexpr int kMaxSplitWarps = kMaxAttentionSplits / kSplitsPerWarp;
 
 template <int kBits, int kGroup, int kDigits>
@@ -565,38 +566,10 @@ __global__ void __launch_bounds__(kMaxSplitWarps * 32)
     os[k][0] = a.x, os[k][1] = a.y, os[k][2] = a.z, os[k][3] = a.w;
     os[k][4] = b.x, os[k][5] = b.y, os[k][6] = b.z, os[k][7] = b.w;
   }
-  float m = -INFINITY;
+  float v[8];
+  if (!merge_split_partials<8, kMaxSplitWarps>(ms, ls, os, v)) return;
 #pragma unroll
-  for (int k = 0; k < kSplitsPerWarp; ++k) m = fmaxf(m, ms[k]);
-  float l = 0, acc[8] = {};
-#pragma unroll
-  for (int k = 0; k < kSplitsPerWarp; ++k) {
-    if (ms[k] == -INFINITY) continue;  // an empty split (its outputs unwritten), or none
-    const float w = __expf(ms[k] - m);
-    l += ls[k] * w;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] += os[k][j] * w;
-  }
-  __shared__ float shared[kMaxSplitWarps][10][32];  // per warp: max, sum, 8 outputs; lanes innermost
-  shared[warp][0][lane] = m;
-  shared[warp][1][lane] = l;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) shared[warp][2 + j][lane] = acc[j];
-  __syncthreads();
-  if (warp != 0) return;
-  float top = -INFINITY;
-  for (int w = 0; w < warps; ++w) top = fmaxf(top, shared[w][0][lane]);
-  float sum = 0, v[8] = {};
-  for (int w = 0; w < warps; ++w) {
-    const float mw = shared[w][0][lane];
-    if (mw == -INFINITY) continue;
-    const float scale = __expf(mw - top);
-    sum += shared[w][1][lane] * scale;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] += shared[w][2 + j][lane] * scale;
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = active ? v[j] / sum : 0.0f;
+  for (int j = 0; j < 8; ++j) v[j] = active ? v[j] : 0.0f;
   int e_in_part = 0;
   uint8_t* staged = part_image(p, e, e_in_part);
   stage_values<kBits, kGroup, kDigits>(v, p.T, t, e_in_part, active, p.x_stride, staged, p.x_bytes);

@@ -83,4 +83,54 @@ __device__ __forceinline__ void write_block_partials(const float (&warp_m)[kWarp
   }
 }
 
+// The tensor-core matvecs' prepare kernels merge attention's split partials
+// into o_proj's input (affine_matvec_mma.cu, fp8_matvec_mma.cu) with
+// attention_merge_kernel's formula, its sums in another order: warp w of a
+// block holds splits w, w + W, ... (kSplitsPerMergeWarp of them, -inf maxima
+// for empty ones) of its lane's N columns. Each warp merges its own, then the
+// warps meet in warp order through shared memory; warp 0 gets the merged
+// columns, divided by their sum, in v (false for the other warps).
+constexpr int kSplitsPerMergeWarp = 8;
+template <int N, int kMaxWarps>
+__device__ __forceinline__ bool merge_split_partials(const float (&ms)[kSplitsPerMergeWarp],
+                                                     const float (&ls)[kSplitsPerMergeWarp],
+                                                     const float (&os)[kSplitsPerMergeWarp][N], float (&v)[N]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kSplitsPerMergeWarp; ++k) m = fmaxf(m, ms[k]);
+  float l = 0, acc[N] = {};
+#pragma unroll
+  for (int k = 0; k < kSplitsPerMergeWarp; ++k) {
+    if (ms[k] == -INFINITY) continue;  // an empty split (its outputs unwritten), or none
+    const float w = __expf(ms[k] - m);
+    l += ls[k] * w;
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[j] += os[k][j] * w;
+  }
+  __shared__ float shared[kMaxWarps][2 + N][32];  // per warp: max, sum, N outputs; lanes innermost
+  shared[warp][0][lane] = m;
+  shared[warp][1][lane] = l;
+#pragma unroll
+  for (int j = 0; j < N; ++j) shared[warp][2 + j][lane] = acc[j];
+  __syncthreads();
+  if (warp != 0) return false;
+  float top = -INFINITY;
+  for (int w = 0; w < warps; ++w) top = fmaxf(top, shared[w][0][lane]);
+  float sum = 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) v[j] = 0;
+  for (int w = 0; w < warps; ++w) {
+    const float mw = shared[w][0][lane];
+    if (mw == -INFINITY) continue;
+    const float scale = __expf(mw - top);
+    sum += shared[w][1][lane] * scale;
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] += shared[w][2 + j][lane] * scale;
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) v[j] /= sum;
+  return true;
+}
+
 }  // namespace mere::cuda

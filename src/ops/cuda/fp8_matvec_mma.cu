@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "ops/cuda/attention_split.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fp8_launchers.h"
 #include "ops/cuda/launchers.h"
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(256) fp8_mma_prepare_kernel(const __grid_const
 // (token, 128-column block), its warp w the splits w, w + W, ... (up to 8, every
 // load issued at once), a lane 4 columns of its head. The warps' maxima, sums
 // and outputs then meet in warp order, and warp 0 stages the merged block.
-constexpr int kSplitsPerWarp = 8;
+constexpr int kSplitsPerWarp = kSplitsPerMergeWarp;
 
 __global__ void __launch_bounds__(kMaxAttentionSplits / kSplitsPerWarp * 32)
     fp8_mma_prepare_splits_kernel(const __grid_constant__ Prepare p) {
@@ -270,47 +271,19 @@ __global__ void __launch_bounds__(kMaxAttentionSplits / kSplitsPerWarp * 32)
   const int blocks = p.in / kBlock, t = blockIdx.x / blocks, b = blockIdx.x - t * blocks;
   const int e = b * kBlock + 4 * lane, head = e / p.head_dim, d = e - head * p.head_dim;
   const int64_t base = (int64_t(t) * (p.in / p.head_dim) + head) * p.splits;
-  float ms[kSplitsPerWarp], ls[kSplitsPerWarp];
-  float4 os[kSplitsPerWarp];
+  float ms[kSplitsPerWarp], ls[kSplitsPerWarp], os[kSplitsPerWarp][4];
 #pragma unroll
   for (int k = 0; k < kSplitsPerWarp; ++k) {
     const int s = warp + k * warps;
     const bool used = s < p.live_splits;
     ms[k] = used ? __ldg(p.split_max + base + s) : -INFINITY;
     ls[k] = used ? __ldg(p.split_sum + base + s) : 0.0f;
-    os[k] = used ? __ldg(reinterpret_cast<const float4*>(p.x + (base + s) * p.head_dim + d)) : make_float4(0, 0, 0, 0);
+    const float4 o =
+        used ? __ldg(reinterpret_cast<const float4*>(p.x + (base + s) * p.head_dim + d)) : make_float4(0, 0, 0, 0);
+    os[k][0] = o.x, os[k][1] = o.y, os[k][2] = o.z, os[k][3] = o.w;
   }
-  float m = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < kSplitsPerWarp; ++k) m = fmaxf(m, ms[k]);
-  float l = 0, acc[4] = {};
-#pragma unroll
-  for (int k = 0; k < kSplitsPerWarp; ++k) {
-    if (ms[k] == -INFINITY) continue;  // an empty split (its outputs unwritten), or none
-    const float w = __expf(ms[k] - m);
-    l += ls[k] * w;
-    acc[0] += os[k].x * w, acc[1] += os[k].y * w, acc[2] += os[k].z * w, acc[3] += os[k].w * w;
-  }
-  __shared__ float shared[kMaxAttentionSplits / kSplitsPerWarp][6][32];  // per warp: max, sum, 4 outputs
-  shared[warp][0][lane] = m;
-  shared[warp][1][lane] = l;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) shared[warp][2 + j][lane] = acc[j];
-  __syncthreads();
-  if (warp != 0) return;
-  float top = -INFINITY;
-  for (int w = 0; w < warps; ++w) top = fmaxf(top, shared[w][0][lane]);
-  float sum = 0, v[4] = {};
-  for (int w = 0; w < warps; ++w) {
-    const float mw = shared[w][0][lane];
-    if (mw == -INFINITY) continue;
-    const float scale = __expf(mw - top);
-    sum += shared[w][1][lane] * scale;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] += shared[w][2 + j][lane] * scale;
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) v[j] /= sum;
+  float v[4];
+  if (!merge_split_partials<4, kMaxAttentionSplits / kSplitsPerWarp>(ms, ls, os, v)) return;
   stage_block(p, t, b, v);
 }
 
