@@ -75,7 +75,8 @@ std::string layout_levers(const ModelInfo& info) {
   auto on = [](bool b) { return b ? "on" : "off"; };
   // auto shows what the model decided at load.
   const std::string fold = o.fuse_norm_matvec == LeverMode::automatic
-                               ? std::string("auto(") + on(info.folds_norms()) + ")"
+                               ? std::string("auto(") + on(info.folds_step(1)) + ", batches " +
+                                     on(info.folds_step(2)) + ")"
                                : std::string(lever_mode_name(o.fuse_norm_matvec));
   return std::string("fused_projections=") + on(o.fuse_projections) + " fused_rope_store=" + on(o.fuse_rope_store) +
          (o.rope_in_attention ? " rope_in_attention=on" : "") +

@@ -44,13 +44,23 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                             .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on});
 }
 
-bool ModelInfo::folds_step(int64_t T) const { return fold_norms && T <= ops::kMaxFusedRows; }
+bool ModelInfo::folds_step(int64_t T) const {
+  return T == 1 ? fold_one_row : T <= ops::kMaxFusedRows && fold_batches;
+}
 
-bool folding_pays(const Weight& w, const LoadOptions& o, bool formed_input) {
+void ModelInfo::decide_folding(LeverMode mode, const std::function<bool(int64_t T)>& pays) {
+  const bool on = mode == LeverMode::on, automatic = mode == LeverMode::automatic;
+  fold_one_row = on || (automatic && pays(1));
+  bool every_batch = true;
+  for (int64_t T = 2; T <= ops::kMaxFusedRows && every_batch; ++T) every_batch = pays(T);
+  fold_batches = on || (automatic && every_batch);
+}
+
+bool folding_pays(const Weight& w, const LoadOptions& o, int64_t T, bool formed_input) {
   if (!w.defined()) return true;
   const bool fp8 = w.kind() == Weight::Kind::fp8;
   const bool lever = fp8 ? o.tensor_core_fp8_matvec : o.tensor_core_affine_matvec && !o.int8_activation_matvec;
-  return lever && ops::one_token_matvec_on_tensor_cores(w, formed_input);
+  return lever && ops::matvec_on_tensor_cores(w, T, formed_input);
 }
 
 Tensor final_logits(const Tensor& h, const Tensor& norm_w, float eps, const Weight& lm_head) {

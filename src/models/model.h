@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -90,13 +91,14 @@ struct LoadOptions {
 // on CUDA, ops::set_cpu_settings on the CPU); each family calls it before it runs.
 void apply_launch_settings(const LoadOptions& o, Device device);
 
-// Whether lever fused_norm_matvec's forms of w pay under o's levers (for steps
-// of up to ops::kMaxFusedRows rows): where w's one-token decode matvec is on the
-// tensor cores (tensor_core_affine_matvec without int8_activation_matvec for MLX
-// affine weights, tensor_core_fp8_matvec for FP8 ones; Llama-3-8B folded, H100:
-// int4 +9.2% / +8.1% at batches of 4 / 8, fp8 +3.3% at 1 and 8: docs/levers.md),
-// and for an absent weight. formed_input: as ops::one_token_matvec_on_tensor_cores.
-bool folding_pays(const Weight& w, const LoadOptions& o, bool formed_input = false);
+// Whether lever fused_norm_matvec's forms of w pay under o's levers in a step of
+// T rows: where w's decode matvec of T rows is on the tensor cores
+// (tensor_core_affine_matvec without int8_activation_matvec for MLX affine
+// weights, tensor_core_fp8_matvec for FP8 ones; Llama-3-8B folded, H100: int4
+// +9.2% / +8.1% at batches of 4 / 8, fp8 +3.3% at 1 and 8; Qwen3-4B int4 +27%
+// at one row: docs/levers.md), and for an absent weight. formed_input: as
+// ops::matvec_on_tensor_cores.
+bool folding_pays(const Weight& w, const LoadOptions& o, int64_t T, bool formed_input = false);
 
 // A folded step's final RMSNorm and lm_head: one fused op where lm_head is
 // quantized (its prepare kernel forms the input); a dense lm_head, as FP8
@@ -110,10 +112,13 @@ struct ModelInfo {
   Device device = Device::cpu;
   LoadOptions options;  // how the model was laid out and runs
   // The fused decode forms run (lever fused_norm_matvec, `auto` decided at load)
-  // for steps of at most ops::kMaxFusedRows rows.
-  bool fold_norms = false;
-  bool folds_norms() const { return fold_norms; }
+  // for steps of one row, and of 2 to ops::kMaxFusedRows rows (a batch's decode
+  // step): a matrix too small for the tensor cores at one row takes them from 2.
+  bool fold_one_row = false;
+  bool fold_batches = false;
   bool folds_step(int64_t T) const;  // a step of T rows
+  // Sets the two from the lever's mode; auto asks `pays(T)` of every T.
+  void decide_folding(LeverMode mode, const std::function<bool(int64_t T)>& pays);
   int64_t vocab = 0;
   int64_t max_positions = 0;
   int64_t n_params = 0;

@@ -57,13 +57,14 @@ Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const W
 void linear_add(Tensor& h, const Tensor& x, const Weight& w, const Tensor& bias = Tensor());
 // h += linear(silu_mul_halves(gate_up), w, bias).
 void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const Tensor& bias = Tensor());
-// Whether w's one-token decode matvec runs on the tensor cores when lever
-// tensor_core_affine_matvec (an MLX affine weight on the GPU, large enough) or
-// tensor_core_fp8_matvec (an FP8 one) is on: where the fused forms above are
-// single kernels. formed_input: as one of those forms, whose prepare kernel
-// replaces one that would run anyway, so smaller affine matrices pay (FP8 ones
+// Whether w's decode matvec of T rows (1 to kMaxFusedRows) runs on the tensor
+// cores when lever tensor_core_affine_matvec (an MLX affine weight on the GPU)
+// or tensor_core_fp8_matvec (an FP8 one) is on: where the fused forms above are
+// single kernels. From 2 rows every supported matrix does; one row only a large
+// one. formed_input: as one of those forms, whose prepare kernel replaces one
+// that would run anyway, so smaller affine matrices pay at one row (FP8 ones
 // measured no gain).
-bool one_token_matvec_on_tensor_cores(const Weight& w, bool formed_input = false);
+bool matvec_on_tensor_cores(const Weight& w, int64_t T, bool formed_input = false);
 
 // pos (i32 [1], on any device) += by; on the GPU a kernel, so a CUDA graph's
 // step can move its own position on.

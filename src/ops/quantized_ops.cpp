@@ -17,11 +17,12 @@ void quantized_linear(const Tensor& x, const Weight& w, const Tensor& bias, Tens
   }
 }
 
-bool one_token_matvec_on_tensor_cores(const Weight& w, bool formed_input) {
+bool matvec_on_tensor_cores(const Weight& w, int64_t T, bool formed_input) {
   if (w.device() != Device::cuda) return false;
-  // FP8 keeps its 2^24 floor in a fused form: Qwen3-30B-A3B's attention folded lost (docs/levers.md).
-  if (w.kind() == Weight::Kind::fp8) return cuda::fp8_one_token_on_tensor_cores(w.fp8());
-  return w.kind() == Weight::Kind::affine && cuda::affine_one_token_on_tensor_cores(w.affine(), w.cols(), formed_input);
+  // FP8 keeps its 2^24 floor in a fused form: Qwen3-30B-A3B's attention folded at one row lost
+  // (-0.8% in the fifty-fourth session, -1.1% in the fifty-sixth: docs/levers.md).
+  if (w.kind() == Weight::Kind::fp8) return cuda::fp8_matvec_on_tensor_cores(w.fp8(), T);
+  return w.kind() == Weight::Kind::affine && cuda::affine_matvec_on_tensor_cores(w.affine(), w.cols(), T, formed_input);
 }
 
 void quantized_embed(const Weight& w, const Tensor& ids, Tensor& out) {

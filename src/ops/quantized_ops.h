@@ -37,9 +37,10 @@ bool affine_cuda_core_rms_norm_linear(const Tensor& h, const Tensor& norm_w, flo
 bool affine_linear_add(Tensor& h, const Tensor& x, const AffineWeight& w, const Tensor& bias);
 bool affine_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const AffineWeight& w, const Tensor& bias);
 bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const AffineWeight& w, const Tensor& bias);
-// Under lever tensor_core_affine_matvec; formed_input: in a fused form (RMSNorm,
-// attention's splits or SwiGLU formed by the prepare kernel).
-bool affine_one_token_on_tensor_cores(const AffineWeight& w, int64_t in, bool formed_input);
+// Whether T tokens of w take the tensor cores under lever tensor_core_affine_matvec;
+// formed_input: in a fused form (RMSNorm, attention's splits or SwiGLU formed by
+// the prepare kernel).
+bool affine_matvec_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T, bool formed_input);
 // Whether linear takes T tokens of this matrix on the tensor cores, as the levers stand.
 bool affine_linear_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T);
 void fp8_embed(const Fp8Weight& w, const Tensor& ids, Tensor& out);                            // ops/cuda/fp8_ops.cpp
@@ -50,8 +51,8 @@ bool fp8_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const
 bool fp8_linear_add(Tensor& h, const Tensor& x, const Fp8Weight& w, const Tensor& bias);
 bool fp8_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Fp8Weight& w, const Tensor& bias);
 bool fp8_attention_linear_add(Tensor& h, const AttentionSplits& splits, const Fp8Weight& w, const Tensor& bias);
-// Whether one token of w takes the tensor cores where the lever is on.
-bool fp8_one_token_on_tensor_cores(const Fp8Weight& w);
+// Whether T tokens of w take the tensor cores where the lever is on.
+bool fp8_matvec_on_tensor_cores(const Fp8Weight& w, int64_t T);
 }  // namespace cuda
 
 }  // namespace mere::ops

@@ -45,8 +45,8 @@ TEST(BatchDecodeGpu, FoldedUnmergedAttentionGivesTheUnfoldedTokens) {
   plain_levers.fused_norm_matvec = LeverMode::off;
   auto folded = load_model(dir, Device::cuda, folded_levers.load_options(Device::cuda));
   auto plain = load_model(dir, Device::cuda, plain_levers.load_options(Device::cuda));
-  ASSERT_TRUE(folded->info().folds_norms());
-  ASSERT_FALSE(plain->info().folds_norms());
+  ASSERT_TRUE(folded->info().folds_step(3));
+  ASSERT_FALSE(plain->info().folds_step(3));
   const test::BatchComparison a = test::compare_batch_with_alone(*folded, 3, 16, /*one_pool=*/true);
   const test::BatchComparison b = test::compare_batch_with_alone(*plain, 3, 16, /*one_pool=*/true);
   int same = 0, total = 0;

@@ -280,22 +280,40 @@ TEST_F(Affine, StreamedWeightsGiveTheSameBitsOnEveryDecodeMatvec) {
 }
 
 // The query behind lever fused_norm_matvec's auto mode: an affine weight on the
-// GPU at or above the one-token floor (2^24 weights) takes the tensor cores; a
-// smaller one, the same weight on the CPU, or a dense one does not.
-TEST_F(Affine, OneTokenTensorCoreQueryFollowsTheFloor) {
-  const Weight large(random_affine(4096, 4096, 4, 64, DType::bf16, 93), 4096);
-  const Weight small(random_affine(4095 - 4095 % 16, 4096, 8, 64, DType::bf16, 94), 4096);
-  EXPECT_TRUE(ops::one_token_matvec_on_tensor_cores(large.to_device(Device::cuda)));
-  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(small.to_device(Device::cuda)));
-  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(large));
-  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(large.dequantize(DType::bf16).to_device(Device::cuda)));
+// GPU at or above the one-token floor (2^24 weights) takes the tensor cores at
+// one row; a smaller one only from two rows; the same weight on the CPU, or a
+// dense one, never.
+TEST_F(Affine, TensorCoreQueryFollowsTheFloorAtOneRow) {
+  const Weight host_large(random_affine(4096, 4096, 4, 64, DType::bf16, 93), 4096);
+  const Weight large = host_large.to_device(Device::cuda);
+  const Weight small =
+      Weight(random_affine(4095 - 4095 % 16, 4096, 8, 64, DType::bf16, 94), 4096).to_device(Device::cuda);
+  const Weight dense = host_large.dequantize(DType::bf16).to_device(Device::cuda);
+  EXPECT_TRUE(ops::matvec_on_tensor_cores(large, 1));
+  EXPECT_FALSE(ops::matvec_on_tensor_cores(small, 1));
+  for (int64_t T = 1; T <= ops::kMaxFusedRows; ++T) {
+    if (T >= 2) {
+      EXPECT_TRUE(ops::matvec_on_tensor_cores(small, T)) << T;
+    }
+    EXPECT_FALSE(ops::matvec_on_tensor_cores(host_large, T)) << T;
+    EXPECT_FALSE(ops::matvec_on_tensor_cores(dense, T)) << T;
+  }
   // In a fused form (its input formed by the prepare kernel) the floor is 2^23:
   // Qwen3-30B-A3B's o_proj (2048 x 4096) passes, half of it does not.
   const Weight o_proj = Weight(random_affine(2048, 4096, 4, 64, DType::bf16, 95), 4096).to_device(Device::cuda);
   const Weight half = Weight(random_affine(1024, 4096, 4, 64, DType::bf16, 96), 4096).to_device(Device::cuda);
-  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(o_proj));
-  EXPECT_TRUE(ops::one_token_matvec_on_tensor_cores(o_proj, true));
-  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(half, true));
+  EXPECT_FALSE(ops::matvec_on_tensor_cores(o_proj, 1));
+  EXPECT_TRUE(ops::matvec_on_tensor_cores(o_proj, 1, true));
+  EXPECT_FALSE(ops::matvec_on_tensor_cores(half, 1, true));
+  EXPECT_TRUE(ops::matvec_on_tensor_cores(half, 2, true));
+  // Auto folds a step where the lever takes its matrices, and not under int8_activation_matvec.
+  LoadOptions o{.tensor_core_affine_matvec = true};
+  EXPECT_TRUE(folding_pays(o_proj, o, 1, true));
+  EXPECT_FALSE(folding_pays(half, o, 1, true));
+  EXPECT_TRUE(folding_pays(half, o, 8, true));
+  o.int8_activation_matvec = true;
+  EXPECT_FALSE(folding_pays(o_proj, o, 1, true));
+  EXPECT_FALSE(folding_pays(half, o, 2, true));
 }
 
 // The fused decode forms (lever fused_norm_matvec) on the tensor-core matvec:

@@ -171,7 +171,7 @@ TEST_F(ClusterAttentionMerge, MergedOutputKeepsTheFormedInputFloor) {
   ops::AttentionSplits s;
   s.merged = gpu(a);
   ops::set_launch_settings({.tensor_core_affine_matvec = true});
-  EXPECT_FALSE(ops::cuda::affine_one_token_on_tensor_cores(wg.affine(), in, false));  // a plain input: below it
+  EXPECT_FALSE(ops::cuda::affine_matvec_on_tensor_cores(wg.affine(), in, 1, false));  // a plain input: below it
   Tensor h = gpu(residual), via_ops = gpu(residual);
   EXPECT_TRUE(ops::cuda::affine_attention_linear_add(h, s, wg.affine(), gpu(bias)));
   ops::attention_linear_add(via_ops, s, wg, gpu(bias));

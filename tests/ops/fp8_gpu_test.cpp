@@ -490,23 +490,31 @@ TEST_F(Fp8Gpu, FusedMergeDeclinesMoreSplitsThanItTakes) {
 }
 
 // The query behind lever fused_norm_matvec's auto mode: an FP8 weight on the
-// GPU at or above the one-token floor (2^24 weights) takes the tensor cores; a
-// smaller one, or the same weight on the CPU, does not.
-TEST_F(Fp8Gpu, OneTokenTensorCoreQueryFollowsTheFloor) {
-  const Weight large(random_fp8(4096, 4096, 128, 93)), small(random_fp8(4096 - 128, 4096, 128, 94));
-  EXPECT_TRUE(ops::one_token_matvec_on_tensor_cores(large.to_device(Device::cuda)));
-  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(small.to_device(Device::cuda)));
-  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(large));
+// GPU at or above the one-token floor (2^24 weights) takes the tensor cores at
+// one row; a smaller one only from two rows; the same weight on the CPU never.
+TEST_F(Fp8Gpu, TensorCoreQueryFollowsTheFloorAtOneRow) {
+  const Weight large = Weight(random_fp8(4096, 4096, 128, 93)).to_device(Device::cuda);
+  const Weight small = Weight(random_fp8(4096 - 128, 4096, 128, 94)).to_device(Device::cuda);
+  EXPECT_TRUE(ops::matvec_on_tensor_cores(large, 1));
+  EXPECT_FALSE(ops::matvec_on_tensor_cores(small, 1));
+  EXPECT_FALSE(ops::matvec_on_tensor_cores(large.to_device(Device::cpu), 1));
+  for (int64_t T = 2; T <= ops::kMaxFusedRows; ++T) {
+    EXPECT_TRUE(ops::matvec_on_tensor_cores(small, T)) << T;
+    EXPECT_FALSE(ops::matvec_on_tensor_cores(large.to_device(Device::cpu), T)) << T;
+  }
   // Unlike the affine matvec's, the floor stays 2^24 in a fused form: Qwen3-30B-A3B's
   // attention (2^23-2^23.3 weights) folded decoded 0.8% slower in FP8 (docs/levers.md).
   const Weight o_proj = Weight(random_fp8(2048, 4096, 128, 95)).to_device(Device::cuda);
-  EXPECT_FALSE(ops::one_token_matvec_on_tensor_cores(o_proj, true));
-  // Auto folds such a weight's steps (of up to ops::kMaxFusedRows rows).
+  EXPECT_FALSE(ops::matvec_on_tensor_cores(o_proj, 1, true));
+  EXPECT_TRUE(ops::matvec_on_tensor_cores(o_proj, 2, true));
+  // Auto folds such a weight's steps where the lever takes them.
   LoadOptions o{.tensor_core_fp8_matvec = true};
-  EXPECT_TRUE(folding_pays(large.to_device(Device::cuda), o));
-  EXPECT_FALSE(folding_pays(small.to_device(Device::cuda), o));
+  EXPECT_TRUE(folding_pays(large, o, 1));
+  EXPECT_FALSE(folding_pays(small, o, 1));
+  EXPECT_TRUE(folding_pays(small, o, 8));
   o.tensor_core_fp8_matvec = false;
-  EXPECT_FALSE(folding_pays(large.to_device(Device::cuda), o));
+  EXPECT_FALSE(folding_pays(large, o, 1));
+  EXPECT_FALSE(folding_pays(large, o, 2));
 }
 
 // Lever fused_norm_matvec on an FP8 model whose matrices take the tensor-core
@@ -516,7 +524,7 @@ TEST_F(Fp8Gpu, OneTokenTensorCoreQueryFollowsTheFloor) {
 // order) and at least three kernels fewer a layer (the residual adds with their
 // RMSNorms, SwiGLU); a prefill of more than 8 tokens runs unfolded either way,
 // bit for bit. One token of this model's matrices (below 2^24 weights) keeps the
-// CUDA-core kernel, so auto leaves it unfolded.
+// CUDA-core kernel, so auto folds only its batches' steps.
 TEST_F(Fp8Gpu, FoldedModelMatchesTheComposition) {
   Levers on, off;
   on.fused_norm_matvec = LeverMode::on;
@@ -524,9 +532,12 @@ TEST_F(Fp8Gpu, FoldedModelMatchesTheComposition) {
   const RandomQuant fp8 = RandomQuant::parse("fp8");
   auto folded = random_model("qwen3-0.6b", Device::cuda, on.load_options(Device::cuda), 1, fp8);
   auto composed = random_model("qwen3-0.6b", Device::cuda, off.load_options(Device::cuda), 1, fp8);
-  ASSERT_TRUE(folded->info().folds_norms());
-  ASSERT_FALSE(composed->info().folds_norms());
-  EXPECT_FALSE(random_model("qwen3-0.6b", Device::cuda, Levers{}.load_options(Device::cuda), 1, fp8)->info().folds_norms());
+  ASSERT_TRUE(folded->info().folds_step(1) && folded->info().folds_step(8));
+  ASSERT_FALSE(composed->info().folds_step(1) || composed->info().folds_step(8));
+  const auto automatic = random_model("qwen3-0.6b", Device::cuda, Levers{}.load_options(Device::cuda), 1, fp8);
+  EXPECT_FALSE(automatic->info().folds_step(1));
+  for (int64_t T = 2; T <= ops::kMaxFusedRows; ++T) EXPECT_TRUE(automatic->info().folds_step(T)) << T;
+  EXPECT_FALSE(automatic->info().folds_step(ops::kMaxFusedRows + 1));
   auto a = folded->make_state(64), b = composed->make_state(64);
   std::vector<int32_t> prompt;
   for (int i = 0; i < 40; ++i) prompt.push_back(int32_t((97 * i + 5) % folded->info().vocab));

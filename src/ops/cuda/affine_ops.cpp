@@ -115,9 +115,10 @@ AffineArgs raw_args(const AffineWeight& w, int64_t in) {
 
 }  // namespace
 
-bool affine_one_token_on_tensor_cores(const AffineWeight& w, int64_t in, bool formed_input) {
+bool affine_matvec_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T, bool formed_input) {
   const AffineArgs a = raw_args(w, in);
-  return tensor_cores_pay(a, 1, formed_input) && affine_matvec_mma_supports(a, 1);
+  // Three digits, the larger image: the answer must not hang on the activation levers' state at load.
+  return tensor_cores_pay(a, T, formed_input) && affine_matvec_mma_supports(a, T, 3);
 }
 
 bool affine_linear_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T) {
@@ -228,7 +229,7 @@ bool affine_cuda_core_rms_norm_linear(const Tensor&, const Tensor&, float, const
 bool affine_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
 bool affine_swiglu_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
 bool affine_attention_linear_add(Tensor&, const AttentionSplits&, const AffineWeight&, const Tensor&) { return false; }
-bool affine_one_token_on_tensor_cores(const AffineWeight&, int64_t, bool) { return false; }
+bool affine_matvec_on_tensor_cores(const AffineWeight&, int64_t, int64_t, bool) { return false; }
 bool affine_linear_on_tensor_cores(const AffineWeight&, int64_t, int64_t) { return false; }
 
 }  // namespace mere::ops::cuda

@@ -247,7 +247,7 @@ bool fp8_attention_linear_add(Tensor& h, const AttentionSplits& splits, const Fp
   return tensor_core_linear(w, o.dim(0), input, bias, h.data<float>(), true);
 }
 
-bool fp8_one_token_on_tensor_cores(const Fp8Weight& w) { return tensor_cores_take(view_of(w), 1); }
+bool fp8_matvec_on_tensor_cores(const Fp8Weight& w, int64_t T) { return tensor_cores_take(view_of(w), T); }
 
 }  // namespace mere::ops::cuda
 
@@ -263,7 +263,7 @@ bool fp8_rms_norm_linear(const Tensor&, const Tensor&, float, const Fp8Weight&, 
 bool fp8_linear_add(Tensor&, const Tensor&, const Fp8Weight&, const Tensor&) { return false; }
 bool fp8_swiglu_linear_add(Tensor&, const Tensor&, const Fp8Weight&, const Tensor&) { return false; }
 bool fp8_attention_linear_add(Tensor&, const AttentionSplits&, const Fp8Weight&, const Tensor&) { return false; }
-bool fp8_one_token_on_tensor_cores(const Fp8Weight&) { return false; }
+bool fp8_matvec_on_tensor_cores(const Fp8Weight&, int64_t) { return false; }
 
 }  // namespace mere::ops::cuda
 
