@@ -95,7 +95,7 @@ void apply_launch_settings(const LoadOptions& o, Device device);
 // T rows: where w's decode matvec of T rows is on the tensor cores
 // (tensor_core_affine_matvec without int8_activation_matvec for MLX affine
 // weights, tensor_core_fp8_matvec for FP8 ones; Llama-3-8B folded, H100: int4
-// +9.2% / +8.1% at batches of 4 / 8, fp8 +3.3% at 1 and 8; Qwen3-4B int4 +27%
+// +9.2% / +8.1% at batches of 4 / 8, fp8 +3.3% at 1 and 8; Qwen3-4B int4 +26%
 // at one row: docs/levers.md), and for an absent weight. formed_input: as
 // ops::matvec_on_tensor_cores.
 bool folding_pays(const Weight& w, const LoadOptions& o, int64_t T, bool formed_input = false);

@@ -447,7 +447,7 @@ TEST(MoeGpu, FoldedAttentionMatchesTheCompositionOnTheQwen3_30B_A3B_Shape) {
 
 // fused_norm_matvec's auto decides per step size on dense shapes too: Qwen3-4B's
 // q/k/v and o (2^23.9 and 2^23.3 weights) take the tensor cores at one row in
-// their fused forms, so it folds every step (int4 B = 1 +27%, H100); Qwen3-0.6B's
+// their fused forms, so it folds every step (int4 B = 1 +26%, H100); Qwen3-0.6B's
 // matrices (under 2^23) only from two rows, so it folds its batches' steps
 // (int4 B = 4 +9%, fp8 likewise: docs/benchmarks.md). Folded against composed:
 // steps of 1 and 4 tokens keep their argmax, logits within 1e-3 of the largest
