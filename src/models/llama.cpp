@@ -78,19 +78,18 @@ std::vector<std::pair<std::string, Shape>> LlamaConfig::tensor_shapes() const {
 
 namespace {
 
-// Lever fused_norm_matvec, auto: fold a step's norms where every layer matrix's
-// matvec of its rows runs on the tensor cores (MLX affine or FP8) in its fused
-// form, whose prepare kernel forms the input (folding_pays); elsewhere they
-// compose kernels and cost more than they save (docs/levers.md).
-bool folding_pays_everywhere(const std::vector<LlamaLayer>& layers, const LoadOptions& o, int64_t T) {
-  if (layers.empty()) return false;
+// Lever fused_norm_matvec, auto: a step folds its norms where every layer
+// matrix's matvec of its rows runs on the tensor cores (MLX affine or FP8) in its
+// fused form, whose prepare kernel forms the input (ModelInfo::decide_folding);
+// elsewhere the forms compose kernels and cost more than they save (docs/levers.md).
+std::vector<const Weight*> fused_form_weights(const std::vector<LlamaLayer>& layers) {
+  std::vector<const Weight*> out;
   for (const LlamaLayer& l : layers) {
     const QkvProjection& a = l.attn.qkv;
     const GatedMlp& m = l.mlp;
-    for (const Weight* w : {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o, &m.gate_up, &m.gate, &m.up, &m.down})
-      if (!folding_pays(*w, o, T, true)) return false;
+    out.insert(out.end(), {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o, &m.gate_up, &m.gate, &m.up, &m.down});
   }
-  return true;
+  return out;
 }
 
 }  // namespace
@@ -150,8 +149,7 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   info_.weight_bytes = checkpoint.size_bytes();
   info_.weights = layers_.empty() ? tok_embed_.describe() : layers_.front().attn.o.describe();
   info_.n_params = logical_param_count(checkpoint, quant);
-  info_.decide_folding(options.fuse_norm_matvec,
-                       [&](int64_t T) { return folding_pays_everywhere(layers_, options, T); });
+  info_.decide_folding(options.fuse_norm_matvec, options, fused_form_weights(layers_));
 }
 
 uint64_t Llama::decode_bytes(int64_t context, KvCacheMode kv_mode) const {

@@ -48,7 +48,11 @@ bool ModelInfo::folds_step(int64_t T) const {
   return T == 1 ? fold_one_row : T <= ops::kMaxFusedRows && fold_batches;
 }
 
-void ModelInfo::decide_folding(LeverMode mode, const std::function<bool(int64_t T)>& pays) {
+void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused) {
+  auto pays = [&](int64_t T) {
+    return !fused.empty() &&
+           std::all_of(fused.begin(), fused.end(), [&](const Weight* w) { return folding_pays(*w, o, T, true); });
+  };
   const bool on = mode == LeverMode::on, automatic = mode == LeverMode::automatic;
   fold_one_row = on || (automatic && pays(1));
   bool every_batch = true;

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <filesystem>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -117,8 +116,10 @@ struct ModelInfo {
   bool fold_one_row = false;
   bool fold_batches = false;
   bool folds_step(int64_t T) const;  // a step of T rows
-  // Sets the two from the lever's mode; auto asks `pays(T)` of every T.
-  void decide_folding(LeverMode mode, const std::function<bool(int64_t T)>& pays);
+  // Sets the two from the lever's mode; auto folds a step of T rows where
+  // folding_pays(w, o, T, true) for every matrix a folded step runs in its fused
+  // form (`fused`; none: no fold).
+  void decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused);
   int64_t vocab = 0;
   int64_t max_positions = 0;
   int64_t n_params = 0;

@@ -31,20 +31,19 @@ Qwen3MoeConfig Qwen3MoeConfig::parse(const ConfigJson& c) {
 
 namespace {
 
-// Lever fused_norm_matvec, auto: fold a step's attention-side norms where every
+// Lever fused_norm_matvec, auto: a step folds its attention-side norms where every
 // attention matrix's matvec of its rows runs on the tensor cores in its fused form
 // (the RMSNorm'd input for q/k/v, attention's splits merged for o; the experts
-// have their own kernels; folding_pays). Qwen3-30B-A3B's affine ones (2^23
-// weights and up) do at one row: int4 decode +8.0% at batch 1 (docs/benchmarks.md);
-// FP8 ones only from two rows.
-bool folding_pays_everywhere(const std::vector<Qwen3MoeLayer>& layers, const LoadOptions& o, int64_t T) {
-  if (layers.empty()) return false;
+// have their own kernels; ModelInfo::decide_folding). Qwen3-30B-A3B's affine ones
+// (2^23 weights and up) do at one row: int4 decode +8.0% at batch 1
+// (docs/benchmarks.md); FP8 ones only from two rows.
+std::vector<const Weight*> fused_form_weights(const std::vector<Qwen3MoeLayer>& layers) {
+  std::vector<const Weight*> out;
   for (const Qwen3MoeLayer& l : layers) {
     const QkvProjection& a = l.attn.qkv;
-    for (const Weight* w : {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o})
-      if (!folding_pays(*w, o, T, true)) return false;
+    out.insert(out.end(), {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o});
   }
-  return true;
+  return out;
 }
 
 }  // namespace
@@ -121,8 +120,8 @@ Qwen3Moe::Qwen3Moe(const ConfigJson& config, const Checkpoint& checkpoint, Devic
   MERE_CHECK(unused.empty(), "{}: {} tensor(s) the qwen3_moe family does not use, e.g. {}",
              checkpoint.path().string(), unused.size(), unused.empty() ? "" : unused.front());
 
-  info_.decide_folding(device == Device::cuda ? options.fuse_norm_matvec : LeverMode::off,
-                       [&](int64_t T) { return folding_pays_everywhere(layers_, options, T); });
+  info_.decide_folding(device == Device::cuda ? options.fuse_norm_matvec : LeverMode::off, options,
+                       fused_form_weights(layers_));
   info_.model_type = k.model_type;
   info_.family = "qwen3_moe";
   info_.device = device;

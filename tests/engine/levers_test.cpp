@@ -50,7 +50,7 @@ TEST(Levers, KernelTokenSlotsIsADecodeLoopLeverOnByDefault) {
   EXPECT_EQ(engine_lever_device("kernel_token_slots"), Device::cuda);
 }
 
-// fused_norm_matvec: on where every layer matrix's one-token matvec runs on the tensor cores.
+// fused_norm_matvec: auto folds a step where every layer matrix of its rows runs on the tensor cores.
 TEST(Levers, FusedNormMatvecIsAutomaticByDefaultAndTakesThreeValues) {
   expect_automatic_three_way(&Levers::fused_norm_matvec, &LoadOptions::fuse_norm_matvec, "fused_norm_matvec",
                              "MERERUN_FUSED_NORM_MATVEC");

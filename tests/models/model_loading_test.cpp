@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "models/model.h"
+#include "ops/ops.h"
 #include "test_util.h"
 
 namespace mere {
@@ -65,6 +66,25 @@ TEST(ModelLoading, MissingConfigFieldIsNamed) {
   auto msg = load_error(edited_fixture("qwen3", [](auto& c) { c.erase("hidden_size"); }));
   EXPECT_NE(msg.find("hidden_size"), std::string::npos) << msg;
   EXPECT_NE(msg.find("config.json"), std::string::npos) << msg;
+}
+
+// Lever fused_norm_matvec's decision at load: `on` folds every step of up to
+// ops::kMaxFusedRows rows, `off` none; auto asks each fused-form matrix, and a
+// CPU weight (or no matrix at all) never takes the tensor cores, so it folds
+// nothing (the GPU's decisions: LlamaShapesGpu.FoldingFollowsTheStepsRowsOnDenseShapes).
+// Steps past kMaxFusedRows rows never fold.
+TEST(ModelInfo, FoldingDecisionFollowsTheModeAndTheMatrices) {
+  const Weight cpu_weight(Tensor::empty({256, 512}, DType::bf16));
+  const std::vector<const Weight*> fused{&cpu_weight};
+  for (LeverMode mode : {LeverMode::on, LeverMode::off, LeverMode::automatic}) {
+    for (const std::vector<const Weight*>& weights : {fused, std::vector<const Weight*>{}}) {
+      ModelInfo info;
+      info.decide_folding(mode, LoadOptions{.tensor_core_affine_matvec = true}, weights);
+      for (int64_t T = 1; T <= ops::kMaxFusedRows; ++T)
+        EXPECT_EQ(info.folds_step(T), mode == LeverMode::on) << lever_mode_name(mode) << ", " << T << " rows";
+      EXPECT_FALSE(info.folds_step(ops::kMaxFusedRows + 1)) << lever_mode_name(mode);
+    }
+  }
 }
 
 }  // namespace
