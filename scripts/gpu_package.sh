@@ -5,22 +5,41 @@
 # Usage: scripts/gpu_package.sh [BUILD_DIR (build-cuda)]; MERE_DEVRUN names the
 # pack (default .devrun), so several people can keep their own.
 # To benchmark several builds in one call, pack them with scripts/gpu_ab_pack.sh instead.
+# MERE_PACK_SPLIT=1 makes two packs instead, PACK-bench (mere, the tracer) and
+# PACK-tests (mere_gpu_tests): each fits beside the working tree in the device's
+# 64 MiB carry where both binaries together no longer do. Carry the bench pack
+# first: the tests that run the CLI find its mere on the same warm machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-cuda}
 pack=${MERE_DEVRUN:-.devrun}
 cmake -S . -B "$build" -G Ninja -DMERE_CUDA=ON >/dev/null
 cmake --build "$build"
-rm -rf "$pack" && mkdir -p "$pack"
-# Compressed: the carried pack must stay under the device's 64 MiB transfer limit. xz -9e's
-# large window finds the code the two binaries share (half the size of plain -J).
-tar -cf - -C "$build" mere -C "$PWD/$build/tests" mere_gpu_tests | xz -9e -T0 > "$pack/bin.tar.xz"
-# The CUPTI kernel tracer (tools/kernel_timeline.cpp) for `gpu_run.sh timeline`.
-g++ -std=c++20 -O2 -shared -fPIC -I/usr/local/cuda/include tools/kernel_timeline.cpp \
-  -L/usr/local/cuda/lib64 -lcupti -o "$pack/kernel_timeline.so"
-pwd > "$pack/source_dir"
-echo "$build" > "$pack/build_dir"  # where the tests look for the mere binary (MERE_BINARY)
 libs=$(ldd "$build/mere" | awk '/libfmt|libpcre2|libicu/ {print $3}')
-tar -cJhf "$pack/libs.tar.xz" -C / $(for l in $libs; do echo "${l#/}"; done) --transform 's|.*/||'
+# make_pack DIR FILE...: the binaries (paths under $build) compressed, the libraries, and where they were built.
+make_pack() {
+  local dir=$1; shift
+  rm -rf "$dir" && mkdir -p "$dir"
+  # Compressed: the carried pack must stay under the device's 64 MiB transfer limit. xz -9e's
+  # large window finds the code the two binaries share (half the size of plain -J).
+  local args=()
+  for f in "$@"; do args+=(-C "$PWD/$build/$(dirname "$f")" "$(basename "$f")"); done
+  tar -cf - "${args[@]}" | xz -9e -T0 > "$dir/bin.tar.xz"
+  pwd > "$dir/source_dir"
+  echo "$build" > "$dir/build_dir"  # where the tests look for the mere binary (MERE_BINARY)
+  tar -cJhf "$dir/libs.tar.xz" -C / $(for l in $libs; do echo "${l#/}"; done) --transform 's|.*/||'
+}
+# The CUPTI kernel tracer (tools/kernel_timeline.cpp) for `gpu_run.sh timeline`.
+tracer() {
+  g++ -std=c++20 -O2 -shared -fPIC -I/usr/local/cuda/include tools/kernel_timeline.cpp \
+    -L/usr/local/cuda/lib64 -lcupti -o "$1/kernel_timeline.so"
+}
+if [ -n "${MERE_PACK_SPLIT:-}" ]; then
+  make_pack "$pack-bench" mere && tracer "$pack-bench"
+  make_pack "$pack-tests" tests/mere_gpu_tests
+  du -sh "$pack-bench" "$pack-tests"
+else
+  make_pack "$pack" mere tests/mere_gpu_tests && tracer "$pack"
+  du -sh "$pack"
+fi
 grep -qs '^/.devrun\*/' .git/info/exclude || echo "/.devrun*/" >> .git/info/exclude
-du -sh "$pack"

@@ -42,6 +42,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee
 for what in "${@:-tests bench}"; do
   case $what in
     tests)  # a run still going after HANG_S seconds (default 300) has its host stacks dumped, then is killed
+      [ -x "$bin/mere" ] || echo "no mere on this machine (a tests-only pack): the tests that run the CLI fail;" \
+        "carry the bench pack (MERE_PACK_SPLIT) first while the machine is warm"
       watched "$out/gpu_tests.log" "${HANG_S:-300}" "$bin/mere_gpu_tests"
       grep -E "^\[ (gpu|  FAILED|  PASSED) |FAILED|PASSED|Failure" "$out/gpu_tests.log" ;;
     bench)
@@ -121,7 +123,9 @@ for what in "${@:-tests bench}"; do
         done
       done
       # and the kernel target on whole layers: a step's matvecs against this GPU's copy bandwidth
-      timeout 120 "$bin/mere_gpu_tests" --gtest_filter='AffineStep.*' 2>&1 | grep timing | tee -a "$out/lineup.log" ;;
+      # (a bench-only pack leaves it to a tests pack's call: `GTEST_FILTER='AffineStep.*' ... tests`)
+      [ -x "$bin/mere_gpu_tests" ] &&
+        timeout 120 "$bin/mere_gpu_tests" --gtest_filter='AffineStep.*' 2>&1 | grep timing | tee -a "$out/lineup.log" ;;
     quant)  # the weight formats side by side on the Llama-3-8B shape
       m="$bin/mere"
       "$m" bench --device cuda --shape llama3-8b -p 512 -n 128 -r 3 2>&1 | tee -a "$out/quant.log"
