@@ -51,7 +51,7 @@ bool ModelInfo::folds_step(int64_t T) const {
 void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused) {
   auto pays = [&](int64_t T) {
     return !fused.empty() &&
-           std::all_of(fused.begin(), fused.end(), [&](const Weight* w) { return folding_pays(*w, o, T, true); });
+           std::all_of(fused.begin(), fused.end(), [&](const Weight* w) { return folding_pays(*w, o, T); });
   };
   const bool on = mode == LeverMode::on, automatic = mode == LeverMode::automatic;
   fold_one_row = on || (automatic && pays(1));
@@ -60,11 +60,11 @@ void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<c
   fold_batches = on || (automatic && every_batch);
 }
 
-bool folding_pays(const Weight& w, const LoadOptions& o, int64_t T, bool formed_input) {
+bool folding_pays(const Weight& w, const LoadOptions& o, int64_t T) {
   if (!w.defined()) return true;
   const bool fp8 = w.kind() == Weight::Kind::fp8;
   const bool lever = fp8 ? o.tensor_core_fp8_matvec : o.tensor_core_affine_matvec && !o.int8_activation_matvec;
-  return lever && ops::matvec_on_tensor_cores(w, T, formed_input);
+  return lever && ops::matvec_on_tensor_cores(w, T, true);
 }
 
 Tensor final_logits(const Tensor& h, const Tensor& norm_w, float eps, const Weight& lm_head) {

@@ -91,13 +91,13 @@ struct LoadOptions {
 void apply_launch_settings(const LoadOptions& o, Device device);
 
 // Whether lever fused_norm_matvec's forms of w pay under o's levers in a step of
-// T rows: where w's decode matvec of T rows is on the tensor cores
-// (tensor_core_affine_matvec without int8_activation_matvec for MLX affine
-// weights, tensor_core_fp8_matvec for FP8 ones; Llama-3-8B folded, H100: int4
-// +9.2% / +8.1% at batches of 4 / 8, fp8 +3.3% at 1 and 8; Qwen3-4B int4 +26%
-// at one row: docs/levers.md), and for an absent weight. formed_input: as
-// ops::matvec_on_tensor_cores.
-bool folding_pays(const Weight& w, const LoadOptions& o, int64_t T, bool formed_input = false);
+// T rows: where w's decode matvec of T rows, in its fused form (a formed input:
+// ops::matvec_on_tensor_cores), is on the tensor cores (tensor_core_affine_matvec
+// without int8_activation_matvec for MLX affine weights, tensor_core_fp8_matvec
+// for FP8 ones; Llama-3-8B folded, H100: int4 +9.2% / +8.1% at batches of 4 / 8,
+// fp8 +3.3% at 1 and 8; Qwen3-4B int4 +26% at one row: docs/levers.md), and for
+// an absent weight.
+bool folding_pays(const Weight& w, const LoadOptions& o, int64_t T);
 
 // A folded step's final RMSNorm and lm_head: one fused op where lm_head is
 // quantized (its prepare kernel forms the input); a dense lm_head, as FP8
@@ -117,8 +117,8 @@ struct ModelInfo {
   bool fold_batches = false;
   bool folds_step(int64_t T) const;  // a step of T rows
   // Sets the two from the lever's mode; auto folds a step of T rows where
-  // folding_pays(w, o, T, true) for every matrix a folded step runs in its fused
-  // form (`fused`; none: no fold).
+  // folding_pays(w, o, T) for every matrix a folded step runs in its fused form
+  // (`fused`; none: no fold).
   void decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused);
   int64_t vocab = 0;
   int64_t max_positions = 0;

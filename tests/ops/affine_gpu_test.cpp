@@ -308,12 +308,12 @@ TEST_F(Affine, TensorCoreQueryFollowsTheFloorAtOneRow) {
   EXPECT_TRUE(ops::matvec_on_tensor_cores(half, 2, true));
   // Auto folds a step where the lever takes its matrices, and not under int8_activation_matvec.
   LoadOptions o{.tensor_core_affine_matvec = true};
-  EXPECT_TRUE(folding_pays(o_proj, o, 1, true));
-  EXPECT_FALSE(folding_pays(half, o, 1, true));
-  EXPECT_TRUE(folding_pays(half, o, 8, true));
+  EXPECT_TRUE(folding_pays(o_proj, o, 1));
+  EXPECT_FALSE(folding_pays(half, o, 1));
+  EXPECT_TRUE(folding_pays(half, o, 8));
   o.int8_activation_matvec = true;
-  EXPECT_FALSE(folding_pays(o_proj, o, 1, true));
-  EXPECT_FALSE(folding_pays(half, o, 2, true));
+  EXPECT_FALSE(folding_pays(o_proj, o, 1));
+  EXPECT_FALSE(folding_pays(half, o, 2));
 }
 
 // The fused decode forms (lever fused_norm_matvec) on the tensor-core matvec:
