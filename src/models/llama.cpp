@@ -85,9 +85,10 @@ namespace {
 std::vector<const Weight*> fused_form_weights(const std::vector<LlamaLayer>& layers) {
   std::vector<const Weight*> out;
   for (const LlamaLayer& l : layers) {
-    const QkvProjection& a = l.attn.qkv;
-    const GatedMlp& m = l.mlp;
-    out.insert(out.end(), {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o, &m.gate_up, &m.gate, &m.up, &m.down});
+    const auto qkv = l.attn.qkv.matrices(), mlp = l.mlp.matrices();
+    out.insert(out.end(), qkv.begin(), qkv.end());
+    out.push_back(&l.attn.o);
+    out.insert(out.end(), mlp.begin(), mlp.end());
   }
   return out;
 }

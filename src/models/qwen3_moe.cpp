@@ -31,17 +31,23 @@ Qwen3MoeConfig Qwen3MoeConfig::parse(const ConfigJson& c) {
 
 namespace {
 
-// Lever fused_norm_matvec, auto: a step folds its attention-side norms where every
-// attention matrix's matvec of its rows runs on the tensor cores in its fused form
-// (the RMSNorm'd input for q/k/v, attention's splits merged for o; the experts
-// have their own kernels; ModelInfo::decide_folding). Qwen3-30B-A3B's affine ones
-// (2^23 weights and up) do at one row: int4 decode +8.0% at batch 1
-// (docs/benchmarks.md); FP8 ones only from two rows.
+// Lever fused_norm_matvec, auto: a step folds its norms where every matrix a
+// folded step runs in its fused form takes the tensor cores at the step's rows
+// (ModelInfo::decide_folding): the attention's (the RMSNorm'd input for q/k/v,
+// attention's splits merged for o) and a dense layer's MLP; the experts have
+// their own kernels. Qwen3-30B-A3B's affine attention matrices (2^23 weights and
+// up) do at one row: int4 decode +8.0% at batch 1 (docs/benchmarks.md); FP8 ones
+// only from two rows.
 std::vector<const Weight*> fused_form_weights(const std::vector<Qwen3MoeLayer>& layers) {
   std::vector<const Weight*> out;
   for (const Qwen3MoeLayer& l : layers) {
-    const QkvProjection& a = l.attn.qkv;
-    out.insert(out.end(), {&a.qkv, &a.q, &a.k, &a.v, &l.attn.o});
+    const auto qkv = l.attn.qkv.matrices();
+    out.insert(out.end(), qkv.begin(), qkv.end());
+    out.push_back(&l.attn.o);
+    if (!l.moe) {
+      const auto mlp = l.mlp.matrices();
+      out.insert(out.end(), mlp.begin(), mlp.end());
+    }
   }
   return out;
 }

@@ -24,6 +24,8 @@ struct QkvProjection {
   // The same on rms_norm(h, norm_w, eps), the norm folded into the matmul.
   std::array<Tensor, 3> apply_normed(const Tensor& h, const Tensor& norm_w, float eps) const;
   uint64_t size_bytes() const;
+  // Every matrix, fused or separate (the unused ones are empty).
+  std::array<const Weight*, 4> matrices() const { return {&qkv, &q, &k, &v}; }
 
  private:
   int64_t q_dim_ = 0, kv_dim_ = 0;  // the column split of the fused output
@@ -43,6 +45,8 @@ struct GatedMlp {
   // add folded into the matmuls.
   void add_normed(Tensor& h, const Tensor& norm_w, float eps) const;
   uint64_t size_bytes() const;
+  // Every matrix, fused or separate (the unused ones are empty).
+  std::array<const Weight*, 4> matrices() const { return {&gate_up, &gate, &up, &down}; }
 };
 
 }  // namespace mere
