@@ -98,6 +98,31 @@ inline Tensor merged_on_cpu(const ops::AttentionSplits& s) {
   return merged;
 }
 
+// Partials as a wide attention grid leaves them, on the GPU: only the first
+// `live` splits of each row written. `marked` holds the rest marked empty (max
+// -inf), as attention marks them; `garbage` holds a huge max and NaN outputs
+// there, with AttentionSplits::live set, so a merge that read past `live` would
+// be poisoned. A fused form must give the same sums from both.
+struct LiveSplits {
+  ops::AttentionSplits marked, garbage;
+};
+inline LiveSplits live_splits_on_gpu(const ops::AttentionSplits& cpu, int64_t live) {
+  const int64_t rows = cpu.out.dim(0) * cpu.out.dim(1), splits = cpu.out.dim(2), head_dim = cpu.out.dim(3);
+  Tensor marked_max = cpu.max.clone(), garbage_max = cpu.max.clone(), garbage_out = cpu.out.clone();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t s = live; s < splits; ++s) {
+      marked_max.data<float>()[r * splits + s] = -INFINITY;
+      garbage_max.data<float>()[r * splits + s] = 1e30f;
+      for (int64_t d = 0; d < head_dim; ++d) garbage_out.data<float>()[(r * splits + s) * head_dim + d] = NAN;
+    }
+  const Tensor sum = cpu.sum.to_device(Device::cuda);
+  LiveSplits out{.marked = {.max = marked_max.to_device(Device::cuda), .sum = sum, .out = cpu.out.to_device(Device::cuda)},
+                 .garbage = {.max = garbage_max.to_device(Device::cuda), .sum = sum,
+                             .out = garbage_out.to_device(Device::cuda)}};
+  out.garbage.live = int(live);
+  return out;
+}
+
 // An MLX affine weight [out, in] (CPU) of random codes; scales near 1e-2 and
 // biases near -scale 2^(bits-1), so the weights centre on zero as a quantized
 // trained matrix's do.

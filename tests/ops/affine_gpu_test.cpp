@@ -433,22 +433,11 @@ TEST_F(Affine, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
     // and marks the rest empty; the prepare reads only those. Garbage past them
     // (a huge max, NaN outputs) would poison the merge if it were read.
     if (c.splits > 2) {
-      const int64_t live = (c.splits + 1) / 2;
-      ops::AttentionSplits part{.max = cpu.max.clone(), .sum = cpu.sum.clone(), .out = cpu.out.clone()};
-      Tensor only_live = cpu.max.clone();  // the same partials, marked empty past `live`, as attention would
-      for (int64_t r = 0; r < c.T * c.heads; ++r)
-        for (int64_t s = live; s < c.splits; ++s) {
-          only_live.data<float>()[r * c.splits + s] = -INFINITY;
-          part.max.data<float>()[r * c.splits + s] = 1e30f;
-          for (int64_t d = 0; d < c.head_dim; ++d) part.out.data<float>()[(r * c.splits + s) * c.head_dim + d] = NAN;
-        }
-      const ops::AttentionSplits marked{.max = gpu(only_live), .sum = gpu(cpu.sum), .out = gpu(cpu.out)};
-      ops::AttentionSplits garbage{.max = gpu(part.max), .sum = gpu(part.sum), .out = gpu(part.out)};
-      garbage.live = int(live);
+      const test::LiveSplits live = test::live_splits_on_gpu(cpu, (c.splits + 1) / 2);
       ops::set_launch_settings({.tensor_core_affine_matvec = true});
       Tensor want_live = gpu(residual), got_live = gpu(residual);
-      EXPECT_TRUE(ops::cuda::affine_attention_linear_add(want_live, marked, wg.affine(), gpu(bias))) << label;
-      EXPECT_TRUE(ops::cuda::affine_attention_linear_add(got_live, garbage, wg.affine(), gpu(bias))) << label;
+      EXPECT_TRUE(ops::cuda::affine_attention_linear_add(want_live, live.marked, wg.affine(), gpu(bias))) << label;
+      EXPECT_TRUE(ops::cuda::affine_attention_linear_add(got_live, live.garbage, wg.affine(), gpu(bias))) << label;
       ops::set_launch_settings({});
       EXPECT_LE(relative_error(got_live.to_device(Device::cpu), want_live.to_device(Device::cpu),
                                label + " live splits", false),

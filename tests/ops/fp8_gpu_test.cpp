@@ -440,20 +440,10 @@ TEST_F(Fp8Gpu, TensorCoreMatvecMergesAttentionSplitsIntoItsInput) {
               0)
         << label;
     if (c.splits > 2) {
-      const int64_t live = (c.splits + 1) / 2;
-      Tensor only_live = cpu.max.clone(), garbage_max = cpu.max.clone(), garbage_out = cpu.out.clone();
-      for (int64_t r = 0; r < c.T * c.heads; ++r)
-        for (int64_t s = live; s < c.splits; ++s) {
-          only_live.data<float>()[r * c.splits + s] = -INFINITY;
-          garbage_max.data<float>()[r * c.splits + s] = 1e30f;
-          for (int64_t d = 0; d < c.head_dim; ++d) garbage_out.data<float>()[(r * c.splits + s) * c.head_dim + d] = NAN;
-        }
-      const ops::AttentionSplits marked{.max = gpu(only_live), .sum = gpu(cpu.sum), .out = gpu(cpu.out)};
-      ops::AttentionSplits garbage{.max = gpu(garbage_max), .sum = gpu(cpu.sum), .out = gpu(garbage_out)};
-      garbage.live = int(live);
+      const test::LiveSplits live = test::live_splits_on_gpu(cpu, (c.splits + 1) / 2);
       Tensor want_live = gpu(residual), got_live = gpu(residual);
-      EXPECT_TRUE(ops::cuda::fp8_attention_linear_add(want_live, marked, wg.fp8(), gpu(bias))) << label;
-      EXPECT_TRUE(ops::cuda::fp8_attention_linear_add(got_live, garbage, wg.fp8(), gpu(bias))) << label;
+      EXPECT_TRUE(ops::cuda::fp8_attention_linear_add(want_live, live.marked, wg.fp8(), gpu(bias))) << label;
+      EXPECT_TRUE(ops::cuda::fp8_attention_linear_add(got_live, live.garbage, wg.fp8(), gpu(bias))) << label;
       // The warps share out the splits read by their count, so the sums regroup.
       EXPECT_LE(relative_error(got_live.to_device(Device::cpu), want_live.to_device(Device::cpu),
                                label + " live splits", false),
