@@ -115,10 +115,9 @@ inline LiveSplits live_splits_on_gpu(const ops::AttentionSplits& cpu, int64_t li
       garbage_max.data<float>()[r * splits + s] = 1e30f;
       for (int64_t d = 0; d < head_dim; ++d) garbage_out.data<float>()[(r * splits + s) * head_dim + d] = NAN;
     }
-  const Tensor sum = cpu.sum.to_device(Device::cuda);
-  LiveSplits out{.marked = {.max = marked_max.to_device(Device::cuda), .sum = sum, .out = cpu.out.to_device(Device::cuda)},
-                 .garbage = {.max = garbage_max.to_device(Device::cuda), .sum = sum,
-                             .out = garbage_out.to_device(Device::cuda)}};
+  const Tensor sum = gpu(cpu.sum);
+  LiveSplits out{.marked = {.max = gpu(marked_max), .sum = sum, .out = gpu(cpu.out)},
+                 .garbage = {.max = gpu(garbage_max), .sum = sum, .out = gpu(garbage_out)}};
   out.garbage.live = int(live);
   return out;
 }
