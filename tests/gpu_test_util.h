@@ -146,8 +146,7 @@ inline float relative_error(const Tensor& got_device, const Tensor& want, const 
                             bool print = true) {
   Tensor got = got_device.to_device(Device::cpu);
   EXPECT_EQ(got.shape(), want.shape()) << label;
-  float max_ref = 1e-30f;
-  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
+  const float max_ref = std::max(1e-30f, test::max_abs(want));
   for (int64_t i = 0; i < got.numel(); ++i)
     if (!std::isfinite(got.at(i))) {
       ADD_FAILURE() << label << ": element " << i << " is " << got.at(i);

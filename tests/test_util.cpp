@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <array>
 #include <cmath>
@@ -52,6 +53,11 @@ std::string read_file(const std::filesystem::path& path) {
   std::stringstream s;
   s << f.rdbuf();
   return s.str();
+}
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  MERE_CHECK(std::filesystem::exists(path), "{} is missing", path.string());
+  return nlohmann::json::parse(read_file(path));
 }
 
 std::vector<float> normal_values(int64_t n, uint32_t seed, float mean, float sd) {
@@ -147,6 +153,12 @@ float worst_difference(const std::vector<float>& a, const std::vector<float>& b)
   float worst = 0;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
   return worst;
+}
+
+float max_abs(const Tensor& t) {
+  float m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.at(i)));  // NaN: passed over
+  return m;
 }
 
 MaxDiff max_abs_diff(const Tensor& a, const Tensor& b) {

@@ -1,6 +1,8 @@
 // Shared test helpers: paths, temporary files, running the mere binary, .npy reading.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <array>
 #include <filesystem>
 #include <functional>
@@ -29,6 +31,8 @@ CommandResult run_mere(const std::string& args);
 
 void write_file(const std::filesystem::path& path, const std::string& bytes);
 std::string read_file(const std::filesystem::path& path);
+// A JSON file (a fixture's reference.json); a missing file is an error naming it.
+nlohmann::json read_json(const std::filesystem::path& path);
 
 // Largest |a - b| over the elements, and its index.
 struct MaxDiff {
@@ -36,6 +40,8 @@ struct MaxDiff {
   int64_t index = -1;
 };
 MaxDiff max_abs_diff(const Tensor& a, const Tensor& b);
+// Largest |value| of t (0 for an empty tensor): the scale relative errors divide by.
+float max_abs(const Tensor& t);
 
 // n values drawn from N(mean, sd), the same for the same seed.
 std::vector<float> normal_values(int64_t n, uint32_t seed, float mean, float sd);

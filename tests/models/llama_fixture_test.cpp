@@ -4,7 +4,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <fstream>
 
 #include "engine/generate.h"
 #include "io/npy.h"
@@ -15,26 +14,20 @@
 namespace mere {
 namespace {
 
-nlohmann::json read_json(const std::filesystem::path& path) {
-  std::ifstream f(path);
-  return nlohmann::json::parse(f);
-}
-
 class LlamaFixture : public ::testing::TestWithParam<std::string> {
  protected:
   std::filesystem::path dir() const { return test::fixtures_dir() / GetParam(); }
 };
 
 TEST_P(LlamaFixture, LogitsMatchTransformers) {
-  auto ref = read_json(dir() / "reference.json");
+  auto ref = test::read_json(dir() / "reference.json");
   std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
   Tensor want = read_npy(dir() / "logits.npy");
   auto model = load_model(dir());
   auto state = model->make_state();
   Tensor got = model->forward(ids, *state, /*all_logits=*/true);
   ASSERT_EQ(got.shape(), want.shape());
-  float max_ref = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
+  const float max_ref = test::max_abs(want);
   test::MaxDiff d = test::max_abs_diff(got, want);
   float relative = d.diff / max_ref;
   std::printf("[ fixture  ] %s: max |logit diff| %.3g at %lld, max |logit| %.3f, relative error %.3g\n",
@@ -43,7 +36,7 @@ TEST_P(LlamaFixture, LogitsMatchTransformers) {
 }
 
 TEST_P(LlamaFixture, IncrementalDecodeMatchesOneForward) {
-  auto ref = read_json(dir() / "reference.json");
+  auto ref = test::read_json(dir() / "reference.json");
   std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
   Tensor want = read_npy(dir() / "logits.npy");
   auto model = load_model(dir());
@@ -59,7 +52,7 @@ TEST_P(LlamaFixture, IncrementalDecodeMatchesOneForward) {
 }
 
 TEST_P(LlamaFixture, GreedyContinuationMatchesTransformers) {
-  auto ref = read_json(dir() / "reference.json");
+  auto ref = test::read_json(dir() / "reference.json");
   std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
   std::vector<int32_t> want = ref["greedy"].get<std::vector<int32_t>>();
   auto model = load_model(dir());
@@ -78,7 +71,7 @@ TEST_P(LlamaFixture, GreedyContinuationMatchesTransformers) {
 INSTANTIATE_TEST_SUITE_P(Families, LlamaFixture, ::testing::Values("llama", "qwen2", "qwen3"));
 
 TEST(RopeScaling, MatchesTransformersForEveryType) {
-  auto ref = read_json(test::fixtures_dir() / "rope_reference.json");
+  auto ref = test::read_json(test::fixtures_dir() / "rope_reference.json");
   int n = 0;
   for (const auto& c : ref["cases"]) {
     ConfigJson config = ConfigJson::from_json(c["config"], "rope_reference.json");

@@ -32,8 +32,7 @@ TEST_P(LlamaGpu, LogitsMatchTransformersAndGreedyAgreesWithCpu) {
   auto model = load_model(dir, Device::cuda);
   auto state = model->make_state();
   Tensor got = model->forward(ids, *state, true).to_device(Device::cpu);
-  float max_ref = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
+  const float max_ref = test::max_abs(want);
   float rel = test::max_abs_diff(got, want).diff / max_ref;
   std::printf("[ gpu      ] %s: logits relative error %.3g (bf16 KV cache, tensor-core prefill)\n",
               GetParam().c_str(), rel);
@@ -97,8 +96,7 @@ void expect_lever_parity(const std::string& family, const LoadOptions& lever, fl
   auto plain = load_model(dir, Device::cuda), with = load_model(dir, Device::cuda, lever);
   auto s1 = plain->make_state(), s2 = with->make_state();
   Tensor a = plain->forward(ids, *s1, true).to_device(Device::cpu), b = with->forward(ids, *s2, true).to_device(Device::cpu);
-  float max_ref = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) max_ref = std::max(max_ref, std::fabs(a.at(i)));
+  const float max_ref = test::max_abs(a);
   float rel = test::max_abs_diff(a, b).diff / max_ref;
   std::printf("[ gpu      ] %s: %s, logits rel diff %.3g\n", family.c_str(), label, rel);
   EXPECT_LE(rel, tolerance);

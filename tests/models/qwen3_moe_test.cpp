@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <fstream>
 
 #include "engine/generate.h"
 #include "io/npy.h"
@@ -18,24 +17,13 @@
 namespace mere {
 namespace {
 
-nlohmann::json read_json(const std::filesystem::path& path) {
-  std::ifstream f(path);
-  return nlohmann::json::parse(f);
-}
-
-float max_abs(const Tensor& t) {
-  float m = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.at(i)));
-  return m;
-}
-
 class Qwen3MoeFixture : public ::testing::TestWithParam<std::string> {
  protected:
   std::filesystem::path dir() const { return test::fixtures_dir() / GetParam(); }
 };
 
 TEST_P(Qwen3MoeFixture, LogitsMatchTransformers) {
-  auto ref = read_json(dir() / "reference.json");
+  auto ref = test::read_json(dir() / "reference.json");
   std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
   Tensor want = read_npy(dir() / "logits.npy");
   for (bool fused : {false, true}) {
@@ -45,7 +33,7 @@ TEST_P(Qwen3MoeFixture, LogitsMatchTransformers) {
     Tensor got = model->forward(ids, *state, /*all_logits=*/true);
     ASSERT_EQ(got.shape(), want.shape());
     test::MaxDiff d = test::max_abs_diff(got, want);
-    const float relative = d.diff / max_abs(want);
+    const float relative = d.diff / test::max_abs(want);
     std::printf("[ fixture  ] %s%s: max |logit diff| %.3g, relative %.3g\n", GetParam().c_str(),
                 fused ? " (fused gate/up)" : "", d.diff, relative);
     EXPECT_LE(relative, 1e-4f);
@@ -53,7 +41,7 @@ TEST_P(Qwen3MoeFixture, LogitsMatchTransformers) {
 }
 
 TEST_P(Qwen3MoeFixture, IncrementalDecodeMatchesOneForward) {
-  auto ref = read_json(dir() / "reference.json");
+  auto ref = test::read_json(dir() / "reference.json");
   std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
   Tensor want = read_npy(dir() / "logits.npy");
   auto model = load_model(dir());
@@ -62,13 +50,13 @@ TEST_P(Qwen3MoeFixture, IncrementalDecodeMatchesOneForward) {
   model->forward(std::vector<int32_t>(ids.begin(), ids.begin() + long(half)), *state, false);
   for (size_t t = half; t < ids.size(); ++t) {
     Tensor got = model->forward({ids[t]}, *state, false);
-    EXPECT_LE(test::max_abs_diff(got, want.slice_rows(int64_t(t), int64_t(t) + 1)).diff, 4e-4f * max_abs(want))
+    EXPECT_LE(test::max_abs_diff(got, want.slice_rows(int64_t(t), int64_t(t) + 1)).diff, 4e-4f * test::max_abs(want))
         << "position " << t;
   }
 }
 
 TEST_P(Qwen3MoeFixture, GreedyContinuationMatchesTransformers) {
-  auto ref = read_json(dir() / "reference.json");
+  auto ref = test::read_json(dir() / "reference.json");
   std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
   std::vector<int32_t> want = ref["greedy"].get<std::vector<int32_t>>();
   auto model = load_model(dir());
@@ -87,7 +75,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, Qwen3MoeFixture,
                          ::testing::Values("qwen3_moe", "qwen3_moe-step2", "qwen3_moe-mlx4"));
 
 TEST(Qwen3MoeConfig, SparseLayersFollowStepAndMlpOnlyLayers) {
-  const auto base = read_json(test::fixtures_dir() / "qwen3_moe" / "config.json");
+  const auto base = test::read_json(test::fixtures_dir() / "qwen3_moe" / "config.json");
   auto parse = [&](nlohmann::json patch) {
     nlohmann::json j = base;
     j.merge_patch(patch);

@@ -35,8 +35,7 @@ Tensor linear_with(bool direct, const Tensor& x, const Weight& w, const Tensor& 
 // The affine form's two terms (scale * sum(q * x) and bias * sum(x)) cancel in
 // part, so its rounding shows larger against the result (AffineLinear's bound).
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what, float relative = 2e-6f) {
-  float max_ref = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
+  const float max_ref = test::max_abs(want);
   const test::MaxDiff d = test::max_abs_diff(got, want);
   EXPECT_LE(d.diff, relative * max_ref) << what << ": worst at " << d.index << " of " << want.numel();
 }

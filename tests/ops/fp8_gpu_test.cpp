@@ -541,8 +541,7 @@ TEST_F(Fp8Gpu, FoldedModelMatchesTheComposition) {
     at += n;
     const Tensor got = folded->forward(step, *a, true).to_device(Device::cpu);
     const Tensor want = composed->forward(step, *b, true).to_device(Device::cpu);
-    float top = 0;
-    for (int64_t i = 0; i < want.numel(); ++i) top = std::max(top, std::fabs(want.at(i)));
+    const float top = test::max_abs(want);
     const float rel = test::max_abs_diff(got, want).diff / top;
     std::printf("[ gpu      ] qwen3-0.6b fp8, a step of %zu tokens folded vs composed: logits rel diff %.3g\n", n, rel);
     EXPECT_LE(rel, 1e-4f) << n << " tokens";

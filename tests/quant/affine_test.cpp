@@ -146,8 +146,7 @@ TEST(AffineLinear, FusedKernelMatchesDequantizedMatmul) {
         for (bool with_bias : {false, true}) {
           Tensor bias = with_bias ? Tensor::from_floats(bv, {out}) : Tensor();
           Tensor got = ops::linear(x, w, bias), want = ops::linear(x, dense, bias);
-          float max_ref = 0;
-          for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
+          const float max_ref = test::max_abs(want);
           test::MaxDiff d = test::max_abs_diff(got, want);
           EXPECT_LE(d.diff, 1e-5f * max_ref) << "int" << bits << " g" << g << " T " << T << " bias " << with_bias
                                              << ": worst at " << d.index;

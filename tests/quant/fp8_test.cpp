@@ -33,8 +33,7 @@ using test::random_fp8;
 // max |got - want| / max |want|.
 float relative_error(const Tensor& got, const Tensor& want) {
   EXPECT_EQ(got.shape(), want.shape());
-  float max_ref = 1e-30f;
-  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
+  const float max_ref = std::max(1e-30f, test::max_abs(want));
   return test::max_abs_diff(got, want).diff / max_ref;
 }
 
@@ -272,8 +271,6 @@ Fp8Weight quantize_fp8(const Tensor& w, DType scale_dtype) {
   return {values, scales, 128};
 }
 
-nlohmann::json read_json(const std::filesystem::path& path) { return nlohmann::json::parse(test::read_file(path)); }
-
 bool is_linear(const std::string& name) {
   return name.ends_with("proj.weight") || name == "lm_head.weight";
 }
@@ -285,7 +282,7 @@ void write_fp8_qwen3(const std::filesystem::path& fp8_dir, const std::filesystem
                      const std::function<void(nlohmann::json&)>& edit = {}) {
   const auto src = test::fixtures_dir() / "qwen3";
   Checkpoint ck = Checkpoint::open(src);
-  nlohmann::json config = read_json(src / "config.json");
+  nlohmann::json config = test::read_json(src / "config.json");
   config["tie_word_embeddings"] = tied;
   std::vector<NamedTensor> fp8_tensors, dense_tensors;
   int n = 0;
@@ -319,7 +316,7 @@ void write_fp8_qwen3(const std::filesystem::path& fp8_dir, const std::filesystem
 }
 
 std::vector<int32_t> fixture_ids() {
-  return read_json(test::fixtures_dir() / "qwen3" / "reference.json")["ids"].get<std::vector<int32_t>>();
+  return test::read_json(test::fixtures_dir() / "qwen3" / "reference.json")["ids"].get<std::vector<int32_t>>();
 }
 
 TEST(Fp8, CheckpointLoadsAndMatchesTheDequantizedModel) {
@@ -353,7 +350,7 @@ TEST(Fp8, CheckpointLoadsAndMatchesTheDequantizedModel) {
 // scripts/make_fp8_fixture.py) against transformers' logits of its dequantized weights.
 TEST(Fp8, FixtureMatchesTransformers) {
   const auto dir = test::fixtures_dir() / "qwen3-fp8";
-  const std::vector<int32_t> ids = read_json(dir / "reference.json")["ids"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> ids = test::read_json(dir / "reference.json")["ids"].get<std::vector<int32_t>>();
   Tensor want = read_npy(dir / "logits.npy");
   auto model = load_model(dir);
   auto state = model->make_state();
@@ -399,7 +396,7 @@ TEST(Fp8, InconsistentMetadataIsAClearError) {
     const auto bad = dir / "no_config";
     std::filesystem::create_directories(bad);
     std::filesystem::copy(dir / "fp8" / "model.safetensors", bad / "model.safetensors");
-    nlohmann::json config = read_json(dir / "fp8" / "config.json");
+    nlohmann::json config = test::read_json(dir / "fp8" / "config.json");
     config.erase("quantization_config");
     test::write_file(bad / "config.json", config.dump(2));
     expect_contains(load_error(bad), {"lm_head.weight", "fp8", "quantization_config"});
@@ -409,7 +406,7 @@ TEST(Fp8, InconsistentMetadataIsAClearError) {
     const auto bad = dir / "gptq";
     std::filesystem::create_directories(bad);
     std::filesystem::copy(dir / "fp8" / "model.safetensors", bad / "model.safetensors");
-    nlohmann::json config = read_json(dir / "fp8" / "config.json");
+    nlohmann::json config = test::read_json(dir / "fp8" / "config.json");
     config["quantization_config"]["quant_method"] = "gptq";
     test::write_file(bad / "config.json", config.dump(2));
     expect_contains(load_error(bad), {"config.json", "quant_method", "gptq"});

@@ -41,8 +41,7 @@ TEST_P(MlxFixture, LogitsAndGreedyMatchTransformersOnTheDequantizedWeights) {
   auto state = model->make_state();
   Tensor got = model->forward(ids, *state, /*all_logits=*/true);
   ASSERT_EQ(got.shape(), want.shape());
-  float max_ref = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
+  const float max_ref = test::max_abs(want);
   test::MaxDiff d = test::max_abs_diff(got, want);
   std::printf("[ fixture  ] %s (int%d g%d): max |logit diff| %.3g at %lld, max |logit| %.3f, relative error %.3g\n",
               GetParam().c_str(), ref["bits"].get<int>(), ref["group_size"].get<int>(), d.diff, (long long)d.index,

@@ -82,8 +82,7 @@ TEST_P(KvCacheGpu, QuantizedModesOnTheGpuFollowTheCpu) {
   for (KvCacheMode mode : {KvCacheMode::affine8, KvCacheMode::affine4}) {
     auto s1 = cpu_model->make_state(0, mode), s2 = gpu_model->make_state(0, mode);
     Tensor a = cpu_model->forward(ids, *s1, true), b = gpu_model->forward(ids, *s2, true).to_device(Device::cpu);
-    float max_ref = 0;
-    for (int64_t i = 0; i < a.numel(); ++i) max_ref = std::max(max_ref, std::fabs(a.at(i)));
+    const float max_ref = test::max_abs(a);
     const float rel = test::max_abs_diff(a, b).diff / max_ref;
     const auto tc = greedy(*cpu_model, ids, mode, 32), tg = greedy(*gpu_model, ids, mode, 32, levers);
     size_t same = 0;
@@ -168,8 +167,7 @@ TEST_P(KvCacheGpu, QuantizedFusedRopeStoreMatchesTheComposition) {
     auto s1 = a_model->make_state(0, mode), s2 = b_model->make_state(0, mode);
     Tensor a = a_model->forward(ids, *s1, true).to_device(Device::cpu);
     Tensor b = b_model->forward(ids, *s2, true).to_device(Device::cpu);
-    float max_ref = 0;
-    for (int64_t i = 0; i < a.numel(); ++i) max_ref = std::max(max_ref, std::fabs(a.at(i)));
+    const float max_ref = test::max_abs(a);
     const float rel = test::max_abs_diff(a, b).diff / max_ref;
     const size_t first = common_prefix(greedy(*a_model, ids, mode, 32), greedy(*b_model, ids, mode, 32));
     std::printf("[ gpu      ] %-6s kv %-8s fused vs composed rope/store: logits rel %.2e, greedy identical for %zu of 32\n",
@@ -195,8 +193,7 @@ TEST(KvCacheModesGpu, LongContextDecodeAndBenchRowsForEveryMode) {
     return model->forward({42}, *state, false).to_device(Device::cpu);  // decode reads the codes
   };
   const Tensor want = logits(KvCacheMode::bf16);
-  float max_ref = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, std::fabs(want.at(i)));
+  const float max_ref = test::max_abs(want);
   for (KvCacheMode mode : {KvCacheMode::affine8, KvCacheMode::affine4}) {
     const float rel = test::max_abs_diff(logits(mode), want).diff / max_ref;
     std::printf("[ gpu      ] qwen3-0.6b shape, 1500 cached: kv %s decode logits vs bf16 rel %.2e\n",
@@ -224,8 +221,7 @@ TEST_P(KvCacheGpu, PagedForkAndTruncateOnCuda) {
   const std::vector<int32_t> prompt = this->prompt();
   auto close = [](const Tensor& a, const Tensor& b) {
     const Tensor x = a.to_device(Device::cpu), y = b.to_device(Device::cpu);
-    float max_ref = 1e-30f;
-    for (int64_t i = 0; i < y.numel(); ++i) max_ref = std::max(max_ref, std::fabs(y.at(i)));
+    const float max_ref = std::max(1e-30f, test::max_abs(y));
     return test::max_abs_diff(x, y).diff / max_ref;
   };
   for (KvCacheMode mode : {KvCacheMode::bf16, KvCacheMode::affine8, KvCacheMode::affine4}) {

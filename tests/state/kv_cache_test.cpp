@@ -109,8 +109,7 @@ struct ModeReport {
 ModeReport compare_mode(const Model& model, const std::vector<int32_t>& prompt, KvCacheMode mode) {
   auto s1 = model.make_state(0), s2 = model.make_state(0, mode);
   Tensor a = model.forward(prompt, *s1, true), b = model.forward(prompt, *s2, true);
-  float max_ref = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) max_ref = std::max(max_ref, std::fabs(a.at(i)));
+  const float max_ref = test::max_abs(a);
   GenerateOptions base, lossy;
   base.max_new_tokens = lossy.max_new_tokens = 64;
   base.sampling.temperature = lossy.sampling.temperature = 0;

@@ -45,11 +45,6 @@ inline const Tokenizer& cached_tokenizer(const std::string& name) {
   return *slot;
 }
 
-inline nlohmann::json read_json(const std::filesystem::path& path) {
-  MERE_CHECK(std::filesystem::exists(path), "{} is missing", path.string());
-  return nlohmann::json::parse(read_file(path));
-}
-
 inline const std::vector<std::string>& tokenizer_corpus() {
   static const std::vector<std::string> corpus =
       read_json(source_dir() / "tests" / "tokenizer" / "corpus.json").get<std::vector<std::string>>();
