@@ -121,8 +121,9 @@ std::vector<std::string> known_shapes() {
 nlohmann::json shape_config(const std::string& name) { return published(name); }
 
 std::unique_ptr<Model> random_model(const std::string& name, Device device, const LoadOptions& options,
-                                    uint64_t seed, const RandomQuant& quant) {
+                                    uint64_t seed, const RandomQuant& quant, const nlohmann::json& overrides) {
   nlohmann::json json = published(name);
+  json.update(overrides);
   if (quant.kind == RandomQuant::Kind::affine)  // as mlx_lm writes it
     json["quantization"] = {{"group_size", quant.group_size}, {"bits", quant.bits}};
   if (quant.kind == RandomQuant::Kind::fp8)

@@ -31,8 +31,10 @@ struct RandomQuant {
 };
 
 // Random weights (never zeros) of that shape, made directly on `device`: bf16,
-// or quantized as `quant` says.
+// or quantized as `quant` says. `overrides` replaces fields of the published
+// config (tests: fewer layers, dense layers in a MoE shape).
 std::unique_ptr<Model> random_model(const std::string& name, Device device, const LoadOptions& options = {},
-                                    uint64_t seed = 1, const RandomQuant& quant = {});
+                                    uint64_t seed = 1, const RandomQuant& quant = {},
+                                    const nlohmann::json& overrides = nlohmann::json::object());
 
 }  // namespace mere

@@ -474,6 +474,27 @@ TEST(LlamaShapesGpu, FoldingFollowsTheStepsRowsOnDenseShapes) {
   }
 }
 
+// The MoE family's auto asks a dense layer's MLP too (`mlp_only_layers`): the
+// Qwen3-30B-A3B shape cut to two layers, layer 0 dense, folds its one-row steps
+// with the published intermediate size (the dense MLP's gate/up and down take the
+// tensor cores at one row, as the attention's do) and not with 1,024 (gate/up
+// 2^22 weights, under the one-row floor); both fold their batches.
+TEST(LlamaShapesGpu, MoeFoldingAsksTheDenseLayersMlp) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  const LoadOptions base = Levers{}.load_options(Device::cuda);
+  for (int d_ff : {6144, 1024}) {
+    const nlohmann::json overrides = {
+        {"num_hidden_layers", 2}, {"mlp_only_layers", {0}}, {"intermediate_size", d_ff}};
+    auto model = random_model("qwen3-30b-a3b", Device::cuda, base, 1, RandomQuant::parse("int4"), overrides);
+    EXPECT_EQ(model->info().folds_step(1), d_ff == 6144) << d_ff;
+    EXPECT_TRUE(model->info().folds_step(2)) << d_ff;
+    // A step of each kind runs.
+    auto state = model->make_state(16);
+    EXPECT_EQ(model->forward({1, 2}, *state, false).dim(1), model->info().vocab) << d_ff;
+    EXPECT_EQ(model->forward({3}, *state, false).dim(1), model->info().vocab) << d_ff;
+  }
+}
+
 TEST(DemoGpu, GraphDecodeMatchesThePlainLoop) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
   auto dir = test::source_dir() / "models" / "demo";

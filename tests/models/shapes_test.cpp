@@ -62,5 +62,22 @@ TEST(Shapes, EveryKnownShapeIsCountedAndAnUnknownOneListsThem) {
   }
 }
 
+// Overrides replace the published config's fields: a Qwen3-MoE shape cut to two
+// small layers, the first dense, builds (on the CPU) with those layers.
+TEST(Shapes, RandomModelTakesConfigOverrides) {
+  const nlohmann::json overrides = {{"num_hidden_layers", 2}, {"mlp_only_layers", {0}}, {"hidden_size", 64},
+                                    {"intermediate_size", 96}, {"moe_intermediate_size", 32},
+                                    {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16},
+                                    {"num_experts", 4}, {"num_experts_per_tok", 2}, {"vocab_size", 128}};
+  const auto model = random_model("qwen3-30b-a3b", Device::cpu, {}, 1, {}, overrides);
+  EXPECT_EQ(model->kv_layout().n_layers, 2);
+  EXPECT_EQ(model->info().vocab, 128);
+  const auto& moe = dynamic_cast<const Qwen3Moe&>(*model);
+  EXPECT_FALSE(moe.config().sparse(0));
+  EXPECT_TRUE(moe.config().sparse(1));
+  auto state = model->make_state(8);
+  EXPECT_EQ(model->forward({1, 2, 3}, *state, false).dim(1), 128);
+}
+
 }  // namespace
 }  // namespace mere
