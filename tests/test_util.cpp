@@ -100,6 +100,18 @@ double worst_error(const Tensor& got, const std::vector<double>& want) {
   return worst;
 }
 
+AttentionProblem random_attention_problem(const AttentionCase& c, DType kv_dtype) {
+  const uint32_t seed = uint32_t(c.T * 100 + c.heads + c.pos0);
+  AttentionProblem p{.q = normal_tensor({c.T, c.heads, c.head_dim}, seed, 1.0f),
+                     .k = normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 1, 1.0f).to(kv_dtype),
+                     .v = normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 2, 1.0f).to(kv_dtype),
+                     .scale = 1.0f / std::sqrt(float(c.head_dim))};
+  p.want = reference_attention(p.q, p.k, p.v, c.pos0, p.scale);
+  p.label = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) +
+            " dim " + std::to_string(c.head_dim) + " pos0 " + std::to_string(c.pos0);
+  return p;
+}
+
 std::array<LeverPrefill, 2> demo_prefill_off_on(void (*set)(Levers&, bool), const std::vector<int32_t>& prompt,
                                                 int64_t (*counter)()) {
   std::array<LeverPrefill, 2> runs;

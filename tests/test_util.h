@@ -53,6 +53,20 @@ Tensor normal_tensor(Shape shape, uint32_t seed, float sd);
 std::vector<double> reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale);
 // Largest |got - want| over the elements.
 double worst_error(const Tensor& got, const std::vector<double>& want);
+// A prefill or decode attention of T query rows after pos0 cached keys.
+struct AttentionCase {
+  int64_t T, heads, kv_heads, head_dim, pos0;
+};
+// Its inputs of N(0, 1) values (seeded by the case), k and v stored as kv_dtype,
+// the scale 1/sqrt(head_dim), reference_attention's answer, and a label naming
+// the case.
+struct AttentionProblem {
+  Tensor q, k, v;
+  float scale;
+  std::vector<double> want;
+  std::string label;
+};
+AttentionProblem random_attention_problem(const AttentionCase& c, DType kv_dtype = DType::f32);
 
 // The demo model's prefill on the CPU with a CPU lever off, then on (`set`
 // switches it in a Levers): each run's last logits and whether `counter` (the

@@ -20,9 +20,7 @@ Tensor attention_with(bool avx512, const Tensor& q, const Tensor& k, const Tenso
   return ops::attention(q, k, v, pos0, scale);
 }
 
-struct Case {
-  int64_t T, heads, kv_heads, head_dim, pos0;
-};
+using Case = test::AttentionCase;
 
 // Tiles of 8-64 query rows: groups of 1, 2, 3, 4 and 7 query heads a kv head
 // (row groups of 8 for the scores and 6 for the values, and their rests of 4,
@@ -37,20 +35,13 @@ TEST(CpuAvx512Attention, MatchesDoublePrecisionAttention) {
   for (const Case& c : {Case{8, 8, 8, 128, 0}, Case{21, 16, 8, 128, 300}, Case{37, 6, 2, 64, 290},
                         Case{33, 8, 2, 256, 3}, Case{9, 32, 8, 72, 0}, Case{70, 28, 4, 80, 17},
                         Case{12, 12, 3, 64, 1}, Case{64, 2, 2, 128, 100}}) {
-    const uint32_t seed = uint32_t(c.T * 100 + c.heads + c.pos0);
-    const Tensor q = test::normal_tensor({c.T, c.heads, c.head_dim}, seed, 1.0f);
-    const Tensor k = test::normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 1, 1.0f);
-    const Tensor v = test::normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 2, 1.0f);
-    const float scale = 1.0f / std::sqrt(float(c.head_dim));
-    const std::vector<double> want = test::reference_attention(q, k, v, c.pos0, scale);
+    const test::AttentionProblem p = test::random_attention_problem(c);
     const int64_t tiles = ops::cpu::avx512_attention_tiles();
-    const Tensor got = attention_with(true, q, k, v, c.pos0, scale);
-    const std::string what = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) + "/" +
-                             std::to_string(c.kv_heads) + " dim " + std::to_string(c.head_dim) + " pos0 " +
-                             std::to_string(c.pos0);
-    EXPECT_GT(ops::cpu::avx512_attention_tiles(), tiles) << what;
-    EXPECT_LE(test::worst_error(got, want), 2e-6) << what;
-    EXPECT_LE(test::worst_error(attention_with(false, q, k, v, c.pos0, scale), want), 2e-6) << what << " (AVX2)";
+    const Tensor got = attention_with(true, p.q, p.k, p.v, c.pos0, p.scale);
+    EXPECT_GT(ops::cpu::avx512_attention_tiles(), tiles) << p.label;
+    EXPECT_LE(test::worst_error(got, p.want), 2e-6) << p.label;
+    EXPECT_LE(test::worst_error(attention_with(false, p.q, p.k, p.v, c.pos0, p.scale), p.want), 2e-6)
+        << p.label << " (AVX2)";
     ++checked;
   }
   EXPECT_EQ(checked, 8);

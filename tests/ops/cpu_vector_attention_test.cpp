@@ -20,9 +20,7 @@ Tensor attention_with(bool vector, const Tensor& q, const Tensor& k, const Tenso
   return ops::attention(q, k, v, pos0, scale);
 }
 
-struct Case {
-  int64_t T, heads, kv_heads, head_dim, pos0;
-};
+using Case = test::AttentionCase;
 
 // Groups of 1, 2, 3, 4 and 7 query heads a kv head (pairs and a single), head_dim
 // 64, 128, 80 and 72 (32-dimension steps and 8-dimension rests), 1-9 tokens after
@@ -36,20 +34,13 @@ TEST(CpuVectorAttention, MatchesDoublePrecisionAttention) {
   for (const Case& c : {Case{1, 16, 8, 128, 300}, Case{1, 14, 2, 64, 301}, Case{3, 4, 4, 80, 5}, Case{9, 32, 8, 72, 0},
                         Case{2, 8, 2, 128, 0}, Case{1, 7, 1, 64, 1}, Case{37, 6, 2, 64, 290},
                         Case{21, 8, 8, 128, 0}, Case{33, 8, 2, 256, 3}}) {
-    const uint32_t seed = uint32_t(c.T * 100 + c.heads + c.pos0);
-    const Tensor q = test::normal_tensor({c.T, c.heads, c.head_dim}, seed, 1.0f);
-    const Tensor k = test::normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 1, 1.0f);
-    const Tensor v = test::normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 2, 1.0f);
-    const float scale = 1.0f / std::sqrt(float(c.head_dim));
-    const std::vector<double> want = test::reference_attention(q, k, v, c.pos0, scale);
+    const test::AttentionProblem p = test::random_attention_problem(c);
     const int64_t runs = ops::cpu::vector_attention_runs();
-    const Tensor got = attention_with(true, q, k, v, c.pos0, scale);
-    const std::string what = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) + "/" +
-                             std::to_string(c.kv_heads) + " dim " + std::to_string(c.head_dim) + " pos0 " +
-                             std::to_string(c.pos0);
+    const Tensor got = attention_with(true, p.q, p.k, p.v, c.pos0, p.scale);
     if (ops::cpu::vector_attention_runs() == runs) GTEST_SKIP() << "no AVX2 build: the scalar form serves";
-    EXPECT_LE(test::worst_error(got, want), 2e-6) << what;
-    EXPECT_LE(test::worst_error(attention_with(false, q, k, v, c.pos0, scale), want), 2e-6) << what << " (scalar)";
+    EXPECT_LE(test::worst_error(got, p.want), 2e-6) << p.label;
+    EXPECT_LE(test::worst_error(attention_with(false, p.q, p.k, p.v, c.pos0, p.scale), p.want), 2e-6)
+        << p.label << " (scalar)";
     ++checked;
   }
   EXPECT_EQ(checked, 9);
@@ -63,24 +54,17 @@ TEST(CpuVectorAttention, MatchesDoublePrecisionAttention) {
 TEST(CpuVectorAttention, ReadsABf16CacheAsStored) {
   for (const Case& c : {Case{1, 16, 8, 128, 300}, Case{1, 8, 2, 64, 40}, Case{1, 4, 1, 64, 1500},
                         Case{21, 16, 8, 128, 30}, Case{37, 6, 2, 64, 290}, Case{9, 32, 8, 72, 0}}) {
-    const uint32_t seed = uint32_t(c.T * 100 + c.heads + c.pos0);
-    const Tensor q = test::normal_tensor({c.T, c.heads, c.head_dim}, seed, 1.0f);
-    const Tensor k = test::normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 1, 1.0f).to(DType::bf16);
-    const Tensor v = test::normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 2, 1.0f).to(DType::bf16);
-    const float scale = 1.0f / std::sqrt(float(c.head_dim));
-    const std::vector<double> want = test::reference_attention(q, k, v, c.pos0, scale);
-    const std::string what = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) + "/" +
-                             std::to_string(c.kv_heads) + " dim " + std::to_string(c.head_dim) + " pos0 " +
-                             std::to_string(c.pos0);
+    const test::AttentionProblem p = test::random_attention_problem(c, DType::bf16);
     for (bool avx512 : {false, true}) {
       const test::CpuLever wide(ops::cpu::set_avx512_attention, avx512);
       const int64_t runs = ops::cpu::vector_attention_runs();
-      EXPECT_LE(test::worst_error(attention_with(true, q, k, v, c.pos0, scale), want), 2e-6) << what;
+      EXPECT_LE(test::worst_error(attention_with(true, p.q, p.k, p.v, c.pos0, p.scale), p.want), 2e-6) << p.label;
 #ifdef __AVX2__
-      EXPECT_GT(ops::cpu::vector_attention_runs(), runs) << what;
+      EXPECT_GT(ops::cpu::vector_attention_runs(), runs) << p.label;
 #endif
     }
-    EXPECT_LE(test::worst_error(attention_with(false, q, k, v, c.pos0, scale), want), 2e-6) << what << " (scalar)";
+    EXPECT_LE(test::worst_error(attention_with(false, p.q, p.k, p.v, c.pos0, p.scale), p.want), 2e-6)
+        << p.label << " (scalar)";
   }
 }
 
