@@ -3,6 +3,7 @@
 // (LlamaAttention / Qwen3Attention, LlamaDecoderLayer, LlamaForCausalLM).
 #include "models/llama.h"
 
+#include "models/blocks/mlp_weights.h"
 #include "models/blocks/token_embeddings.h"
 #include "quant/load_weight.h"
 
@@ -64,14 +65,7 @@ std::vector<std::pair<std::string, Shape>> LlamaConfig::tensor_shapes() const {
     out.push_back({p + "input_layernorm.weight", {d_model}});
     out.push_back({p + "post_attention_layernorm.weight", {d_model}});
     for (auto& t : attention_tensor_shapes(p + "self_attn.", attention_shape())) out.push_back(std::move(t));
-    out.push_back({p + "mlp.gate_proj.weight", {d_ff, d_model}});
-    out.push_back({p + "mlp.up_proj.weight", {d_ff, d_model}});
-    out.push_back({p + "mlp.down_proj.weight", {d_model, d_ff}});
-    if (mlp_bias) {
-      out.push_back({p + "mlp.gate_proj.bias", {d_ff}});
-      out.push_back({p + "mlp.up_proj.bias", {d_ff}});
-      out.push_back({p + "mlp.down_proj.bias", {d_model}});
-    }
+    for (auto& t : gated_mlp_tensor_shapes(p + "mlp.", {d_model, d_ff, mlp_bias})) out.push_back(std::move(t));
   }
   return out;
 }
@@ -99,20 +93,10 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
     : cfg_(LlamaConfig::parse(config)) {
   if (device == Device::cpu) checkpoint_ = checkpoint;
   const LlamaConfig& k = cfg_;
-  // Biases become f32 (added to f32 activations); the rest keeps its checkpoint dtype.
-  auto get_host = [&](const std::string& name, Shape shape, const char* why) {
-    Tensor t = checkpoint.get(name, shape, why);
-    if (name.ends_with(".bias") && t.dtype() != DType::f32) t = t.to(DType::f32);
-    return t;
-  };
   auto get = [&](const std::string& name, Shape shape, const char* why) {
-    return get_host(name, shape, why).to_device(device);
+    return checkpoint.get(name, shape, why).to_device(device);
   };
   const QuantizationConfig quant = QuantizationConfig::parse(config);
-  // Matrices in whatever form the checkpoint stores them (dense, MLX affine, fp8).
-  auto get_weight = [&](const std::string& module, Shape shape, const char* why) {
-    return load_weight(checkpoint, module, shape, why, quant);
-  };
   TokenEmbeddings e = load_token_embeddings(checkpoint, k.vocab, k.d_model, k.tie_embeddings, quant, device);
   tok_embed_ = e.embed;
   lm_head_ = e.lm_head;
@@ -124,16 +108,8 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
     w.mlp_norm = get(p + "post_attention_layernorm.weight", {k.d_model}, "hidden_size");
     w.attn = load_attention(checkpoint, p + "self_attn.", k.attention_shape(), quant, device,
                             options.fuse_projections);
-    w.mlp.gate = get_weight(p + "mlp.gate_proj", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
-    w.mlp.up = get_weight(p + "mlp.up_proj", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
-    w.mlp.down = get_weight(p + "mlp.down_proj", {k.d_model, k.d_ff}, "hidden_size, intermediate_size");
-    if (k.mlp_bias) {
-      w.mlp.gate_bias = get_host(p + "mlp.gate_proj.bias", {k.d_ff}, "intermediate_size");
-      w.mlp.up_bias = get_host(p + "mlp.up_proj.bias", {k.d_ff}, "intermediate_size");
-      w.mlp.down_bias = get_host(p + "mlp.down_proj.bias", {k.d_model}, "hidden_size");
-    }
-    if (options.fuse_projections) w.mlp.fuse();
-    w.mlp.to_device(device);
+    w.mlp = load_gated_mlp(checkpoint, p + "mlp.", {k.d_model, k.d_ff, k.mlp_bias}, quant, device,
+                           options.fuse_projections);
     layers_.push_back(std::move(w));
   }
   if (device == Device::cuda) release_cached_device_memory();  // load-time temporaries

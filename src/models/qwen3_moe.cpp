@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "models/blocks/mlp_weights.h"
 #include "models/blocks/token_embeddings.h"
 #include "quant/load_weight.h"
 
@@ -76,9 +77,7 @@ std::vector<std::pair<std::string, Shape>> Qwen3MoeConfig::tensor_shapes() const
       out.push_back({p + "mlp.switch_mlp.up_proj.weight", {E, f, d}});
       out.push_back({p + "mlp.switch_mlp.down_proj.weight", {E, d, f}});
     } else {
-      out.push_back({p + "mlp.gate_proj.weight", {k.d_ff, d}});
-      out.push_back({p + "mlp.up_proj.weight", {k.d_ff, d}});
-      out.push_back({p + "mlp.down_proj.weight", {d, k.d_ff}});
+      for (auto& t : gated_mlp_tensor_shapes(p + "mlp.", {d, k.d_ff})) out.push_back(std::move(t));
     }
   }
   return out;
@@ -113,11 +112,8 @@ Qwen3Moe::Qwen3Moe(const ConfigJson& config, const Checkpoint& checkpoint, Devic
                                  options.fuse_moe_gate_up);
       w.moe = std::move(moe);
     } else {
-      w.mlp.gate = get_weight(p + "mlp.gate_proj", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
-      w.mlp.up = get_weight(p + "mlp.up_proj", {k.d_ff, k.d_model}, "intermediate_size, hidden_size");
-      w.mlp.down = get_weight(p + "mlp.down_proj", {k.d_model, k.d_ff}, "hidden_size, intermediate_size");
-      if (options.fuse_projections) w.mlp.fuse();
-      w.mlp.to_device(device);
+      // Qwen3MoeMLP has no biases.
+      w.mlp = load_gated_mlp(checkpoint, p + "mlp.", {k.d_model, k.d_ff}, quant, device, options.fuse_projections);
     }
     layers_.push_back(std::move(w));
   }

@@ -4,6 +4,7 @@
 // an unknown name is an error that lists the known ones.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "core/error.h"
@@ -77,6 +78,24 @@ TEST(Shapes, RandomModelTakesConfigOverrides) {
   EXPECT_TRUE(moe.config().sparse(1));
   auto state = model->make_state(8);
   EXPECT_EQ(model->forward({1, 2, 3}, *state, false).dim(1), 128);
+}
+
+// A Llama shape with mlp_bias (read for model_type llama only): the MLP's biases
+// are among its tensors and the loader reads them all (a tensor left unused
+// would be an error), fused or not.
+TEST(Shapes, DenseShapeWithMlpBiasLoadsItsBiases) {
+  const nlohmann::json overrides = {{"num_hidden_layers", 2}, {"hidden_size", 64},      {"intermediate_size", 96},
+                                    {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16},
+                                    {"vocab_size", 128},        {"mlp_bias", true}};
+  for (bool fuse : {false, true}) {
+    const auto model = random_model("llama3-8b", Device::cpu, {.fuse_projections = fuse}, 1, {}, overrides);
+    const auto& llama = dynamic_cast<const Llama&>(*model);
+    EXPECT_TRUE(llama.config().mlp_bias);
+    auto state = model->make_state(8);
+    const Tensor logits = model->forward({1, 2, 3}, *state, false);
+    ASSERT_EQ(logits.dim(1), 128);
+    for (int64_t i = 0; i < logits.numel(); ++i) ASSERT_TRUE(std::isfinite(logits.at(i))) << i;
+  }
 }
 
 }  // namespace
