@@ -57,6 +57,11 @@ Weight load_weight(const Checkpoint& checkpoint, const std::string& module, cons
   return Weight(flat(dense));
 }
 
+Tensor load_bias(const Checkpoint& checkpoint, const std::string& name, int64_t n, const std::string& why) {
+  Tensor t = checkpoint.get(name, {n}, why);
+  return t.dtype() == DType::f32 ? t : t.to(DType::f32);
+}
+
 int64_t logical_param_count(const Checkpoint& checkpoint, const QuantizationConfig& quant) {
   // The module of `name` if it ends with `suffix`, else "".
   auto module_of = [](const std::string& name, std::string_view suffix) {

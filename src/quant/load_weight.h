@@ -18,6 +18,9 @@ namespace mere {
 Weight load_weight(const Checkpoint& checkpoint, const std::string& module, const Shape& shape, const std::string& why,
                    const QuantizationConfig& quant);
 
+// A linear's bias `name` [n], as f32 (it is added to f32 activations).
+Tensor load_bias(const Checkpoint& checkpoint, const std::string& name, int64_t n, const std::string& why);
+
 // The model's parameters as llama.cpp and transformers count them: a packed
 // affine weight holds 32 / bits values a word, and its scales and biases (or an
 // FP8 weight's block scales) are part of how it is stored, not parameters.

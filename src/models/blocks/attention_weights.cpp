@@ -15,8 +15,7 @@ AttentionWeights load_attention(const Checkpoint& checkpoint, const std::string&
                                 const QuantizationConfig& quant, Device device, bool fuse_qkv) {
   const int64_t q_dim = s.n_heads * s.head_dim, kv_dim = s.n_kv_heads * s.head_dim;
   auto bias = [&](const std::string& name, int64_t n, const char* why) {
-    Tensor t = checkpoint.get(prefix + name, {n}, why);
-    return t.dtype() == DType::f32 ? t : t.to(DType::f32);
+    return load_bias(checkpoint, prefix + name, n, why);
   };
   auto weight = [&](const std::string& module, Shape shape, const char* why) {
     return load_weight(checkpoint, prefix + module, shape, why, quant);

@@ -7,8 +7,7 @@ namespace mere {
 GatedMlp load_gated_mlp(const Checkpoint& checkpoint, const std::string& prefix, const MlpShape& s,
                         const QuantizationConfig& quant, Device device, bool fuse_gate_up) {
   auto bias = [&](const std::string& name, int64_t n, const char* why) {
-    Tensor t = checkpoint.get(prefix + name, {n}, why);
-    return t.dtype() == DType::f32 ? t : t.to(DType::f32);
+    return load_bias(checkpoint, prefix + name, n, why);
   };
   auto weight = [&](const std::string& module, Shape shape, const char* why) {
     return load_weight(checkpoint, prefix + module, shape, why, quant);
