@@ -38,8 +38,8 @@ Tensor as_dtype(const Tensor& t, DType dt) {
 
 class AffineGemm : public test::NeedsGpuDefaultLaunch {};
 
-// Every bits / group / scale dtype, every token tile (32 to 256), one or
-// two splits of the k-tiles, token counts off the tiles and row counts off
+// Every bits / group / scale dtype, every token tile (32 to 256), one to
+// eight splits of the k-tiles, token counts off the tiles and row counts off
 // the 128-row blocks, with and without bias; the sums differ from the CPU's
 // only in their order.
 TEST_F(AffineGemm, MatchesTheProductOfTheDequantizedBf16Weights) {
@@ -63,9 +63,10 @@ TEST_F(AffineGemm, MatchesTheProductOfTheDequantizedBf16Weights) {
         const mere::cuda::AffineArgs args = test::affine_args(ad, c.in);
         ASSERT_TRUE(mere::cuda::affine_gemm_supports(args, c.T));
         Tensor xd = gpu(x), bd = with_bias ? gpu(b) : Tensor();
-        Tensor scratch = Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(args, c.T)}, DType::u8, Device::cuda);
         for (int tokens : {32, 64, 128, 256})
-          for (int splits : {1, 2}) {
+          for (int splits : {1, 2, 3, 8}) {
+            Tensor scratch = Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(args, c.T, {tokens, splits})},
+                                           DType::u8, Device::cuda);
             Tensor y = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
             ops::fill_random(y, 9, 1.0f);  // a split launch must clear what was there
             ASSERT_EQ(mere::cuda::launch_affine_gemm(args, xd.data<float>(), scratch.raw(),
@@ -143,7 +144,6 @@ TEST_F(AffineGemm, TimingOnLlama3Matrices) {
       if (!only.empty() && only != fmt::format("{}:{}", m.name, T)) continue;
       Tensor x = Tensor::empty({T, m.in}, DType::f32, Device::cuda);
       Tensor y = Tensor::empty({T, m.out}, DType::f32, Device::cuda);
-      Tensor scratch = Tensor::empty({T * m.in * 2}, DType::u8, Device::cuda);
       Tensor dense = Tensor::empty({m.out, m.in}, DType::bf16, Device::cuda);
       ops::fill_random(x, 1, 1.0f);
       const double flops = 2.0 * double(T) * double(m.in) * double(m.out);
@@ -168,13 +168,17 @@ TEST_F(AffineGemm, TimingOnLlama3Matrices) {
                  y = ops::linear(x, dense);
                }, 5), bf16_s);
         for (mere::cuda::AffineGemmPlan plan :
-             {mere::cuda::AffineGemmPlan{0, 0}, {64, 1}, {128, 1}, {256, 1}, {256, 2}})
-          report(plan.tokens ? fmt::format("int{} g64 fused N={} split {}", bits, plan.tokens, plan.splits)
-                             : fmt::format("int{} g64 fused", bits),
+             {mere::cuda::AffineGemmPlan{0, 0}, {0, 1}, {64, 1}, {128, 1}, {256, 1}, {256, 2}}) {
+          Tensor scratch =
+              Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(a, T, plan)}, DType::u8, Device::cuda);
+          report(plan.tokens   ? fmt::format("int{} g64 fused N={} split {}", bits, plan.tokens, plan.splits)
+                 : plan.splits ? fmt::format("int{} g64 fused, one split", bits)
+                               : fmt::format("int{} g64 fused", bits),
                  seconds_per_launch([&] {
                    mere::cuda::launch_affine_gemm(a, x.data<float>(), scratch.raw(), nullptr, y.data<float>(), T,
                                                   stream(), plan);
                  }, 5), bf16_s);
+        }
       }
     }
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "a timed launch failed";

@@ -20,8 +20,8 @@
 // and is the B operand in shared memory (rows of 64 values, 128 bytes, in the
 // 128-byte swizzle wgmma reads). Thread 0 streams each k-tile of 64 (x and the
 // codes) by TMA into a ring of slots guarded by mbarriers; each thread loads
-// its rows' scales and biases itself, a tile ahead. Where the grid would fill
-// under 3/4 of its waves the k-tiles split in two, both halves adding into y.
+// its rows' scales and biases itself, a tile ahead. Where the grid holds fewer
+// blocks than the SMs take at once, the k-tiles split into ranges (plan_for).
 //
 // Fragment of thread (g, q) = (lane / 4, lane % 4) of warp w in its warpgroup,
 // step s of a k-tile (16 values): rows 16 w + g and 16 w + g + 8, values
@@ -33,6 +33,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -45,6 +46,7 @@ namespace {
 constexpr int kRows = 128;   // weight rows a block takes: two warpgroups of 64
 constexpr int kTileK = 64;   // values of a k-tile: one 128-byte swizzled row of x
 constexpr int kThreads = 256;
+constexpr int kMaxSplits = 8;  // k-tile ranges of a split launch
 constexpr uint32_t kMagic = 0x4B000000u;  // 2^23: OR-ing q < 2^8 into its mantissa gives 2^23 + q
 constexpr float kTwo23 = 8388608.0f;
 
@@ -73,7 +75,9 @@ struct GemmProblem {
   const void* scales;    // [out, n_groups]: each thread loads its own rows'
   const void* biases;
   int n_groups;
-  int splits;         // 1, or 2: the halves of the k-tiles add into y (zeroed first) by atomics
+  int splits;         // k-tile ranges, 1-8: two add into y by atomics; more leave their sums in `partials`
+  float* partials;    // [splits, T, out] (splits > 2), which the last split of a tile adds in order
+  int* counters;      // [token tiles x row tiles] splits done, zeroed by affine_gemm_input_kernel
   const float* bias;  // [out] or null
   float* y;           // [T, out]
   int T, in, out;
@@ -251,7 +255,7 @@ __device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t 
 // cover the other's fragment forming.
 // Grid (token tiles, row tiles): the blocks sharing a weight tile run together,
 // so its codes come from memory once and the other reads hit L2.
-template <int kBits, int kGroup, typename S, int kN>
+template <int kBits, int kGroup, typename S, int kN, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     affine_gemm_kernel(const __grid_constant__ GemmProblem p) {
   using L = Layout<kBits, kN>;
@@ -411,27 +415,58 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     }
   };
 
-  Scales next = load_scales(0), after = n_tiles > 1 ? load_scales(1) : next;
-  for (int kt = 0; kt < n_tiles; ++kt) {
-    const int slot = kt % kStages;
-    if (tid == 0 && kt + kAhead < n_tiles) load(kt + kAhead);
-    const Scales now = next;
-    next = after;
-    if (kt + 2 < n_tiles) after = load_scales(kt + 2);
-    barrier_wait(full_bar + 8 * slot, (kt / kStages) & 1);
-    uint32_t a[4][4];
-    form(kt, now, a);
-    const uint64_t desc = swizzled_descriptor(base_addr + slot * L::kStageBytes);
-    wgmma_fence();
+  if constexpr (kOverlap) {
+    // Each warpgroup forms tile kt + 1's fragments while its MMAs on tile kt
+    // run: two fragment buffers, the loop taken in pairs so that each step's
+    // buffers are fixed registers (a buffer an in-flight MMA reads is never written).
+    Scales next = load_scales(0), after = n_tiles > 1 ? load_scales(1) : next;
+    uint32_t a0[4][4], a1[4][4];
+    barrier_wait(full_bar, 0);
+    form(0, next, a0);
+    auto step = [&](int kt, const uint32_t (&a)[4][4], uint32_t (&a_next)[4][4]) {
+      const int slot = kt % kStages;
+      if (tid == 0 && kt + kAhead < n_tiles) load(kt + kAhead);
+      const uint64_t desc = swizzled_descriptor(base_addr + slot * L::kStageBytes);
+      wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < 4; ++s) wgmma_bf16<kN>(acc, a[s], desc + 2 * s);  // + 32 bytes a step
-    wgmma_commit();
-    // Waiting here lets the other warpgroup's MMAs cover this one's next
-    // fragments; overlapping them within the warpgroup makes ptxas serialize
-    // the MMAs (C7513: registers defined while MMAs that read them run).
-    // (Making the warpgroups take turns with named barriers measured the same.)
-    wgmma_wait<0>();
-    if (lane == 0) barrier_arrive(empty_bar + 8 * slot);
+      for (int s = 0; s < 4; ++s) wgmma_bf16<kN>(acc, a[s], desc + 2 * s);
+      wgmma_commit();
+      if (kt + 1 < n_tiles) {
+        next = after;
+        if (kt + 2 < n_tiles) after = load_scales(kt + 2);
+        barrier_wait(full_bar + 8 * ((kt + 1) % kStages), ((kt + 1) / kStages) & 1);
+        form(kt + 1, next, a_next);
+      }
+      wgmma_wait<0>();
+      if (lane == 0) barrier_arrive(empty_bar + 8 * slot);
+    };
+    for (int kt = 0; kt < n_tiles; kt += 2) {
+      step(kt, a0, a1);
+      if (kt + 1 < n_tiles) step(kt + 1, a1, a0);
+    }
+  } else {
+    Scales next = load_scales(0), after = n_tiles > 1 ? load_scales(1) : next;
+    for (int kt = 0; kt < n_tiles; ++kt) {
+      const int slot = kt % kStages;
+      if (tid == 0 && kt + kAhead < n_tiles) load(kt + kAhead);
+      const Scales now = next;
+      next = after;
+      if (kt + 2 < n_tiles) after = load_scales(kt + 2);
+      barrier_wait(full_bar + 8 * slot, (kt / kStages) & 1);
+      uint32_t a[4][4];
+      form(kt, now, a);
+      const uint64_t desc = swizzled_descriptor(base_addr + slot * L::kStageBytes);
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) wgmma_bf16<kN>(acc, a[s], desc + 2 * s);  // + 32 bytes a step
+      wgmma_commit();
+      // Waiting here lets the other warpgroup's MMAs cover this one's next
+      // fragments (one buffer: forming into it while the MMAs read it made
+      // ptxas serialize them, C7513; the overlapped form above takes two).
+      // (Making the warpgroups take turns with named barriers measured the same.)
+      wgmma_wait<0>();
+      if (lane == 0) barrier_arrive(empty_bar + 8 * slot);
+    }
   }
   fence_accumulators(acc);
 
@@ -439,29 +474,85 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   const int o_top = row0 + r_top, o_bottom = row0 + r_bottom;
   const float bias_top = p.bias && o_top < p.out ? p.bias[o_top] : 0.0f;
   const float bias_bottom = p.bias && o_bottom < p.out ? p.bias[o_bottom] : 0.0f;
+  // fn(sum, index into [T, out], bias) for each of this thread's results inside y.
+  auto each_result = [&](auto&& fn) {
 #pragma unroll
-  for (int j = 0; j < kN / 8; ++j)
+    for (int j = 0; j < kN / 8; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int t = n0 + 8 * j + 2 * q + i % 2, o = i < 2 ? o_top : o_bottom;
-      if (t >= p.T || o >= p.out) continue;
-      float* out = p.y + int64_t(t) * p.out + o;
-      const float v = acc[4 * j + i] + (blockIdx.z == 0 ? (i < 2 ? bias_top : bias_bottom) : 0.0f);
-      // Two halves meet in either order as 0 + a + b = 0 + b + a: still deterministic.
-      if (p.splits > 1)
-        atomicAdd(out, v);
-      else
-        *out = v;
+      for (int i = 0; i < 4; ++i) {
+        const int t = n0 + 8 * j + 2 * q + i % 2, o = i < 2 ? o_top : o_bottom;
+        if (t < p.T && o < p.out) fn(acc[4 * j + i], int64_t(t) * p.out + o, i < 2 ? bias_top : bias_bottom);
+      }
+  };
+  if (p.splits == 1) {
+    each_result([&](float sum, int64_t at, float bias) { p.y[at] = sum + bias; });
+    return;
+  }
+  if (p.splits == 2) {
+    // Two halves add into y (zeroed first) by atomics, in either order as
+    // 0 + a + b = 0 + b + a: deterministic, and cheaper than the slices below
+    // (o_proj at 16 and 64 tokens, fifty-eighth session).
+    each_result([&](float sum, int64_t at, float bias) {
+      atomicAdd(p.y + at, sum + (blockIdx.z == 0 ? bias : 0.0f));
+    });
+    return;
+  }
+  // Three splits or more: each leaves its sums in its own slice of p.partials; the
+  // last of a tile's splits to finish adds the slices in split order, so y
+  // does not depend on which finished last.
+  const int64_t slice = int64_t(p.T) * p.out;
+  float* mine = p.partials + int64_t(blockIdx.z) * slice;
+  each_result([&](float sum, int64_t at, float) { mine[at] = sum; });
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (tid == 0) last = atomicAdd(p.counters + blockIdx.y * gridDim.x + blockIdx.x, 1) == p.splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Coalesced: each thread takes 4 consecutive rows of a token at a time.
+  const int rows = min(kRows, p.out - row0), tokens = min(kN, p.T - n0);
+  const bool by_four = p.out % 4 == 0 && (reinterpret_cast<uintptr_t>(p.y) & 15) == 0;
+  for (int idx = tid; idx < kN * (kRows / 4); idx += kThreads) {
+    const int t = idx / (kRows / 4), r = idx % (kRows / 4) * 4;
+    if (t >= tokens || r >= rows) continue;
+    const int64_t at = int64_t(n0 + t) * p.out + row0 + r;
+    float4 part[kMaxSplits];
+#pragma unroll
+    for (int z = 0; z < kMaxSplits; ++z) {
+      if (z >= p.splits) break;
+      const float* from = p.partials + z * slice + at;
+      part[z] = by_four ? __ldcg(reinterpret_cast<const float4*>(from))
+                        : make_float4(__ldcg(from), r + 1 < rows ? __ldcg(from + 1) : 0.0f,
+                                      r + 2 < rows ? __ldcg(from + 2) : 0.0f, r + 3 < rows ? __ldcg(from + 3) : 0.0f);
     }
+    float4 sum = part[0];
+#pragma unroll
+    for (int z = 1; z < kMaxSplits; ++z) {
+      if (z >= p.splits) break;
+      sum.x += part[z].x, sum.y += part[z].y, sum.z += part[z].z, sum.w += part[z].w;
+    }
+    const float* bias = p.bias ? p.bias + row0 + r : nullptr;
+    if (by_four) {
+      if (bias) sum.x += bias[0], sum.y += bias[1], sum.z += bias[2], sum.w += bias[3];
+      *reinterpret_cast<float4*>(p.y + at) = sum;
+    } else {
+      const float v[4] = {sum.x, sum.y, sum.z, sum.w};
+      for (int c = 0; c < 4 && r + c < rows; ++c) p.y[at + c] = v[c] + (bias ? bias[c] : 0.0f);
+    }
+  }
 }
 
 // x [T, in] f32 -> bf16, each 64-value tile of a 4-bit weight's input permuted
 // so that value 16 s + 8 h + 2 q + e sits where thread q's fragment takes it:
 // x[64 t + 8 (2q + s / 2) + 2 (s % 2) + h + 4 e].
-__global__ void affine_gemm_input_kernel(const float* x, __nv_bfloat16* out, int64_t n, int permute) {
+// It also zeroes the GEMM's split counters (n_counters of them).
+__global__ void affine_gemm_input_kernel(const float* x, __nv_bfloat16* out, int64_t n, int permute, int* counters,
+                                         int n_counters) {
   allow_next_kernel();
   wait_for_previous_kernel();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n_counters) counters[i] = 0;
   if (i >= n) return;
   int64_t from = i;
   if (permute) {
@@ -497,18 +588,38 @@ cudaError_t visit_gemm(const AffineArgs& w, Fn&& fn) {
 // The fewest tokens a block (32, 64 or 128) that cover a short input (the MMAs
 // past T are wasted work), else 256, whose MMAs cover the forming of the
 // fragments twice as well as 128's (0.61-0.68 of bf16 against 0.53-0.64 at 4096
-// tokens, H200). Split-K
-// in two where that takes at most 3/4 of the waves: at 512 tokens, o_proj's and
-// down_proj's 32 row tiles would fill 64 of the 132 SMs.
+// tokens, H200). Where the grid holds fewer blocks than the SMs take at once
+// (Llama-3-8B's o_proj and down_proj: 32 row tiles; q/k/v: 48), the k-tiles
+// split into as many ranges as fill them, up to 8 and at least 8 tiles each:
+// at 16 tokens a 32-block grid had streamed on a quarter of the SMs.
+constexpr int kMinTilesPerSplit = 8;
+
 AffineGemmPlan plan_for(const AffineArgs& w, int64_t T, AffineGemmPlan hint) {
   AffineGemmPlan plan = hint;
   if (!plan.tokens) plan.tokens = T <= 32 ? 32 : T <= 64 ? 64 : T <= 128 ? 128 : 256;
   if (!plan.splits) {
-    const int64_t sms = sm_count(), blocks = (w.out + kRows - 1) / kRows * ((T + plan.tokens - 1) / plan.tokens);
-    const double waves = double((blocks + sms - 1) / sms), split_waves = double((2 * blocks + sms - 1) / sms) / 2;
-    plan.splits = split_waves <= 0.75 * waves && w.in / kTileK >= 16 ? 2 : 1;
+    const int64_t slots = sm_count() * (plan.tokens == 256 ? 1 : 2);  // Layout::kBlocksPerSm
+    const int64_t blocks = (w.out + kRows - 1) / kRows * ((T + plan.tokens - 1) / plan.tokens);
+    const int64_t most = std::max<int64_t>(1, std::min<int64_t>(kMaxSplits, w.in / kTileK / kMinTilesPerSplit));
+    plan.splits = int(std::clamp<int64_t>(slots / blocks, 1, most));
   }
   return plan;
+}
+
+// Where the split sums and their counters lie in the scratch, after x's bf16 copy.
+struct ScratchLayout {
+  int64_t partials_at, counters_at, bytes;
+  int n_counters;
+};
+ScratchLayout scratch_layout(const AffineArgs& w, int64_t T, const AffineGemmPlan& plan) {
+  ScratchLayout s{};
+  s.partials_at = (T * w.in * 2 + 15) / 16 * 16;
+  const bool sliced = plan.splits > 2;  // two splits add into y by atomics
+  const int64_t partials = sliced ? int64_t(plan.splits) * T * w.out * 4 : 0;
+  s.counters_at = s.partials_at + partials;
+  s.n_counters = sliced ? int((T + plan.tokens - 1) / plan.tokens * ((w.out + kRows - 1) / kRows)) : 0;
+  s.bytes = s.counters_at + int64_t(s.n_counters) * 4;
+  return s;
 }
 
 // The driver's cuTensorMapEncodeTiled, looked up once through the runtime (no
@@ -550,26 +661,31 @@ bool affine_gemm_supports(const AffineArgs& w, int64_t T) {
          aligned(w.biases, scale_bytes) && encode_tiled() != nullptr;  // a driver that makes TMA maps
 }
 
-int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T) { return T * w.in * 2; }
+int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T, AffineGemmPlan plan) {
+  return scratch_layout(w, T, plan_for(w, T, plan)).bytes;
+}
 
 cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
                                int64_t T, cudaStream_t stream, AffineGemmPlan hint) {
   if (!affine_gemm_supports(w, T) || reinterpret_cast<uintptr_t>(scratch) % 16) return cudaErrorInvalidValue;
   if ((hint.tokens != 0 && hint.tokens != 32 && hint.tokens != 64 && hint.tokens != 128 && hint.tokens != 256) ||
-      hint.splits < 0 || hint.splits > 2)
+      hint.splits < 0 || hint.splits > kMaxSplits || hint.splits > w.in / kTileK)
     return cudaErrorInvalidValue;
-  auto* x_bf16 = static_cast<__nv_bfloat16*>(scratch);
-  const int64_t n_x = T * w.in;
-  cudaError_t status = launch_kernel(affine_gemm_input_kernel, dim3(unsigned((n_x + 255) / 256)), dim3(256), 0,
-                                     stream, x, x_bf16, n_x, int(w.bits == 4));
-  if (status != cudaSuccess) return status;
   const AffineGemmPlan plan = plan_for(w, T, hint);
-  const int n = plan.tokens;
-  if (plan.splits > 1 && (status = cudaMemsetAsync(y, 0, size_t(T * w.out) * sizeof(float), stream)) != cudaSuccess)
+  const ScratchLayout layout = scratch_layout(w, T, plan);
+  auto* x_bf16 = static_cast<__nv_bfloat16*>(scratch);
+  int* counters = reinterpret_cast<int*>(static_cast<uint8_t*>(scratch) + layout.counters_at);
+  const int64_t n_x = T * w.in, n_threads = std::max<int64_t>(n_x, layout.n_counters);
+  cudaError_t status = launch_kernel(affine_gemm_input_kernel, dim3(unsigned((n_threads + 255) / 256)), dim3(256), 0,
+                                     stream, x, x_bf16, n_x, int(w.bits == 4), counters, layout.n_counters);
+  if (status != cudaSuccess) return status;
+  if (plan.splits == 2 && (status = cudaMemsetAsync(y, 0, size_t(T * w.out) * sizeof(float), stream)) != cudaSuccess)
     return status;
+  const int n = plan.tokens;
   const uint64_t row_bytes = uint64_t(w.in) * w.bits / 8;
   GemmProblem p{};
   p.scales = w.scales, p.biases = w.biases, p.n_groups = int(w.in / w.group_size), p.splits = plan.splits;
+  p.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + layout.partials_at), p.counters = counters;
   p.bias = bias, p.y = y, p.T = int(T), p.in = int(w.in), p.out = int(w.out);
   const bool mapped =
       make_map(&p.x_map, x_bf16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint64_t(w.in), uint64_t(T), uint64_t(w.in) * 2,
@@ -579,7 +695,11 @@ cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratc
   if (!mapped) return cudaErrorInvalidValue;
   const cudaError_t dispatch = visit_gemm(w, [&]<int kBits, int kGroup, typename S>() {
     auto run = [&]<int kN>() {
-      auto* kernel = affine_gemm_kernel<kBits, kGroup, S, kN>;
+      // The overlapped loop where it was measured faster (int4 g64 with bf16
+      // scales at 32 and 64 tokens, docs/benchmarks.md, fifty-eighth session);
+      // elsewhere it was level or slower (int8, 256-token blocks) or not measured.
+      constexpr bool kOverlap = kBits == 4 && kGroup == 64 && std::is_same_v<S, __nv_bfloat16> && kN <= 64;
+      auto* kernel = affine_gemm_kernel<kBits, kGroup, S, kN, kOverlap>;
       constexpr int bytes = Layout<kBits, kN>::kSharedBytes;
       // Once per kernel (one GPU a process): more than the default 48 KB of shared memory.
       static const cudaError_t allowed =

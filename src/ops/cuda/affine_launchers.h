@@ -102,16 +102,18 @@ cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& 
 // Prefill: y[T, out] = x[T, in] dequant(w)^T (+ bias[out]) on the tensor cores
 // (affine_gemm.cu, lever tensor_core_affine_gemm): the weight dequantized to
 // bf16 in registers as launch_affine_dequantize does, x rounded to bf16 into
-// `scratch` (16-byte aligned, affine_gemm_scratch_bytes), f32 sums, y and bias.
-// Needs in a multiple of 64 and of the group size, 16-byte aligned codes, and
-// scales and biases aligned to their size. The plan (zeros pick) is for tests:
-// tokens a block (32, 64, 128 or 256), and splits of the k-tiles (1, or 2: y zeroed,
-// then both halves added by atomics, which two terms keep deterministic).
+// `scratch` (16-byte aligned, affine_gemm_scratch_bytes for the same plan), f32
+// sums, y and bias. Needs in a multiple of 64 and of the group size, 16-byte
+// aligned codes, and scales and biases aligned to their size. The plan (zeros
+// pick) is for tests: tokens a block (32, 64, 128 or 256), and splits of the
+// k-tiles (1-8, at most one a tile). Two splits add into y (zeroed) by atomics,
+// which two terms keep deterministic; more leave their sums in the scratch and
+// the last split of a tile adds them in split order.
 struct AffineGemmPlan {
   int tokens = 0, splits = 0;
 };
 bool affine_gemm_supports(const AffineArgs& w, int64_t T);
-int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T);
+int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T, AffineGemmPlan plan = {});
 cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
                                int64_t T, cudaStream_t stream, AffineGemmPlan plan = {});
 
