@@ -482,17 +482,18 @@ void compose_qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, con
   store_rows(v, v_cache, start_pos);
 }
 
-}  // namespace
-
-void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
-                        float eps, const RopeTable& table, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache,
-                        const KvPages& pages) {
+// The checks and the dispatch of both cache forms' qk_norm_rope_store;
+// cache_fits: the cache's own shape checks, cache_shape its shape for the error.
+template <typename Cache>
+void checked_qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
+                                const Tensor& k_norm, float eps, const RopeTable& table, const Tensor& start_pos,
+                                Cache& k_cache, Cache& v_cache, const KvPages& pages, bool cache_fits,
+                                const Shape& cache_shape) {
   MERE_CHECK(q.rank() == 3 && k.rank() == 3 && v.shape() == k.shape() && q.dim(0) == k.dim(0) &&
-                 q.dim(2) == k.dim(2) && k_cache.rank() == 3 && k_cache.shape() == v_cache.shape() &&
-                 k_cache.dim(1) == k.dim(1) && k_cache.dim(2) == k.dim(2) && q.dtype() == DType::f32 &&
-                 k.dtype() == DType::f32 && v.dtype() == DType::f32,
+                 q.dim(2) == k.dim(2) && cache_fits && q.dtype() == DType::f32 && k.dtype() == DType::f32 &&
+                 v.dtype() == DType::f32,
              "qk_norm_rope_store: q {} k {} v {} cache {} do not fit", shape_str(q.shape()), shape_str(k.shape()),
-             shape_str(v.shape()), shape_str(k_cache.shape()));
+             shape_str(v.shape()), shape_str(cache_shape));
   MERE_CHECK(q_norm.defined() == k_norm.defined(), "qk_norm_rope_store: q_norm and k_norm go together");
   MERE_CHECK(q.device() == Device::cpu || (q.dim(2) <= 256 && int(table.inv_freq.size()) * 2 <= q.dim(2)),
              "qk_norm_rope_store (CUDA): head_dim {} exceeds 256 or rotary dim", q.dim(2));
@@ -501,6 +502,17 @@ void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   if (q.device() == Device::cpu)  // the composition: the reference
     return compose_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache);
   cuda::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache);
+}
+
+}  // namespace
+
+void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm, const Tensor& k_norm,
+                        float eps, const RopeTable& table, const Tensor& start_pos, Tensor& k_cache, Tensor& v_cache,
+                        const KvPages& pages) {
+  const bool fits = k_cache.rank() == 3 && k_cache.shape() == v_cache.shape() && k.rank() == 3 &&
+                    k_cache.dim(1) == k.dim(1) && k_cache.dim(2) == k.dim(2);
+  checked_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache, pages, fits,
+                             k_cache.shape());
 }
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0, float scale) {
@@ -614,20 +626,10 @@ void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                         AffineRows& v_cache, const KvPages& pages) {
   check_affine("qk_norm_rope_store", k_cache);
   check_affine("qk_norm_rope_store", v_cache);
-  MERE_CHECK(q.rank() == 3 && k.rank() == 3 && v.shape() == k.shape() && q.dim(0) == k.dim(0) &&
-                 q.dim(2) == k.dim(2) && k_cache.codes.shape() == v_cache.codes.shape() &&
-                 k_cache.bits == v_cache.bits && k_cache.heads() == k.dim(1) && k_cache.head_dim() == k.dim(2) &&
-                 q.dtype() == DType::f32 && k.dtype() == DType::f32 && v.dtype() == DType::f32,
-             "qk_norm_rope_store: q {} k {} v {} quantized cache {} do not fit", shape_str(q.shape()),
-             shape_str(k.shape()), shape_str(v.shape()), shape_str(k_cache.codes.shape()));
-  MERE_CHECK(q_norm.defined() == k_norm.defined(), "qk_norm_rope_store: q_norm and k_norm go together");
-  MERE_CHECK(q.device() == Device::cpu || (q.dim(2) <= 256 && int(table.inv_freq.size()) * 2 <= q.dim(2)),
-             "qk_norm_rope_store (CUDA): head_dim {} exceeds 256 or rotary dim", q.dim(2));
-  if (pages.paged())
-    return paged::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache, pages);
-  if (q.device() == Device::cpu)  // the composition: the reference
-    return compose_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache);
-  cuda::qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache);
+  const bool fits = k_cache.codes.shape() == v_cache.codes.shape() && k_cache.bits == v_cache.bits && k.rank() == 3 &&
+                    k_cache.heads() == k.dim(1) && k_cache.head_dim() == k.dim(2);
+  checked_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache, pages, fits,
+                             k_cache.codes.shape());
 }
 
 Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale,
