@@ -22,9 +22,12 @@ make_pack() {
   rm -rf "$dir" && mkdir -p "$dir"
   # Compressed: the carried pack must stay under the device's 64 MiB transfer limit. xz -9e's
   # large window finds the code the two binaries share (half the size of plain -J).
-  local args=()
-  for f in "$@"; do args+=(-C "$PWD/$build/$(dirname "$f")" "$(basename "$f")"); done
-  tar -cf - "${args[@]}" | xz -9e -T0 > "$dir/bin.tar.xz"
+  # Stripped copies: the symbols take room the carry does not have.
+  local stripped
+  stripped=$(mktemp -d)
+  for f in "$@"; do cp "$build/$f" "$stripped/" && strip "$stripped/$(basename "$f")"; done
+  tar -cf - -C "$stripped" $(for f in "$@"; do basename "$f"; done) | xz -9e -T0 > "$dir/bin.tar.xz"
+  rm -rf "$stripped"
   pwd > "$dir/source_dir"
   echo "$build" > "$dir/build_dir"  # where the tests look for the mere binary (MERE_BINARY)
   tar -cJhf "$dir/libs.tar.xz" -C / $(for l in $libs; do echo "${l#/}"; done) --transform 's|.*/||'
