@@ -81,6 +81,20 @@ TEST_F(AffineGemm, MatchesTheProductOfTheDequantizedBf16Weights) {
       }
 }
 
+// A grid that leaves SMs idle splits its k-tiles into more than two ranges,
+// whose sums take room in the scratch: Llama-3-8B's o_proj at 16 tokens is 32
+// blocks; gate_up (224 blocks) and a 4,096-token prompt fill the SMs unsplit.
+TEST_F(AffineGemm, SmallGridsSplitTheirTilesToFillTheSms) {
+  mere::cuda::AffineArgs o;
+  o.in = 4096, o.out = 4096;
+  mere::cuda::AffineArgs gate_up = o;
+  gate_up.out = 28672;
+  const int64_t x_bytes = 16 * 4096 * 2;  // x's bf16 copy, all an unsplit launch needs
+  EXPECT_GT(mere::cuda::affine_gemm_scratch_bytes(o, 16), x_bytes + 2 * 16 * 4096 * 4) << "o_proj at 16 tokens";
+  EXPECT_EQ(mere::cuda::affine_gemm_scratch_bytes(gate_up, 16), x_bytes) << "gate_up at 16 tokens";
+  EXPECT_EQ(mere::cuda::affine_gemm_scratch_bytes(o, 4096), int64_t(4096) * 4096 * 2) << "o_proj at 4,096 tokens";
+}
+
 // Shapes the kernel cannot take are refused, not run: a row not a whole
 // number of 64-value tiles, more row tiles than a grid holds.
 TEST_F(AffineGemm, RefusesShapesItCannotTake) {
