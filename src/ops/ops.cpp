@@ -483,17 +483,17 @@ void compose_qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, con
 }
 
 // The checks and the dispatch of both cache forms' qk_norm_rope_store;
-// cache_fits: the cache's own shape checks, cache_shape its shape for the error.
+// cache_fits: the cache's own shape checks; cache_kind and cache_shape name it in the error.
 template <typename Cache>
 void checked_qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_norm,
                                 const Tensor& k_norm, float eps, const RopeTable& table, const Tensor& start_pos,
                                 Cache& k_cache, Cache& v_cache, const KvPages& pages, bool cache_fits,
-                                const Shape& cache_shape) {
+                                const char* cache_kind, const Shape& cache_shape) {
   MERE_CHECK(q.rank() == 3 && k.rank() == 3 && v.shape() == k.shape() && q.dim(0) == k.dim(0) &&
                  q.dim(2) == k.dim(2) && cache_fits && q.dtype() == DType::f32 && k.dtype() == DType::f32 &&
                  v.dtype() == DType::f32,
-             "qk_norm_rope_store: q {} k {} v {} cache {} do not fit", shape_str(q.shape()), shape_str(k.shape()),
-             shape_str(v.shape()), shape_str(cache_shape));
+             "qk_norm_rope_store: q {} k {} v {} {} {} do not fit", shape_str(q.shape()), shape_str(k.shape()),
+             shape_str(v.shape()), cache_kind, shape_str(cache_shape));
   MERE_CHECK(q_norm.defined() == k_norm.defined(), "qk_norm_rope_store: q_norm and k_norm go together");
   MERE_CHECK(q.device() == Device::cpu || (q.dim(2) <= 256 && int(table.inv_freq.size()) * 2 <= q.dim(2)),
              "qk_norm_rope_store (CUDA): head_dim {} exceeds 256 or rotary dim", q.dim(2));
@@ -511,7 +511,7 @@ void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                         const KvPages& pages) {
   const bool fits = k_cache.rank() == 3 && k_cache.shape() == v_cache.shape() && k.rank() == 3 &&
                     k_cache.dim(1) == k.dim(1) && k_cache.dim(2) == k.dim(2);
-  checked_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache, pages, fits,
+  checked_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache, pages, fits, "cache",
                              k_cache.shape());
 }
 
@@ -629,7 +629,7 @@ void qk_norm_rope_store(Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const bool fits = k_cache.codes.shape() == v_cache.codes.shape() && k_cache.bits == v_cache.bits && k.rank() == 3 &&
                     k_cache.heads() == k.dim(1) && k_cache.head_dim() == k.dim(2);
   checked_qk_norm_rope_store(q, k, v, q_norm, k_norm, eps, table, start_pos, k_cache, v_cache, pages, fits,
-                             k_cache.codes.shape());
+                             "quantized cache", k_cache.codes.shape());
 }
 
 Tensor attention(const Tensor& q, const AffineRows& k, const AffineRows& v, const Tensor& start_pos, float scale,

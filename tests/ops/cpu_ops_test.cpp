@@ -126,6 +126,32 @@ TEST(CpuOps, UnmergedAttentionIsGpuOnlyAndChecked) {
   EXPECT_NE(message([&] { ops::merge_attention(mismatched); }).find("do not fit"), std::string::npos);
 }
 
+// A cache whose heads do not match k is an error that says which cache form,
+// dense or quantized, before anything is written.
+TEST(CpuOps, QkNormRopeStoreNamesACacheThatDoesNotFit) {
+  ops::RopeTable table;
+  table.inv_freq = {1.0f, 0.5f};
+  Tensor q = Tensor::zeros({1, 2, 4}, DType::f32), k = Tensor::zeros({1, 1, 4}, DType::f32), v = k.clone();
+  Tensor pos = Tensor::empty({1}, DType::i32);
+  pos.data<int32_t>()[0] = 0;
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Tensor kc = Tensor::zeros({8, 2, 4}, DType::f32), vc = kc.clone();  // two heads for k's one
+  const std::string dense = message([&] { ops::qk_norm_rope_store(q, k, v, {}, {}, 1e-6f, table, pos, kc, vc); });
+  EXPECT_NE(dense.find("qk_norm_rope_store"), std::string::npos) << dense;
+  EXPECT_NE(dense.find("cache [8, 2, 4] do not fit"), std::string::npos) << dense;
+  ops::AffineRows kq = ops::quantize_kv_rows(Tensor::zeros({8, 2, 4}, DType::f32), 8), vq = kq;
+  const std::string quantized =
+      message([&] { ops::qk_norm_rope_store(q, k, v, {}, {}, 1e-6f, table, pos, kq, vq); });
+  EXPECT_NE(quantized.find("quantized cache"), std::string::npos) << quantized;
+}
+
 TEST(CpuOps, EmbedChecksIds) {
   Tensor table = Tensor::from_floats({1, 2, 3, 4, 5, 6}, {3, 2}).to(DType::f16);
   Tensor e = ops::embed(table, {2, 0});
