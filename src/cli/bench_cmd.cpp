@@ -19,6 +19,7 @@ namespace {
 
 struct BenchFlags {
   std::string model, shape, prompt = "512", gen = "128", depth = "0", device = "auto", quant = "bf16", batch = "1";
+  std::string scale_dtype = "bf16";
   std::string kv_cache_mode = "default";
   int reps = 5, threads = 0, group_size = 64;
   int64_t context = 0;  // decode rows' cache per sequence (0: just enough)
@@ -53,7 +54,7 @@ void run_bench(const BenchFlags& f) {
   MERE_CHECK(f.shape.empty() || f.model.empty(), "give either -m or --shape, not both");
   MERE_CHECK(!f.shape.empty() || f.quant == "bf16",
              "--quant {}: applies to --shape only (a checkpoint given with -m runs as it is stored)", f.quant);
-  const RandomQuant quant = RandomQuant::parse(f.quant, f.group_size);
+  const RandomQuant quant = RandomQuant::parse(f.quant, f.group_size, f.scale_dtype);
   std::unique_ptr<Model> model;
   std::string name;
   if (!f.shape.empty()) {
@@ -164,6 +165,9 @@ void add_bench_command(CLI::App& app) {
                   "Batch sizes, comma-separated: adds same-offset batched decode rows (a graph per step with "
                   "cuda_graphs on, MERERUN_CUDA_GRAPHS=0 or --baseline for eager), e.g. 1,4,16,64");
   cmd->add_option("--group-size", f->group_size, "With --quant int8|int4: values per scale and bias (32, 64, 128)");
+  cmd->add_option("--scale-dtype", f->scale_dtype,
+                  "With --quant int8|int4: the scales' and biases' dtype, bf16 or f16 (MLX stores an fp16 model's "
+                  "as f16)");
   cmd->add_option("-p,--prompt-tokens", f->prompt, "Prefill lengths, comma-separated (pp rows; 0: none)");
   cmd->add_option("-n,--gen-tokens", f->gen, "Decode lengths, comma-separated (tg rows; 0: none)");
   cmd->add_option("-d,--depth", f->depth, "Tokens already in the cache, comma-separated");

@@ -78,8 +78,10 @@ void add_matrix(std::map<std::string, Tensor>& tensors, const std::string& modul
     const float scale = 2 * a / float((1 << quant.bits) - 1);
     const Shape groups = with_stack({out, in / quant.group_size});
     tensors.emplace(module + ".weight", packed);
-    tensors.emplace(module + ".scales", filled(groups, DType::bf16, device, seed + kScalesSeed, 0.1f * scale, scale));
-    tensors.emplace(module + ".biases", filled(groups, DType::bf16, device, seed + 2 * kScalesSeed, 0.1f * a, -a));
+    tensors.emplace(module + ".scales",
+                    filled(groups, quant.scale_dtype, device, seed + kScalesSeed, 0.1f * scale, scale));
+    tensors.emplace(module + ".biases",
+                    filled(groups, quant.scale_dtype, device, seed + 2 * kScalesSeed, 0.1f * a, -a));
   } else if (quant.kind == RandomQuant::Kind::fp8 && !outside_layers) {
     // Values of magnitude below 2 (the top exponent bit cleared, which also
     // avoids the NaN pattern 0x7f / 0xff); block scales near a.
@@ -97,18 +99,20 @@ void add_matrix(std::map<std::string, Tensor>& tensors, const std::string& modul
 
 }  // namespace
 
-RandomQuant RandomQuant::parse(const std::string& name, int group_size) {
+RandomQuant RandomQuant::parse(const std::string& name, int group_size, const std::string& scale_dtype) {
+  MERE_CHECK(scale_dtype == "bf16" || scale_dtype == "f16", "--scale-dtype '{}': expected bf16 or f16", scale_dtype);
   if (name == "bf16" || name == "none") return {};
   if (name == "fp8") return {Kind::fp8, 0, 0};
   MERE_CHECK(name == "int8" || name == "int4", "--quant '{}': expected bf16, int8, int4 or fp8", name);
   MERE_CHECK(group_size == 32 || group_size == 64 || group_size == 128, "--group-size {}: expected 32, 64 or 128",
              group_size);
-  return {Kind::affine, name == "int8" ? 8 : 4, group_size};
+  return {Kind::affine, name == "int8" ? 8 : 4, group_size, scale_dtype == "f16" ? DType::f16 : DType::bf16};
 }
 
 std::string RandomQuant::describe() const {
   switch (kind) {
-    case Kind::affine: return fmt::format("int{} g{}", bits, group_size);
+    case Kind::affine:
+      return fmt::format("int{} g{}{}", bits, group_size, scale_dtype == DType::f16 ? " f16 scales" : "");
     case Kind::fp8: return "fp8";
     default: return "bf16";
   }

@@ -12,6 +12,7 @@
 #include "models/llama.h"
 #include "models/qwen3_moe.h"
 #include "models/shapes.h"
+#include "test_util.h"
 
 namespace mere {
 namespace {
@@ -96,6 +97,33 @@ TEST(Shapes, DenseShapeWithMlpBiasLoadsItsBiases) {
     ASSERT_EQ(logits.dim(1), 128);
     for (int64_t i = 0; i < logits.numel(); ++i) ASSERT_TRUE(std::isfinite(logits.at(i))) << i;
   }
+}
+
+// MLX stores an fp16 model's scales and biases as f16: `--scale-dtype f16` makes
+// them so. The same draws in f16 instead of bf16 give logits within bf16's
+// rounding of the bf16-scaled model's, not identical to them.
+TEST(Shapes, AffineShapesTakeF16Scales) {
+  EXPECT_EQ(RandomQuant::parse("int4", 64, "f16").describe(), "int4 g64 f16 scales");
+  EXPECT_EQ(RandomQuant::parse("int8", 32).describe(), "int8 g32");
+  try {
+    RandomQuant::parse("int4", 64, "f32");
+    ADD_FAILURE() << "f32 scales accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--scale-dtype 'f32'"), std::string::npos) << e.what();
+  }
+  const nlohmann::json overrides = {{"num_hidden_layers", 2}, {"hidden_size", 128},      {"intermediate_size", 256},
+                                    {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 32},
+                                    {"vocab_size", 128}};
+  Tensor logits[2];
+  for (int f16 : {0, 1}) {
+    const auto model = random_model("llama3-8b", Device::cpu, {}, 1,
+                                    RandomQuant::parse("int4", 64, f16 ? "f16" : "bf16"), overrides);
+    auto state = model->make_state(8);
+    logits[f16] = model->forward({1, 2, 3}, *state, false);
+  }
+  const float diff = test::max_abs_diff(logits[0], logits[1]).diff;
+  EXPECT_GT(diff, 0.0f) << "the f16 scales were not used";
+  EXPECT_LE(diff, 2e-2f * test::max_abs(logits[0])) << "f16 vs bf16 scales";
 }
 
 }  // namespace
