@@ -5,10 +5,12 @@
 # Usage: scripts/gpu_package.sh [BUILD_DIR (build-cuda)]; MERE_DEVRUN names the
 # pack (default .devrun), so several people can keep their own.
 # To benchmark several builds in one call, pack them with scripts/gpu_ab_pack.sh instead.
-# MERE_PACK_SPLIT=1 makes two packs instead, PACK-bench (mere, the tracer) and
-# PACK-tests (mere_gpu_tests): each fits beside the working tree in the device's
-# 64 MiB carry where both binaries together no longer do. Carry the bench pack
-# first: the tests that run the CLI find its mere on the same warm machine.
+# Without PTX in the binaries (sm_90a machine code only, since the fifty-ninth
+# session) one pack of both is about 17 MB and fits beside the working tree
+# (39 MB) in the device's 64 MiB carry. MERE_PACK_SPLIT=1 still makes two packs
+# instead, PACK-bench (mere, the tracer) and PACK-tests (mere_gpu_tests), for
+# when it does not: carry the bench pack first, as the tests that run the CLI
+# find its mere on the same warm machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-cuda}
