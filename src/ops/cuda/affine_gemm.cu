@@ -695,10 +695,15 @@ cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratc
   if (!mapped) return cudaErrorInvalidValue;
   const cudaError_t dispatch = visit_gemm(w, [&]<int kBits, int kGroup, typename S>() {
     auto run = [&]<int kN>() {
-      // The overlapped loop where it was measured faster (int4 g64 with bf16
-      // scales at 32 and 64 tokens, docs/benchmarks.md, fifty-eighth session);
-      // elsewhere it was level or slower (int8, 256-token blocks) or not measured.
-      constexpr bool kOverlap = kBits == 4 && kGroup == 64 && std::is_same_v<S, __nv_bfloat16> && kN <= 64;
+      // The overlapped loop where it was measured faster (fifty-eighth and
+      // fifty-ninth sessions, docs/benchmarks.md): int4 at 32 tokens with bf16
+      // scales or f16 in groups of 64 or 128 (+11-27% at 16 and 32 sequences),
+      // and at 64 tokens with bf16 scales in groups of 64 or 128 (pp64 +18-26%).
+      // Level or 1-3% slower: f16 g32, groups of 32 or f16 at 64 tokens, int8;
+      // 256-token blocks 7-15% slower.
+      constexpr bool kBf16 = std::is_same_v<S, __nv_bfloat16>;
+      constexpr bool kOverlap = kBits == 4 && sizeof(S) == 2 &&
+                                ((kN == 32 && (kBf16 || kGroup >= 64)) || (kN == 64 && kBf16 && kGroup >= 64));
       auto* kernel = affine_gemm_kernel<kBits, kGroup, S, kN, kOverlap>;
       constexpr int bytes = Layout<kBits, kN>::kSharedBytes;
       // Once per kernel (one GPU a process): more than the default 48 KB of shared memory.
