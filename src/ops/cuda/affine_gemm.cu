@@ -698,12 +698,15 @@ cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratc
       // The overlapped loop where it was measured faster (fifty-eighth and
       // fifty-ninth sessions, docs/benchmarks.md): int4 at 32 tokens with bf16
       // scales or f16 in groups of 64 or 128 (+11-27% at 16 and 32 sequences),
-      // and at 64 tokens with bf16 scales in groups of 64 or 128 (pp64 +18-26%).
-      // Level or 1-3% slower: f16 g32, groups of 32 or f16 at 64 tokens, int8;
-      // 256-token blocks 7-15% slower.
+      // and at 64 tokens with bf16 scales in groups of 64 or 128 (pp64 +18-26%);
+      // int8 at 32 tokens in groups of 128 (+18-27%, bf16 and f16 scales; the
+      // plain loop ran them 20% slower than groups of 64). Level or 1-4% slower:
+      // int4 f16 g32, int4 g32 or f16 at 64 tokens, int8 g32 and g64; 7-15%
+      // slower at 256-token blocks.
       constexpr bool kBf16 = std::is_same_v<S, __nv_bfloat16>;
-      constexpr bool kOverlap = kBits == 4 && sizeof(S) == 2 &&
-                                ((kN == 32 && (kBf16 || kGroup >= 64)) || (kN == 64 && kBf16 && kGroup >= 64));
+      constexpr bool kOverlap = sizeof(S) == 2 && ((kBits == 4 && kN == 32 && (kBf16 || kGroup >= 64)) ||
+                                                   (kBits == 4 && kN == 64 && kBf16 && kGroup >= 64) ||
+                                                   (kBits == 8 && kN == 32 && kGroup == 128));
       auto* kernel = affine_gemm_kernel<kBits, kGroup, S, kN, kOverlap>;
       constexpr int bytes = Layout<kBits, kN>::kSharedBytes;
       // Once per kernel (one GPU a process): more than the default 48 KB of shared memory.
