@@ -101,6 +101,8 @@ void add_matrix(std::map<std::string, Tensor>& tensors, const std::string& modul
 
 RandomQuant RandomQuant::parse(const std::string& name, int group_size, const std::string& scale_dtype) {
   MERE_CHECK(scale_dtype == "bf16" || scale_dtype == "f16", "--scale-dtype '{}': expected bf16 or f16", scale_dtype);
+  MERE_CHECK(scale_dtype == "bf16" || name == "int8" || name == "int4",
+             "--scale-dtype {}: applies to --quant int8 or int4 (affine scales), not '{}'", scale_dtype, name);
   if (name == "bf16" || name == "none") return {};
   if (name == "fp8") return {Kind::fp8, 0, 0};
   MERE_CHECK(name == "int8" || name == "int4", "--quant '{}': expected bf16, int8, int4 or fp8", name);

@@ -100,8 +100,9 @@ TEST(Shapes, DenseShapeWithMlpBiasLoadsItsBiases) {
 }
 
 // MLX stores an fp16 model's scales and biases as f16: `--scale-dtype f16` makes
-// them so. The same draws in f16 instead of bf16 give logits within bf16's
-// rounding of the bf16-scaled model's, not identical to them.
+// them so (another dtype, or f16 for weights without affine scales, is an error).
+// The same draws in f16 instead of bf16 give logits within bf16's rounding of
+// the bf16-scaled model's, not identical to them.
 TEST(Shapes, AffineShapesTakeF16Scales) {
   EXPECT_EQ(RandomQuant::parse("int4", 64, "f16").describe(), "int4 g64 f16 scales");
   EXPECT_EQ(RandomQuant::parse("int8", 32).describe(), "int8 g32");
@@ -110,6 +111,13 @@ TEST(Shapes, AffineShapesTakeF16Scales) {
     ADD_FAILURE() << "f32 scales accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--scale-dtype 'f32'"), std::string::npos) << e.what();
+  }
+  try {
+    RandomQuant::parse("fp8", 64, "f16");  // FP8 block scales are f32; bf16 weights have none
+    ADD_FAILURE() << "f16 scales accepted for fp8";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--scale-dtype f16: applies to --quant int8 or int4"), std::string::npos)
+        << e.what();
   }
   const nlohmann::json overrides = {{"num_hidden_layers", 2}, {"hidden_size", 128},      {"intermediate_size", 256},
                                     {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 32},
