@@ -10,6 +10,17 @@
 namespace mere {
 namespace {
 
+// What running fn throws as an Error, or "no error".
+template <typename Fn>
+std::string error_message(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::string("no error");
+}
+
 TEST(CpuOps, RmsNormByHand) {
   Tensor x = Tensor::from_floats({3, 4}, {1, 2});
   Tensor w = Tensor::from_floats({1, 2}, {2}).to(DType::bf16);
@@ -107,23 +118,15 @@ TEST(CpuOps, UnmergedAttentionIsGpuOnlyAndChecked) {
   const ops::AttentionSplits partials{.max = Tensor::zeros({1, 2, 3}, DType::f32),
                                       .sum = Tensor::zeros({1, 2, 3}, DType::f32),
                                       .out = Tensor::zeros({1, 2, 3, 2}, DType::f32)};
-  auto message = [](auto&& run) {
-    try {
-      run();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(message([&] { ops::merge_attention(partials); }).find("merge_attention"), std::string::npos);
+  EXPECT_NE(error_message([&] { ops::merge_attention(partials); }).find("merge_attention"), std::string::npos);
   Tensor h = Tensor::zeros({1, 4}, DType::f32);
   const Weight too_wide(Tensor::zeros({4, 5}, DType::f32));  // 5 columns for 2 heads x 2
-  EXPECT_NE(message([&] { ops::attention_linear_add(h, partials, too_wide); }).find("attention_linear_add"),
+  EXPECT_NE(error_message([&] { ops::attention_linear_add(h, partials, too_wide); }).find("attention_linear_add"),
             std::string::npos);
   const ops::AttentionSplits mismatched{.max = Tensor::zeros({1, 2, 2}, DType::f32),
                                         .sum = Tensor::zeros({1, 2, 3}, DType::f32),
                                         .out = Tensor::zeros({1, 2, 3, 2}, DType::f32)};
-  EXPECT_NE(message([&] { ops::merge_attention(mismatched); }).find("do not fit"), std::string::npos);
+  EXPECT_NE(error_message([&] { ops::merge_attention(mismatched); }).find("do not fit"), std::string::npos);
 }
 
 // A cache whose heads do not match k is an error that says which cache form,
@@ -134,21 +137,13 @@ TEST(CpuOps, QkNormRopeStoreNamesACacheThatDoesNotFit) {
   Tensor q = Tensor::zeros({1, 2, 4}, DType::f32), k = Tensor::zeros({1, 1, 4}, DType::f32), v = k.clone();
   Tensor pos = Tensor::empty({1}, DType::i32);
   pos.data<int32_t>()[0] = 0;
-  auto message = [](auto&& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   Tensor kc = Tensor::zeros({8, 2, 4}, DType::f32), vc = kc.clone();  // two heads for k's one
-  const std::string dense = message([&] { ops::qk_norm_rope_store(q, k, v, {}, {}, 1e-6f, table, pos, kc, vc); });
+  const std::string dense = error_message([&] { ops::qk_norm_rope_store(q, k, v, {}, {}, 1e-6f, table, pos, kc, vc); });
   EXPECT_NE(dense.find("qk_norm_rope_store"), std::string::npos) << dense;
   EXPECT_NE(dense.find("cache [8, 2, 4] do not fit"), std::string::npos) << dense;
   ops::AffineRows kq = ops::quantize_kv_rows(Tensor::zeros({8, 2, 4}, DType::f32), 8), vq = kq;
   const std::string quantized =
-      message([&] { ops::qk_norm_rope_store(q, k, v, {}, {}, 1e-6f, table, pos, kq, vq); });
+      error_message([&] { ops::qk_norm_rope_store(q, k, v, {}, {}, 1e-6f, table, pos, kq, vq); });
   EXPECT_NE(quantized.find("quantized cache"), std::string::npos) << quantized;
 }
 
