@@ -85,6 +85,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "tensor_core_attention" ? &l.tensor_core_attention
                 : name == "tensor_core_affine_matvec" ? &l.tensor_core_affine_matvec
                 : name == "int16_activation_matvec" ? &l.int16_activation_matvec
+                : name == "sixteen_token_matvec" ? &l.sixteen_token_matvec
                 : name == "tensor_core_fp8_matvec" ? &l.tensor_core_fp8_matvec
                 : name == "rope_in_attention" ? &l.rope_in_attention
                 : name == "wide_attention_blocks" ? &l.wide_attention_blocks
@@ -200,14 +201,15 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
+    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
                                         lo.fuse_rope_store, lo.rope_in_attention, lo.wide_attention_blocks,
                                         lo.cluster_attention_merge,
                                         int(lo.fuse_norm_matvec), lo.programmatic_launch,
                                         lo.matvec_split_k, lo.fp8_activation_gemm, lo.int8_activation_matvec,
                                         lo.tensor_core_kv_attention, lo.tensor_core_attention,
                                         lo.tensor_core_affine_matvec,
-                                        lo.int16_activation_matvec, lo.tensor_core_fp8_matvec,
+                                        lo.int16_activation_matvec, lo.sixteen_token_matvec,
+                                        lo.tensor_core_fp8_matvec,
                                         int(lo.tensor_core_affine_gemm), lo.routing_in_experts,
                                         lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages, lo.int4_byte_codes,
                                         lo.streamed_weights, lo.cpu_direct_matvec, lo.cpu_tiled_matmul, lo.cpu_vnni_matvec,

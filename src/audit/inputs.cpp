@@ -13,7 +13,7 @@ std::vector<std::string> engine_lever_names() {
   return {"cuda_graphs",       "pipelined_decode",    "kernel_token_slots", "fused_projections", "fused_rope_store",
           "fused_norm_matvec", "programmatic_launch", "matvec_split_k",    "fp8_activation_gemm",
           "int8_activation_matvec", "tensor_core_kv_attention", "tensor_core_attention", "tensor_core_affine_matvec",
-          "int16_activation_matvec", "tensor_core_fp8_matvec", "tensor_core_affine_gemm",
+          "int16_activation_matvec", "sixteen_token_matvec", "tensor_core_fp8_matvec", "tensor_core_affine_gemm",
           "rope_in_attention", "wide_attention_blocks", "cluster_attention_merge",
           "routing_in_experts", "deep_moe_ring", "deep_dense_ring", "wide_batch_stages",
           "int4_byte_codes",

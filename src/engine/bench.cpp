@@ -76,7 +76,7 @@ std::string layout_levers(const ModelInfo& info) {
   // auto shows what the model decided at load.
   const std::string fold = o.fuse_norm_matvec == LeverMode::automatic
                                ? std::string("auto(") + on(info.folds_step(1)) + ", batches " +
-                                     on(info.folds_step(2)) + ")"
+                                     on(info.folds_step(2)) + (info.fold_wide_batches ? ", 9-16 on" : "") + ")"
                                : std::string(lever_mode_name(o.fuse_norm_matvec));
   return std::string("fused_projections=") + on(o.fuse_projections) + " fused_rope_store=" + on(o.fuse_rope_store) +
          (o.rope_in_attention ? " rope_in_attention=on" : "") +
@@ -89,6 +89,7 @@ std::string layout_levers(const ModelInfo& info) {
          (o.tensor_core_attention ? " tensor_core_attention=on" : "") +
          (o.tensor_core_affine_matvec ? " tensor_core_affine_matvec=on" : "") +
          (o.int16_activation_matvec ? " int16_activation_matvec=on" : "") +
+         (o.sixteen_token_matvec ? " sixteen_token_matvec=on" : "") +
          (o.tensor_core_fp8_matvec ? " tensor_core_fp8_matvec=on" : "") +
          (o.tensor_core_moe_matvec ? " tensor_core_moe_matvec=on" : "") +
          (o.routing_in_experts ? " routing_in_experts=on" : "") + (o.deep_moe_ring ? " deep_moe_ring=on" : "") +

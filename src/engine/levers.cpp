@@ -44,6 +44,7 @@ Levers Levers::from_env() {
   l.tensor_core_attention = env_flag("MERERUN_TENSOR_CORE_ATTENTION", l.tensor_core_attention);
   l.tensor_core_affine_matvec = env_flag("MERERUN_TENSOR_CORE_AFFINE_MATVEC", l.tensor_core_affine_matvec);
   l.int16_activation_matvec = env_flag("MERERUN_INT16_ACTIVATION_MATVEC", l.int16_activation_matvec);
+  l.sixteen_token_matvec = env_flag("MERERUN_SIXTEEN_TOKEN_MATVEC", l.sixteen_token_matvec);
   l.tensor_core_fp8_matvec = env_flag("MERERUN_TENSOR_CORE_FP8_MATVEC", l.tensor_core_fp8_matvec);
   l.tensor_core_moe_matvec = env_flag("MERERUN_TENSOR_CORE_MOE_MATVEC", l.tensor_core_moe_matvec);
   l.routing_in_experts = env_flag("MERERUN_ROUTING_IN_EXPERTS", l.routing_in_experts);
@@ -86,6 +87,7 @@ std::string Levers::describe(Device device) const {
          " tensor_core_attention=" + on(tensor_core_attention) +
          " tensor_core_affine_matvec=" + on(tensor_core_affine_matvec) +
          " int16_activation_matvec=" + on(int16_activation_matvec) +
+         " sixteen_token_matvec=" + on(sixteen_token_matvec) +
          " tensor_core_fp8_matvec=" + on(tensor_core_fp8_matvec) +
          " tensor_core_moe_matvec=" + on(tensor_core_moe_matvec) +
          " routing_in_experts=" + on(routing_in_experts) + " deep_moe_ring=" + on(deep_moe_ring) +
@@ -112,6 +114,8 @@ LoadOptions Levers::load_options(Device device) const {
                      .tensor_core_attention = tensor_core_attention && cuda,
                      .tensor_core_affine_matvec = tensor_core_affine_matvec && cuda,
                      .int16_activation_matvec = int16_activation_matvec && cuda,
+                     .sixteen_token_matvec =
+                         sixteen_token_matvec && tensor_core_affine_matvec && int16_activation_matvec && cuda,
                      .tensor_core_fp8_matvec = tensor_core_fp8_matvec && cuda,
                      .tensor_core_moe_matvec = tensor_core_moe_matvec && cuda,
                      .routing_in_experts = routing_in_experts && tensor_core_moe_matvec && cuda,

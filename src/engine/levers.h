@@ -112,6 +112,13 @@ struct Levers {
   // audit's parity bounds); Llama-3-8B int4 decode of 3-8 sequences +19-24%,
   // int8 +2-30% (docs/levers.md). One token keeps three digits.
   bool int16_activation_matvec = true;
+  // Those tensor-core matvecs (two digits) take steps of 9-16 tokens too, which
+  // the prefill GEMM took (batched decode of 9-16 sequences, prompts of 9-16
+  // tokens): three or four mmas a step, the weights read once, x rounded to 15
+  // bits a group instead of bf16's 8. Default: Llama-3-8B (H100) 12 / 16
+  // sequences int4 +51% / +35%, int8 +34% / +26%, pp16 +32% / +25%; closer to
+  // the CPU's f32 logits than the GEMM (docs/levers.md).
+  bool sixteen_token_matvec = true;
   // FP8 checkpoints' decode matvecs on the tensor cores, for 2-8 tokens and for
   // one token of a matrix of 2^24 weights or more: E4M3 weights as f16 mma
   // operands, x per token and 128 columns as two f16 (22 bits), f32 sums (the
@@ -258,7 +265,7 @@ struct Levers {
   // MERERUN_FUSED_NORM_MATVEC (0|1|auto), MERERUN_PROGRAMMATIC_LAUNCH, MERERUN_MATVEC_SPLIT_K,
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_ATTENTION,
-  // MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC,
+  // MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC, MERERUN_SIXTEEN_TOKEN_MATVEC,
   // MERERUN_TENSOR_CORE_FP8_MATVEC, MERERUN_TENSOR_CORE_MOE_MATVEC, MERERUN_ROUTING_IN_EXPERTS,
   // MERERUN_DEEP_MOE_RING, MERERUN_DEEP_DENSE_RING, MERERUN_WIDE_BATCH_STAGES, MERERUN_STREAMED_WEIGHTS,
   // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto),
@@ -275,7 +282,7 @@ struct Levers {
                   .fused_norm_matvec = LeverMode::off, .programmatic_launch = false, .matvec_split_k = false,
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,
                   .tensor_core_attention = false,
-                  .tensor_core_affine_matvec = false, .int16_activation_matvec = false,
+                  .tensor_core_affine_matvec = false, .int16_activation_matvec = false, .sixteen_token_matvec = false,
                   .tensor_core_fp8_matvec = false, .tensor_core_moe_matvec = false,
                   .routing_in_experts = false, .deep_moe_ring = false, .deep_dense_ring = false,
                   .wide_batch_stages = false, .int4_byte_codes = false, .streamed_weights = false,

@@ -32,6 +32,7 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                             .cluster_attention_merge = o.cluster_attention_merge,
                             .tensor_core_affine_matvec = o.tensor_core_affine_matvec,
                             .int16_activation_matvec = o.int16_activation_matvec,
+                            .sixteen_token_matvec = o.sixteen_token_matvec,
                             .tensor_core_fp8_matvec = o.tensor_core_fp8_matvec,
                             .tensor_core_moe_matvec = o.tensor_core_moe_matvec,
                             .routing_in_experts = o.routing_in_experts,
@@ -45,7 +46,8 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
 }
 
 bool ModelInfo::folds_step(int64_t T) const {
-  return T == 1 ? fold_one_row : T <= ops::kMaxFusedRows && fold_batches;
+  if (T == 1) return fold_one_row;
+  return T <= ops::kMaxFusedRows ? fold_batches : T <= ops::kMaxWideFusedRows && fold_wide_batches;
 }
 
 void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused) {
@@ -58,12 +60,20 @@ void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<c
   bool every_batch = true;
   for (int64_t T = 2; T <= ops::kMaxFusedRows && every_batch; ++T) every_batch = pays(T);
   fold_batches = on || (automatic && every_batch);
+  // 9-16 rows only where lever sixteen_token_matvec makes the fused forms single
+  // kernels; elsewhere they would compose kernels that add_rms_norm joins.
+  bool every_wide_batch = o.sixteen_token_matvec;
+  for (int64_t T = ops::kMaxFusedRows + 1; T <= ops::kMaxWideFusedRows && every_wide_batch; ++T)
+    every_wide_batch = pays(T);
+  fold_wide_batches = (on || automatic) && every_wide_batch;
 }
 
 bool folding_pays(const Weight& w, const LoadOptions& o, int64_t T) {
   if (!w.defined()) return true;
   const bool fp8 = w.kind() == Weight::Kind::fp8;
-  const bool lever = fp8 ? o.tensor_core_fp8_matvec : o.tensor_core_affine_matvec && !o.int8_activation_matvec;
+  const bool lever = fp8 ? o.tensor_core_fp8_matvec
+                         : o.tensor_core_affine_matvec && !o.int8_activation_matvec &&
+                               (T <= ops::kMaxFusedRows || o.sixteen_token_matvec);
   return lever && ops::matvec_on_tensor_cores(w, T, true);
 }
 

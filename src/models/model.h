@@ -49,6 +49,8 @@ struct LoadOptions {
   bool tensor_core_affine_matvec = false;
   // Those matvecs on x rounded to 15 bits per group (lever int16_activation_matvec).
   bool int16_activation_matvec = false;
+  // Those matvecs take steps of 9-16 rows too (lever sixteen_token_matvec).
+  bool sixteen_token_matvec = false;
   // FP8 weights' decode matvecs on the tensor cores (lever tensor_core_fp8_matvec).
   bool tensor_core_fp8_matvec = false;
   // MoE experts' affine decode on the tensor cores (lever tensor_core_moe_matvec).
@@ -115,8 +117,9 @@ struct ModelInfo {
   // step): a matrix too small for the tensor cores at one row takes them from 2.
   bool fold_one_row = false;
   bool fold_batches = false;
+  bool fold_wide_batches = false;  // 9 to ops::kMaxWideFusedRows rows (lever sixteen_token_matvec)
   bool folds_step(int64_t T) const;  // a step of T rows
-  // Sets the two from the lever's mode; auto folds a step of T rows where
+  // Sets them from the lever's mode; auto folds a step of T rows where
   // folding_pays(w, o, T) for every matrix a folded step runs in its fused form
   // (`fused`; none: no fold).
   void decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused);

@@ -50,6 +50,9 @@ Tensor add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps);
 // matvecs'); a model folds its norms only for steps this short, since longer
 // ones compose kernels where add_rms_norm would have been one.
 constexpr int64_t kMaxFusedRows = 8;
+// Under lever sixteen_token_matvec the affine tensor-core forms take steps of
+// up to this many rows too (a batch of 9-16 sequences).
+constexpr int64_t kMaxWideFusedRows = 16;
 // linear(rms_norm(h, norm_w, eps), w, bias).
 Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Weight& w,
                        const Tensor& bias = Tensor());
@@ -91,6 +94,9 @@ struct LaunchSettings {
   // Lever int16_activation_matvec: those mma matvecs, from 2 tokens, take x rounded
   // to 15 bits per group (two base-256 digits, four tokens an mma) instead of 23.
   bool int16_activation_matvec = false;
+  // Lever sixteen_token_matvec: those matvecs take steps of 9-16 rows too (two
+  // digits), which the prefill GEMM takes otherwise.
+  bool sixteen_token_matvec = false;
   bool tensor_core_fp8_matvec = false;  // lever tensor_core_fp8_matvec: FP8 decode matvecs on mma
   bool tensor_core_moe_matvec = false;  // lever tensor_core_moe_matvec: affine MoE experts' decode on mma
   bool routing_in_experts = false;  // lever routing_in_experts: those experts' gate/up route each token themselves

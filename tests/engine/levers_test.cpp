@@ -181,6 +181,15 @@ TEST(Levers, TensorCoreMoeMatvecIsACudaLever) {
                             &LoadOptions::tensor_core_moe_matvec);
 }
 
+// sixteen_token_matvec: on by default, a CUDA lever switched by its variable,
+// acting through the tensor-core matvec and its two-digit x.
+TEST(Levers, SixteenTokenMatvecIsACudaLeverOfTheTwoDigitMatvec) {
+  expect_default_cuda_lever("MERERUN_SIXTEEN_TOKEN_MATVEC", "sixteen_token_matvec", &Levers::sixteen_token_matvec,
+                            &LoadOptions::sixteen_token_matvec);
+  expect_off_without(&Levers::tensor_core_affine_matvec, &LoadOptions::sixteen_token_matvec);
+  expect_off_without(&Levers::int16_activation_matvec, &LoadOptions::sixteen_token_matvec);
+}
+
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in
 // effect only with the tensor-core experts it routes in.
 TEST(Levers, RoutingInExpertsIsACudaLeverOfTheTensorCoreExperts) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -388,6 +389,55 @@ TEST(LlamaGpu, WideBatchStagesMoveOnlyTheRoundingOnTheLlama3_8B_Shape) {
       const auto [want, got] = one_decode_step(*off, *on, n);
       EXPECT_EQ(test::max_abs_diff(got, want).diff, 0.0f) << quant << ", one step of " << n << " tokens";
     }
+  }
+}
+
+// Lever sixteen_token_matvec on the Llama-3-8B shape (random int4 and int8,
+// four layers): a batch of 16 sequences decodes one step on the tensor-core
+// matvec (four mmas a step, the fused forms: fold_wide_batches), where the
+// prefill GEMM took it before. x is rounded per token and group, so each
+// sequence's step is what it gets in a batch of 8 (the same two-digit
+// rounding), but for f32 sums that regroup (split-K), which the next layers'
+// rounding of x carries on: logits within 1e-3 and the same argmax. Without
+// the lever the model does not fold 9-16 rows.
+TEST(LlamaGpu, SixteenSequencesDecodeWhatTheyDecodeInBatchesOfEight) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  LoadOptions on = Levers{}.load_options(Device::cuda), off = on;
+  on.sixteen_token_matvec = true;
+  off.sixteen_token_matvec = false;
+  const nlohmann::json four_layers = {{"num_hidden_layers", 4}};
+  for (const char* quant : {"int4", "int8"}) {
+    auto model = random_model("llama3-8b", Device::cuda, on, 1, RandomQuant::parse(quant), four_layers);
+    EXPECT_TRUE(model->info().fold_wide_batches) << quant;
+    EXPECT_TRUE(model->info().folds_step(16)) << quant;
+    EXPECT_FALSE(model->info().folds_step(17)) << quant;
+    EXPECT_FALSE(random_model("llama3-8b", Device::cuda, off, 1, RandomQuant::parse(quant), four_layers)
+                     ->info()
+                     .fold_wide_batches)
+        << quant;
+    std::vector<std::unique_ptr<SeqState>> whole, halves;
+    std::vector<SeqState*> all, first, second;
+    std::vector<int32_t> tokens;
+    for (int b = 0; b < 16; ++b) {
+      whole.push_back(model->make_state(64));
+      halves.push_back(model->make_state(64));
+      const std::vector<int32_t> prompt{int32_t(100 + 7 * b), int32_t(5000 + 31 * b), int32_t(9000 + b)};
+      model->forward(prompt, *whole.back(), false);
+      model->forward(prompt, *halves.back(), false);
+      all.push_back(whole.back().get());
+      (b < 8 ? first : second).push_back(halves.back().get());
+      tokens.push_back(int32_t(20000 + 113 * b));
+    }
+    const Tensor got = model->forward_batch(tokens, all).to_device(Device::cpu);
+    const Tensor lo = model->forward_batch({tokens.begin(), tokens.begin() + 8}, first).to_device(Device::cpu);
+    const Tensor hi = model->forward_batch({tokens.begin() + 8, tokens.end()}, second).to_device(Device::cpu);
+    const int64_t V = got.dim(1);
+    Tensor want = Tensor::empty({16, V}, DType::f32);
+    std::memcpy(want.data<float>(), lo.data<float>(), lo.size_bytes());
+    std::memcpy(want.data<float>() + 8 * V, hi.data<float>(), hi.size_bytes());
+    const std::string label = std::string(quant) + ", 16 sequences against two batches of 8";
+    EXPECT_LE(test::relative_error(got, want, label), 1e-3f) << label;
+    for (int64_t t = 0; t < 16; ++t) EXPECT_EQ(argmax_row(got, t), argmax_row(want, t)) << label << " row " << t;
   }
 }
 

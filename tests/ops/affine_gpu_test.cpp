@@ -529,6 +529,102 @@ TEST_F(Affine, Int16ActivationsMatchTheRoundedReference) {
   }
 }
 
+// Lever sixteen_token_matvec: 9-16 tokens on the tensor-core matvec in two
+// digits (three or four mmas a step) equal the f32 product on x rounded to 15
+// bits a group, as 2-8 do: int4/int8, groups 32/64/128, scale dtypes, rows off
+// the tiles, more tiles than blocks, split-K, and rows cut into launches
+// (down_proj's 14,336 columns). ops::linear runs it under the lever (bit for
+// bit the direct launch) and the prefill GEMM without it; three digits and 17
+// tokens stay unsupported. The fused forms (RMSNorm'd input, SwiGLU, attention's
+// splits merged, the residual add) take 16 tokens too.
+TEST_F(Affine, SixteenTokenMatvecMatchesTheRoundedReference) {
+  struct Case { int64_t T, out, in; int bits, group; DType dt; };
+  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
+  int n = 0;
+  for (const Case& c : {Case{9, 77, 512, 4, 64, DType::bf16}, Case{10, 131, 1024, 8, 32, DType::f16},
+                        Case{12, 40, 4096, 4, 128, DType::bf16}, Case{13, 9000, 256, 8, 128, DType::f32},
+                        Case{16, 300, 4096, 4, 64, DType::bf16}, Case{16, 64, 4096, 8, 64, DType::bf16},
+                        Case{15, 48, 2048, 4, 32, DType::f16}, Case{16, 100, 14336, 4, 64, DType::bf16},
+                        Case{11, 64, 14336, 8, 128, DType::bf16}}) {
+    const std::string label =
+        fmt::format("16-token matvec, int{} g{} {} T={} {}x{}", c.bits, c.group, dtype_name(c.dt), c.T, c.out, c.in);
+    Weight w(random_affine(c.out, c.in, c.bits, c.group, c.dt, uint64_t(3000 + n++)), c.in);
+    Tensor x = random({c.T, c.in}, DType::f32, uint64_t(40 + n));
+    x.data<float>()[(c.T - 1) * c.in + 5] = 40.0f;  // an outlier in the last token
+    const Tensor b = random({c.out}, DType::f32, 6, 0.1f);
+    const Tensor dense = w.dequantize(DType::f32);
+    const Tensor want = ops::linear(int16_rounded(x, c.group), dense, b);
+    const Tensor exact = ops::linear(x, dense, b);
+    const Weight wg = w.to_device(Device::cuda);
+    const Tensor xg = gpu(x), bg = gpu(b);
+    const mere::cuda::AffineArgs a = args_of(wg);
+    ASSERT_TRUE(mere::cuda::affine_matvec_mma_supports(a, c.T, 2)) << label;
+    EXPECT_FALSE(mere::cuda::affine_matvec_mma_supports(a, c.T, 3)) << label << ": three digits stop at 8 tokens";
+    Tensor direct = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
+    Tensor scratch = Tensor::empty({mere::cuda::affine_matvec_mma_scratch_bytes(a, c.T, 2)}, DType::u8, Device::cuda);
+    ASSERT_EQ(mere::cuda::launch_affine_matvec_mma(a, xg.data<float>(), bg.data<float>(), direct.data<float>(), c.T,
+                                                   scratch.raw(), stream, 2),
+              cudaSuccess)
+        << label;
+    const Tensor got = direct.to_device(Device::cpu);
+    EXPECT_LE(relative_error(got, want, label), 1e-5f) << label;
+    EXPECT_LE(relative_error(got, exact, label + ": against f32 x"), 1e-3f);
+
+    const ops::LaunchSettings on{.tensor_core_affine_matvec = true, .int16_activation_matvec = true,
+                                 .sixteen_token_matvec = true};
+    ops::set_launch_settings(on);
+    const Tensor lever = ops::linear(xg, wg, bg).to_device(Device::cpu);
+    ops::set_launch_settings({.tensor_core_affine_matvec = true, .int16_activation_matvec = true,
+                              .tensor_core_affine_gemm = true, .affine_gemm_at_every_size = true});
+    const Tensor gemm = ops::linear(xg, wg, bg).to_device(Device::cpu);
+    ops::set_launch_settings({});
+    EXPECT_EQ(std::memcmp(lever.raw(), got.raw(), got.size_bytes()), 0) << label << ": ops::linear under the lever";
+    // Without it the GEMM (x and the weights rounded to bf16) takes the tokens.
+    EXPECT_NE(std::memcmp(gemm.raw(), got.raw(), got.size_bytes()), 0) << label << ": the GEMM without the lever";
+    EXPECT_LE(relative_error(gemm, exact, label + ": the GEMM"), 2e-2f);
+  }
+  const Weight w17 = Weight(random_affine(64, 512, 4, 64, DType::bf16, 17), 512).to_device(Device::cuda);
+  EXPECT_FALSE(mere::cuda::affine_matvec_mma_supports(args_of(w17), 17, 2)) << "17 tokens";
+
+  // The fused forms at 12 and 16 tokens, against the CPU composition on x rounded as the prepare rounds it.
+  for (const Case& c : {Case{16, 96, 4096, 4, 64, DType::bf16}, Case{12, 130, 14336, 8, 32, DType::bf16}}) {
+    const std::string label = fmt::format("fused, int{} g{} T={} {}x{}", c.bits, c.group, c.T, c.out, c.in);
+    Weight w(random_affine(c.out, c.in, c.bits, c.group, c.dt, uint64_t(c.T * 3 + c.bits)), c.in);
+    const Tensor dense = w.dequantize(DType::f32);
+    const Weight wg = w.to_device(Device::cuda);
+    const Tensor h = random({c.T, c.in}, DType::f32, 11, 2.0f), norm_w = random({c.in}, DType::bf16, 12, 0.5f, 1.0f);
+    const Tensor gate_up = random({c.T, 2 * c.in}, DType::f32, 14, 3.0f);
+    const Tensor residual = random({c.T, c.out}, DType::f32, 15), bias = random({c.out}, DType::f32, 16, 0.1f);
+    ops::set_launch_settings({.tensor_core_affine_matvec = true, .int16_activation_matvec = true,
+                              .sixteen_token_matvec = true});
+    Tensor normed = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
+    EXPECT_TRUE(ops::cuda::affine_rms_norm_linear(gpu(h), gpu(norm_w), 1e-5f, wg.affine(), gpu(bias), normed))
+        << label;
+    const Tensor normed_want =
+        ops::linear(int16_rounded(ops::rms_norm(h, norm_w, 1e-5f), c.group), dense, bias);
+    // The prepare's f32 RMSNorm and silu may round a value across a 15-bit boundary of x the CPU's did not.
+    EXPECT_LE(relative_error(normed.to_device(Device::cpu), normed_want, label + " rms_norm_linear"), 1e-4f);
+    Tensor gated = gpu(residual);
+    EXPECT_TRUE(ops::cuda::affine_swiglu_linear_add(gated, gpu(gate_up), wg.affine(), gpu(bias))) << label;
+    Tensor gated_want = residual.clone();
+    ops::add_inplace(gated_want, ops::linear(int16_rounded(ops::silu_mul_halves(gate_up), c.group), dense, bias));
+    EXPECT_LE(relative_error(gated.to_device(Device::cpu), gated_want, label + " swiglu_linear_add"), 1e-4f);
+    if (c.in == 4096) {  // o_proj's input: 32 heads of 128, 9 splits
+      const ops::AttentionSplits cpu = test::random_attention_splits(c.T, 32, 9, 128);
+      const ops::AttentionSplits splits{.max = gpu(cpu.max), .sum = gpu(cpu.sum), .out = gpu(cpu.out)};
+      Tensor fused = gpu(residual);
+      EXPECT_TRUE(ops::cuda::affine_attention_linear_add(fused, splits, wg.affine(), gpu(bias))) << label;
+      Tensor want = residual.clone();
+      ops::add_inplace(want, ops::linear(int16_rounded(test::merged_on_cpu(cpu), c.group), dense, bias));
+      EXPECT_LE(relative_error(fused.to_device(Device::cpu), want, label + " attention_linear_add"), 1e-4f);
+    }
+    ops::set_launch_settings({.tensor_core_affine_matvec = true, .int16_activation_matvec = true});
+    Tensor declined = gpu(residual);
+    EXPECT_FALSE(ops::cuda::affine_linear_add(declined, gpu(h), wg.affine(), gpu(bias))) << label << ": lever off";
+    ops::set_launch_settings({});
+  }
+}
+
 // int8 down_proj at four tokens (x in two digits, as a decode step of four
 // sequences runs it): one block an SM of about 198 KB leaves 28 KB of L1, where
 // no split's factor lines fit; the rule then takes the most warps a tile its

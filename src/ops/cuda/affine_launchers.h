@@ -65,7 +65,8 @@ cudaError_t launch_affine_matvec_normed(const AffineArgs& w, const float* h, con
 // The same product on the tensor cores (affine_matvec_mma.cu, lever
 // tensor_core_affine_matvec): u8 codes times the s8 base-256 digits of x
 // rounded per group to 23 bits (3 digits) or, under lever
-// int16_activation_matvec, to 15 bits (2 digits), s32 sums. T <= 8, bits 4 or
+// int16_activation_matvec, to 15 bits (2 digits), s32 sums. T <= 8 (16 in two
+// digits: kMaxTensorCoreMatvecTokens), bits 4 or
 // 8, groups of 32, 64 or 128, a row a whole number of stages (256 values; 128
 // for int8 with groups of 32 or 64). x's converted copy (digits x T x in bytes)
 // goes to each block's shared memory; where it does not fit, the row runs as up

@@ -1,6 +1,6 @@
-// MLX affine decode matvecs (T <= 8 tokens) on the tensor cores: lever
-// tensor_core_affine_matvec (affine_ops.cpp runs it from 2 tokens, and for one
-// token of a large matrix).
+// MLX affine decode matvecs (T <= 8 tokens, 16 in two digits) on the tensor
+// cores: lever tensor_core_affine_matvec (affine_ops.cpp runs it from 2 tokens,
+// and for one token of a large matrix; 9-16 under lever sixteen_token_matvec).
 //
 // Why: the CUDA-core matvec (affine_matvec.cu) spends about three instructions
 // per weight and token (unpack, convert, FMA), so int4 is bound by instructions
@@ -41,6 +41,10 @@
 // per step, T <= 8 two): half the mmas, B loads and per-group sums from 3
 // tokens on, and 2/3 of x's copy. Every lane quad then holds one token's two
 // digits and writes its sums.
+// Lever sixteen_token_matvec: 9-16 tokens in two digits, three or four mmas a
+// step (batched decode of 9-16 sequences, which the prefill GEMM took before):
+// the weights are read once for all of them, and x's image (16 tokens x 2
+// digits: 128 KB at 4,096 columns) leaves one block an SM.
 //
 // Shape: a first kernel converts x once into a scratch buffer, the image of
 // what every block stages in shared memory: digit rows (row 3t + d) of s8 in
@@ -163,6 +167,12 @@ __host__ __device__ constexpr int mmas_for(int T, int digits) {
 // The largest |x'| of a group lies in [2^(top - 1), 2^top): 23 significant
 // bits in three digits, 15 in two (the top digit then in [-64, 64]).
 __host__ __device__ constexpr int top_bit(int digits) { return digits >= 3 ? 22 : 14; }
+// The most tokens a launch takes: up to four mmas a step, so 8 in three digits
+// (two tokens an mma) and 16 in two (four; 9-16 only under lever
+// sixteen_token_matvec, affine_ops.cpp).
+__host__ __device__ constexpr int max_tokens(int digits) {
+  return digits == 2 ? kMaxTensorCoreMatvecTokens : kMaxMatvecTokens;
+}
 
 // One launch's share of the columns (all of them unless x is too long for
 // shared memory: then launches of whole stages, each adding into y).
@@ -1235,9 +1245,11 @@ cudaError_t visit_variant(const AffineArgs& w, int64_t T, int digits, Fn&& fn) {
     };
     auto by_mmas = [&]<int kBits>() {
       const int mmas = mmas_for(int(T), digits);
-      if (digits == 2) {  // at most 2 mmas
+      if (digits == 2) {
         if (mmas == 1) by_group.template operator()<kBits, 1, 2>();
-        else by_group.template operator()<kBits, 2, 2>();
+        else if (mmas == 2) by_group.template operator()<kBits, 2, 2>();
+        else if (mmas == 3) by_group.template operator()<kBits, 3, 2>();
+        else by_group.template operator()<kBits, 4, 2>();
       } else if (mmas == 1) {
         by_group.template operator()<kBits, 1, 3>();
       } else if (mmas == 2) {
@@ -1254,7 +1266,7 @@ cudaError_t visit_variant(const AffineArgs& w, int64_t T, int digits, Fn&& fn) {
 
 // What visit_variant can dispatch; each Variant then checks that it fits.
 bool shape_supported(const AffineArgs& w, int64_t T, int digits) {
-  if (T < 1 || T > 8 || (w.bits != 4 && w.bits != 8) || (digits != 2 && digits != 3)) return false;
+  if ((digits != 2 && digits != 3) || T < 1 || T > max_tokens(digits) || (w.bits != 4 && w.bits != 8)) return false;
   if (w.group_size != 32 && w.group_size != 64 && w.group_size != 128) return false;
   if (w.in <= 0 || w.out <= 0 || w.in > (1 << 20) || w.out > (1 << 30)) return false;
   return reinterpret_cast<uintptr_t>(w.packed) % 16 == 0;
@@ -1381,7 +1393,7 @@ MmaKernelLocal affine_matvec_mma_most_local() {
         for (const int group : {32, 64, 128}) {
           const AffineArgs w{.scale_dtype = dtype, .bits = bits, .group_size = group};
           for (const int digits : {2, 3})
-            for (int T = 1; T <= 8; ++T)
+            for (int T = 1; T <= max_tokens(digits); ++T)
               visit_variant(w, T, digits, [&](auto v) {
                 using V = decltype(v);
                 check(reinterpret_cast<const void*>(V::kernel()), w, mmas_for(T, digits), V::kDigitCount, "dense");

@@ -82,11 +82,14 @@ bool affine_gemm_pays(const AffineArgs& a, int64_t T) {
 // digits there measured 2.5-3% slower at batch 1 (docs/benchmarks.md).
 int digits_for(int64_t T) { return int16_activation_matvec_enabled() && T >= kMinInt16Tokens ? 2 : 3; }
 
-// Whether lever tensor_core_affine_matvec takes T tokens of this matrix.
+// Whether lever tensor_core_affine_matvec takes T tokens of this matrix: up to
+// kMaxMatvecTokens, and 9 to kMaxTensorCoreMatvecTokens in two digits under
+// lever sixteen_token_matvec (the prefill GEMM takes them otherwise).
 bool takes_tensor_cores(const AffineArgs& a, int64_t T, bool formed_input) {
   // int8_activation_matvec, an explicit accuracy trade, wins over this exact form.
   return tensor_core_affine_matvec_enabled() && !int8_activation_matvec_enabled() &&
-         tensor_cores_pay(a, T, formed_input) && affine_matvec_mma_supports(a, T, digits_for(T));
+         (T <= kMaxMatvecTokens || sixteen_token_matvec_enabled()) && tensor_cores_pay(a, T, formed_input) &&
+         affine_matvec_mma_supports(a, T, digits_for(T));
 }
 
 // The tensor-core matvec where lever tensor_core_affine_matvec applies; false
@@ -118,7 +121,8 @@ AffineArgs raw_args(const AffineWeight& w, int64_t in) {
 bool affine_matvec_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T, bool formed_input) {
   const AffineArgs a = raw_args(w, in);
   // Three digits, the larger image: the answer must not hang on the activation levers' state at load.
-  return tensor_cores_pay(a, T, formed_input) && affine_matvec_mma_supports(a, T, 3);
+  // Past kMaxMatvecTokens only two digits run (lever sixteen_token_matvec, which the caller checks).
+  return tensor_cores_pay(a, T, formed_input) && affine_matvec_mma_supports(a, T, T > kMaxMatvecTokens ? 2 : 3);
 }
 
 bool affine_linear_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T) {

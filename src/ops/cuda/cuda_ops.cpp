@@ -572,6 +572,7 @@ void set_launch_settings(const LaunchSettings& settings) {
   mere::cuda::set_cluster_attention_merge(settings.cluster_attention_merge);
   mere::cuda::set_tensor_core_affine_matvec(settings.tensor_core_affine_matvec);
   mere::cuda::set_int16_activation_matvec(settings.int16_activation_matvec);
+  mere::cuda::set_sixteen_token_matvec(settings.sixteen_token_matvec);
   mere::cuda::set_tensor_core_fp8_matvec(settings.tensor_core_fp8_matvec);
   mere::cuda::set_tensor_core_moe_matvec(settings.tensor_core_moe_matvec);
   mere::cuda::set_routing_in_experts(settings.routing_in_experts);

@@ -93,6 +93,12 @@ constexpr int64_t kMinTensorCoreWeightsAtOneToken = int64_t(1) << 24;
 // 23 bits, three digits. Off unless set.
 void set_int16_activation_matvec(bool on);
 bool int16_activation_matvec_enabled();
+// Lever sixteen_token_matvec: the tensor-core affine matvec (two digits of x)
+// takes steps of 9 to kMaxTensorCoreMatvecTokens tokens too, which the prefill
+// GEMM takes otherwise (batched decode of 9-16 sequences). Off unless set.
+constexpr int kMaxTensorCoreMatvecTokens = 16;
+void set_sixteen_token_matvec(bool on);
+bool sixteen_token_matvec_enabled();
 // FP8 decode matvecs on the tensor cores (lever tensor_core_fp8_matvec,
 // fp8_matvec_mma.cu); off: the CUDA-core kernel. Off unless set.
 void set_tensor_core_fp8_matvec(bool on);
