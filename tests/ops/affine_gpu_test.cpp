@@ -475,22 +475,42 @@ Tensor int16_rounded(const Tensor& x, int64_t group) {
   return r;
 }
 
+// The two-digit tensor-core matvec (x rounded to 15 bits a group) launched
+// directly, whatever the levers say; y on the CPU.
+Tensor direct_two_digit_matvec(const Weight& wg, const Tensor& xg, const Tensor& bg, const std::string& label) {
+  const mere::cuda::AffineArgs a = args_of(wg);
+  const int64_t T = xg.dim(0);
+  Tensor y = Tensor::empty({T, wg.rows()}, DType::f32, Device::cuda);
+  Tensor scratch = Tensor::empty({mere::cuda::affine_matvec_mma_scratch_bytes(a, T, 2)}, DType::u8, Device::cuda);
+  EXPECT_EQ(mere::cuda::launch_affine_matvec_mma(a, xg.data<float>(), bg.data<float>(), y.data<float>(), T,
+                                                 scratch.raw(), static_cast<cudaStream_t>(cuda_stream()), 2),
+            cudaSuccess)
+      << label;
+  return y.to_device(Device::cpu);
+}
+
 // Lever int16_activation_matvec: the tensor-core matvec on x in two digits (15
 // bits a group, four tokens an mma) equals the f32 product on x rounded that
-// way: T 1-8 (one or two mmas), int4/int8, groups 32/64/128, scale dtypes, rows
-// off the tiles, more tiles than blocks, split-K and a row cut into launches.
-// ops::linear runs it under the lever from 2 tokens (bit for bit the direct
-// launch; one token keeps three digits), and against the exact three-digit
-// form it moves the product by the rounding alone.
+// way: T 1-16 (one to four mmas; 9-16 under lever sixteen_token_matvec, where
+// three digits stop), int4/int8, groups 32/64/128, scale dtypes, rows off the
+// tiles, more tiles than blocks, split-K and rows cut into launches (down_proj's
+// 14,336 columns). ops::linear runs it under the levers from 2 tokens (bit for
+// bit the direct launch; one token keeps three digits), and against the exact
+// three-digit form it moves the product by the rounding alone.
 TEST_F(Affine, Int16ActivationsMatchTheRoundedReference) {
   struct Case { int64_t T, out, in; int bits, group; DType dt; };
-  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
   int n = 0;
   for (const Case& c : {Case{1, 77, 512, 4, 64, DType::bf16}, Case{2, 131, 1024, 8, 32, DType::f16},
                         Case{3, 40, 4096, 4, 64, DType::bf16}, Case{4, 9000, 256, 8, 128, DType::f32},
                         Case{5, 33, 512, 4, 128, DType::bf16}, Case{6, 300, 2048, 8, 64, DType::bf16},
                         Case{7, 64, 4096, 4, 32, DType::f16}, Case{8, 48, 1024, 8, 64, DType::bf16},
-                        Case{8, 100, 14336, 4, 64, DType::bf16}, Case{1, 4096, 4096, 4, 64, DType::bf16}}) {
+                        Case{8, 100, 14336, 4, 64, DType::bf16}, Case{1, 4096, 4096, 4, 64, DType::bf16},
+                        // 9-16 tokens (three or four mmas, lever sixteen_token_matvec)
+                        Case{9, 77, 512, 4, 64, DType::bf16}, Case{10, 131, 1024, 8, 32, DType::f16},
+                        Case{12, 40, 4096, 4, 128, DType::bf16}, Case{13, 9000, 256, 8, 128, DType::f32},
+                        Case{16, 300, 4096, 4, 64, DType::bf16}, Case{16, 64, 4096, 8, 64, DType::bf16},
+                        Case{15, 48, 2048, 4, 32, DType::f16}, Case{16, 100, 14336, 4, 64, DType::bf16},
+                        Case{11, 64, 14336, 8, 128, DType::bf16}}) {
     const std::string label =
         fmt::format("int16 x, int{} g{} {} T={} {}x{}", c.bits, c.group, dtype_name(c.dt), c.T, c.out, c.in);
     Weight w(random_affine(c.out, c.in, c.bits, c.group, c.dt, uint64_t(2000 + n++)), c.in);
@@ -504,19 +524,14 @@ TEST_F(Affine, Int16ActivationsMatchTheRoundedReference) {
     const Tensor xg = gpu(x), bg = gpu(b);
     const mere::cuda::AffineArgs a = args_of(wg);
     ASSERT_TRUE(mere::cuda::affine_matvec_mma_supports(a, c.T, 2)) << label;
-    Tensor direct = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
-    Tensor scratch = Tensor::empty({mere::cuda::affine_matvec_mma_scratch_bytes(a, c.T, 2)}, DType::u8, Device::cuda);
-    ASSERT_EQ(mere::cuda::launch_affine_matvec_mma(a, xg.data<float>(), bg.data<float>(), direct.data<float>(), c.T,
-                                                   scratch.raw(), stream, 2),
-              cudaSuccess)
-        << label;
-    const Tensor got = direct.to_device(Device::cpu);
+    const Tensor got = direct_two_digit_matvec(wg, xg, bg, label);
     EXPECT_LE(relative_error(got, want, label), 1e-5f) << label;
     // What the rounding costs against f32 x (about 2^-14 of a group's largest value a term).
     EXPECT_LE(relative_error(got, exact, label + ": against f32 x"), 1e-3f);
     EXPECT_GT(test::max_abs_diff(got, exact).diff, 0.0f) << label << ": the rounding changed nothing";
 
-    ops::set_launch_settings({.tensor_core_affine_matvec = true, .int16_activation_matvec = true});
+    ops::set_launch_settings(
+        {.tensor_core_affine_matvec = true, .int16_activation_matvec = true, .sixteen_token_matvec = true});
     const Tensor lever = ops::linear(xg, wg, bg).to_device(Device::cpu);
     ops::set_launch_settings({.tensor_core_affine_matvec = true});
     const Tensor three_digits = ops::linear(xg, wg, bg).to_device(Device::cpu);
@@ -526,65 +541,38 @@ TEST_F(Affine, Int16ActivationsMatchTheRoundedReference) {
     } else {  // one token keeps three digits (or the CUDA-core kernel below the tensor cores' floor)
       EXPECT_EQ(std::memcmp(lever.raw(), three_digits.raw(), got.size_bytes()), 0) << label;
     }
+    if (c.T > 8) {
+      EXPECT_FALSE(mere::cuda::affine_matvec_mma_supports(a, c.T, 3)) << label << ": three digits stop at 8";
+    }
   }
 }
 
-// Lever sixteen_token_matvec: 9-16 tokens on the tensor-core matvec in two
-// digits (three or four mmas a step) equal the f32 product on x rounded to 15
-// bits a group, as 2-8 do: int4/int8, groups 32/64/128, scale dtypes, rows off
-// the tiles, more tiles than blocks, split-K, and rows cut into launches
-// (down_proj's 14,336 columns). ops::linear runs it under the lever (bit for
-// bit the direct launch) and the prefill GEMM without it; three digits and 17
-// tokens stay unsupported. The fused forms (RMSNorm'd input, SwiGLU, attention's
-// splits merged, the residual add) take 16 tokens too.
-TEST_F(Affine, SixteenTokenMatvecMatchesTheRoundedReference) {
+// Lever sixteen_token_matvec (its products: the test above): ops::linear takes
+// 9-16 tokens on the two-digit matvec only under the lever, the prefill GEMM
+// (x and the weights rounded to bf16) without it; 17 tokens stay unsupported.
+// The fused forms (RMSNorm'd input, SwiGLU, attention's splits merged, the
+// residual add) take 12 and 16 tokens too.
+TEST_F(Affine, SixteenTokenMatvecTakesNineToSixteenTokens) {
   struct Case { int64_t T, out, in; int bits, group; DType dt; };
-  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream());
-  int n = 0;
-  for (const Case& c : {Case{9, 77, 512, 4, 64, DType::bf16}, Case{10, 131, 1024, 8, 32, DType::f16},
-                        Case{12, 40, 4096, 4, 128, DType::bf16}, Case{13, 9000, 256, 8, 128, DType::f32},
-                        Case{16, 300, 4096, 4, 64, DType::bf16}, Case{16, 64, 4096, 8, 64, DType::bf16},
-                        Case{15, 48, 2048, 4, 32, DType::f16}, Case{16, 100, 14336, 4, 64, DType::bf16},
-                        Case{11, 64, 14336, 8, 128, DType::bf16}}) {
-    const std::string label =
-        fmt::format("16-token matvec, int{} g{} {} T={} {}x{}", c.bits, c.group, dtype_name(c.dt), c.T, c.out, c.in);
-    Weight w(random_affine(c.out, c.in, c.bits, c.group, c.dt, uint64_t(3000 + n++)), c.in);
-    Tensor x = random({c.T, c.in}, DType::f32, uint64_t(40 + n));
-    x.data<float>()[(c.T - 1) * c.in + 5] = 40.0f;  // an outlier in the last token
-    const Tensor b = random({c.out}, DType::f32, 6, 0.1f);
-    const Tensor dense = w.dequantize(DType::f32);
-    const Tensor want = ops::linear(int16_rounded(x, c.group), dense, b);
-    const Tensor exact = ops::linear(x, dense, b);
+  {
+    const Weight w(random_affine(300, 4096, 4, 64, DType::bf16, 3001), 4096);
+    const Tensor x = random({16, 4096}, DType::f32, 41), b = random({300}, DType::f32, 6, 0.1f);
+    const Tensor exact = ops::linear(x, w.dequantize(DType::f32), b);
     const Weight wg = w.to_device(Device::cuda);
     const Tensor xg = gpu(x), bg = gpu(b);
-    const mere::cuda::AffineArgs a = args_of(wg);
-    ASSERT_TRUE(mere::cuda::affine_matvec_mma_supports(a, c.T, 2)) << label;
-    EXPECT_FALSE(mere::cuda::affine_matvec_mma_supports(a, c.T, 3)) << label << ": three digits stop at 8 tokens";
-    Tensor direct = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
-    Tensor scratch = Tensor::empty({mere::cuda::affine_matvec_mma_scratch_bytes(a, c.T, 2)}, DType::u8, Device::cuda);
-    ASSERT_EQ(mere::cuda::launch_affine_matvec_mma(a, xg.data<float>(), bg.data<float>(), direct.data<float>(), c.T,
-                                                   scratch.raw(), stream, 2),
-              cudaSuccess)
-        << label;
-    const Tensor got = direct.to_device(Device::cpu);
-    EXPECT_LE(relative_error(got, want, label), 1e-5f) << label;
-    EXPECT_LE(relative_error(got, exact, label + ": against f32 x"), 1e-3f);
-
-    const ops::LaunchSettings on{.tensor_core_affine_matvec = true, .int16_activation_matvec = true,
-                                 .sixteen_token_matvec = true};
-    ops::set_launch_settings(on);
+    const Tensor got = direct_two_digit_matvec(wg, xg, bg, "16 tokens");
+    ops::set_launch_settings(
+        {.tensor_core_affine_matvec = true, .int16_activation_matvec = true, .sixteen_token_matvec = true});
     const Tensor lever = ops::linear(xg, wg, bg).to_device(Device::cpu);
     ops::set_launch_settings({.tensor_core_affine_matvec = true, .int16_activation_matvec = true,
                               .tensor_core_affine_gemm = true, .affine_gemm_at_every_size = true});
     const Tensor gemm = ops::linear(xg, wg, bg).to_device(Device::cpu);
     ops::set_launch_settings({});
-    EXPECT_EQ(std::memcmp(lever.raw(), got.raw(), got.size_bytes()), 0) << label << ": ops::linear under the lever";
-    // Without it the GEMM (x and the weights rounded to bf16) takes the tokens.
-    EXPECT_NE(std::memcmp(gemm.raw(), got.raw(), got.size_bytes()), 0) << label << ": the GEMM without the lever";
-    EXPECT_LE(relative_error(gemm, exact, label + ": the GEMM"), 2e-2f);
+    EXPECT_EQ(std::memcmp(lever.raw(), got.raw(), got.size_bytes()), 0) << "ops::linear under the lever";
+    EXPECT_NE(std::memcmp(gemm.raw(), got.raw(), got.size_bytes()), 0) << "the GEMM without the lever";
+    EXPECT_LE(relative_error(gemm, exact, "the GEMM"), 2e-2f);
+    EXPECT_FALSE(mere::cuda::affine_matvec_mma_supports(args_of(wg), 17, 2)) << "17 tokens";
   }
-  const Weight w17 = Weight(random_affine(64, 512, 4, 64, DType::bf16, 17), 512).to_device(Device::cuda);
-  EXPECT_FALSE(mere::cuda::affine_matvec_mma_supports(args_of(w17), 17, 2)) << "17 tokens";
 
   // The fused forms at 12 and 16 tokens, against the CPU composition on x rounded as the prepare rounds it.
   for (const Case& c : {Case{16, 96, 4096, 4, 64, DType::bf16}, Case{12, 130, 14336, 8, 32, DType::bf16}}) {
