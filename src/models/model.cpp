@@ -55,17 +55,18 @@ void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<c
     return !fused.empty() &&
            std::all_of(fused.begin(), fused.end(), [&](const Weight* w) { return folding_pays(*w, o, T); });
   };
+  auto pays_from_to = [&](int64_t first, int64_t last) {
+    for (int64_t T = first; T <= last; ++T)
+      if (!pays(T)) return false;
+    return true;
+  };
   const bool on = mode == LeverMode::on, automatic = mode == LeverMode::automatic;
   fold_one_row = on || (automatic && pays(1));
-  bool every_batch = true;
-  for (int64_t T = 2; T <= ops::kMaxFusedRows && every_batch; ++T) every_batch = pays(T);
-  fold_batches = on || (automatic && every_batch);
-  // 9-16 rows only where lever sixteen_token_matvec makes the fused forms single
-  // kernels; elsewhere they would compose kernels that add_rms_norm joins.
-  bool every_wide_batch = o.sixteen_token_matvec;
-  for (int64_t T = ops::kMaxFusedRows + 1; T <= ops::kMaxWideFusedRows && every_wide_batch; ++T)
-    every_wide_batch = pays(T);
-  fold_wide_batches = (on || automatic) && every_wide_batch;
+  fold_batches = on || (automatic && pays_from_to(2, ops::kMaxFusedRows));
+  // 9-16 rows, even when on, only where the fused forms are single kernels (under
+  // lever sixteen_token_matvec: folding_pays); else they would compose kernels
+  // that add_rms_norm joins.
+  fold_wide_batches = (on || automatic) && pays_from_to(ops::kMaxFusedRows + 1, ops::kMaxWideFusedRows);
 }
 
 bool folding_pays(const Weight& w, const LoadOptions& o, int64_t T) {
