@@ -86,6 +86,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "tensor_core_affine_matvec" ? &l.tensor_core_affine_matvec
                 : name == "int16_activation_matvec" ? &l.int16_activation_matvec
                 : name == "sixteen_token_matvec" ? &l.sixteen_token_matvec
+                : name == "sixteen_token_experts" ? &l.sixteen_token_experts
                 : name == "tensor_core_fp8_matvec" ? &l.tensor_core_fp8_matvec
                 : name == "rope_in_attention" ? &l.rope_in_attention
                 : name == "wide_attention_blocks" ? &l.wide_attention_blocks
@@ -94,6 +95,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "deep_moe_ring" ? &l.deep_moe_ring
                 : name == "deep_dense_ring" ? &l.deep_dense_ring
                 : name == "wide_batch_stages" ? &l.wide_batch_stages
+                : name == "uneven_row_cuts" ? &l.uneven_row_cuts
                 : name == "int4_byte_codes" ? &l.int4_byte_codes
                 : name == "streamed_weights" ? &l.streamed_weights
                 : name == "cpu_direct_matvec" ? &l.cpu_direct_matvec
@@ -208,10 +210,10 @@ class Auditor {
                                         lo.matvec_split_k, lo.fp8_activation_gemm, lo.int8_activation_matvec,
                                         lo.tensor_core_kv_attention, lo.tensor_core_attention,
                                         lo.tensor_core_affine_matvec,
-                                        lo.int16_activation_matvec, lo.sixteen_token_matvec,
+                                        lo.int16_activation_matvec, lo.sixteen_token_matvec, lo.sixteen_token_experts,
                                         lo.tensor_core_fp8_matvec,
                                         int(lo.tensor_core_affine_gemm), lo.routing_in_experts,
-                                        lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages, lo.int4_byte_codes,
+                                        lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages, lo.uneven_row_cuts, lo.int4_byte_codes,
                                         lo.streamed_weights, lo.cpu_direct_matvec, lo.cpu_tiled_matmul, lo.cpu_vnni_matvec,
                                         lo.cpu_vector_attention, lo.cpu_avx512_matmul, lo.cpu_packed_matmul,
                                         lo.cpu_avx512_attention);

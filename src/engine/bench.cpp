@@ -90,11 +90,13 @@ std::string layout_levers(const ModelInfo& info) {
          (o.tensor_core_affine_matvec ? " tensor_core_affine_matvec=on" : "") +
          (o.int16_activation_matvec ? " int16_activation_matvec=on" : "") +
          (o.sixteen_token_matvec ? " sixteen_token_matvec=on" : "") +
+         (o.sixteen_token_experts ? " sixteen_token_experts=on" : "") +
          (o.tensor_core_fp8_matvec ? " tensor_core_fp8_matvec=on" : "") +
          (o.tensor_core_moe_matvec ? " tensor_core_moe_matvec=on" : "") +
          (o.routing_in_experts ? " routing_in_experts=on" : "") + (o.deep_moe_ring ? " deep_moe_ring=on" : "") +
          (o.deep_dense_ring ? " deep_dense_ring=on" : "") +
          (o.wide_batch_stages ? " wide_batch_stages=on" : "") +
+         (o.uneven_row_cuts ? " uneven_row_cuts=on" : "") +
          (o.int4_byte_codes ? " int4_byte_codes=on" : "") +
          (o.streamed_weights ? " streamed_weights=on" : "") +
          (o.tensor_core_affine_gemm != LeverMode::off

@@ -45,12 +45,14 @@ Levers Levers::from_env() {
   l.tensor_core_affine_matvec = env_flag("MERERUN_TENSOR_CORE_AFFINE_MATVEC", l.tensor_core_affine_matvec);
   l.int16_activation_matvec = env_flag("MERERUN_INT16_ACTIVATION_MATVEC", l.int16_activation_matvec);
   l.sixteen_token_matvec = env_flag("MERERUN_SIXTEEN_TOKEN_MATVEC", l.sixteen_token_matvec);
+  l.sixteen_token_experts = env_flag("MERERUN_SIXTEEN_TOKEN_EXPERTS", l.sixteen_token_experts);
   l.tensor_core_fp8_matvec = env_flag("MERERUN_TENSOR_CORE_FP8_MATVEC", l.tensor_core_fp8_matvec);
   l.tensor_core_moe_matvec = env_flag("MERERUN_TENSOR_CORE_MOE_MATVEC", l.tensor_core_moe_matvec);
   l.routing_in_experts = env_flag("MERERUN_ROUTING_IN_EXPERTS", l.routing_in_experts);
   l.deep_moe_ring = env_flag("MERERUN_DEEP_MOE_RING", l.deep_moe_ring);
   l.deep_dense_ring = env_flag("MERERUN_DEEP_DENSE_RING", l.deep_dense_ring);
   l.wide_batch_stages = env_flag("MERERUN_WIDE_BATCH_STAGES", l.wide_batch_stages);
+  l.uneven_row_cuts = env_flag("MERERUN_UNEVEN_ROW_CUTS", l.uneven_row_cuts);
   l.int4_byte_codes = env_flag("MERERUN_INT4_BYTE_CODES", l.int4_byte_codes);
   l.streamed_weights = env_flag("MERERUN_STREAMED_WEIGHTS", l.streamed_weights);
   l.tensor_core_affine_gemm = env_mode("MERERUN_TENSOR_CORE_AFFINE_GEMM", l.tensor_core_affine_gemm);
@@ -88,10 +90,12 @@ std::string Levers::describe(Device device) const {
          " tensor_core_affine_matvec=" + on(tensor_core_affine_matvec) +
          " int16_activation_matvec=" + on(int16_activation_matvec) +
          " sixteen_token_matvec=" + on(sixteen_token_matvec) +
+         " sixteen_token_experts=" + on(sixteen_token_experts) +
          " tensor_core_fp8_matvec=" + on(tensor_core_fp8_matvec) +
          " tensor_core_moe_matvec=" + on(tensor_core_moe_matvec) +
          " routing_in_experts=" + on(routing_in_experts) + " deep_moe_ring=" + on(deep_moe_ring) +
          " deep_dense_ring=" + on(deep_dense_ring) + " wide_batch_stages=" + on(wide_batch_stages) +
+         " uneven_row_cuts=" + on(uneven_row_cuts) +
          " int4_byte_codes=" + on(int4_byte_codes) +
          " streamed_weights=" + on(streamed_weights) +
          " tensor_core_affine_gemm=" + lever_mode_name(tensor_core_affine_gemm) +
@@ -116,12 +120,14 @@ LoadOptions Levers::load_options(Device device) const {
                      .int16_activation_matvec = int16_activation_matvec && cuda,
                      .sixteen_token_matvec =
                          sixteen_token_matvec && tensor_core_affine_matvec && int16_activation_matvec && cuda,
+                     .sixteen_token_experts = sixteen_token_experts && tensor_core_moe_matvec && cuda,
                      .tensor_core_fp8_matvec = tensor_core_fp8_matvec && cuda,
                      .tensor_core_moe_matvec = tensor_core_moe_matvec && cuda,
                      .routing_in_experts = routing_in_experts && tensor_core_moe_matvec && cuda,
                      .deep_moe_ring = deep_moe_ring && tensor_core_moe_matvec && cuda,
                      .deep_dense_ring = deep_dense_ring && tensor_core_affine_matvec && cuda,
                      .wide_batch_stages = wide_batch_stages && tensor_core_affine_matvec && cuda,
+                     .uneven_row_cuts = uneven_row_cuts && tensor_core_affine_matvec && cuda,
                      .int4_byte_codes = int4_byte_codes && tensor_core_moe_matvec && cuda,
                      .streamed_weights = streamed_weights && cuda,
                      .tensor_core_affine_gemm = cuda ? tensor_core_affine_gemm : LeverMode::off,

@@ -119,6 +119,11 @@ struct Levers {
   // sequences int4 +51% / +35%, int8 +34% / +26%, pp16 +32% / +25%; closer to
   // the CPU's f32 logits than the GEMM (docs/levers.md).
   bool sixteen_token_matvec = true;
+  // The tensor-core affine MoE experts (lever tensor_core_moe_matvec) take steps
+  // of 9-16 tokens too, one image a token as at 1-8, where the grouped prefill
+  // GEMMs took them (batched decode of 9-16 sequences): the same arithmetic per
+  // token, so the same sums. Off until measured (docs/levers.md).
+  bool sixteen_token_experts = false;
   // FP8 checkpoints' decode matvecs on the tensor cores, for 2-8 tokens and for
   // one token of a matrix of 2^24 weights or more: E4M3 weights as f16 mma
   // operands, x per token and 128 columns as two f16 (22 bits), f32 sums (the
@@ -169,6 +174,12 @@ struct Levers {
   // at batches of 5-8; int4 measured level and keeps 128 bytes; batches of 1-4
   // untouched (docs/levers.md).
   bool wide_batch_stages = true;
+  // That matvec takes a row that no equal cut into at most 8 launches fits
+  // (x too long for one block's shared memory) as launches of the same size
+  // but the last, which is shorter: Qwen3-4B's down_proj (9,728 columns) at
+  // 9-16 tokens in 13 + 13 + 12 stages, where the prefill GEMM took it. The
+  // same arithmetic as any cut. Off until measured (docs/levers.md).
+  bool uneven_row_cuts = false;
   // The tensor-core MoE experts' int4 stacks in groups of 64 or 128 take the
   // stored bytes, two codes each, as the mma's operand: one mask a word instead
   // of masks and shifts, against x written as y_j = x'_2j+1 and
@@ -266,8 +277,9 @@ struct Levers {
   // MERERUN_FP8_ACTIVATION_GEMM, MERERUN_INT8_ACTIVATION_MATVEC,
   // MERERUN_TENSOR_CORE_KV_ATTENTION, MERERUN_TENSOR_CORE_ATTENTION,
   // MERERUN_TENSOR_CORE_AFFINE_MATVEC, MERERUN_INT16_ACTIVATION_MATVEC, MERERUN_SIXTEEN_TOKEN_MATVEC,
+  // MERERUN_SIXTEEN_TOKEN_EXPERTS,
   // MERERUN_TENSOR_CORE_FP8_MATVEC, MERERUN_TENSOR_CORE_MOE_MATVEC, MERERUN_ROUTING_IN_EXPERTS,
-  // MERERUN_DEEP_MOE_RING, MERERUN_DEEP_DENSE_RING, MERERUN_WIDE_BATCH_STAGES, MERERUN_STREAMED_WEIGHTS,
+  // MERERUN_DEEP_MOE_RING, MERERUN_DEEP_DENSE_RING, MERERUN_WIDE_BATCH_STAGES, MERERUN_UNEVEN_ROW_CUTS, MERERUN_STREAMED_WEIGHTS,
   // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto),
   // MERERUN_PSI_FUSED_MOE,
   // MERERUN_PREFIX_CACHE (0|1), MERERUN_CPU_DIRECT_MATVEC, MERERUN_CPU_TILED_MATMUL,
@@ -283,9 +295,10 @@ struct Levers {
                   .fp8_activation_gemm = false, .int8_activation_matvec = false, .tensor_core_kv_attention = false,
                   .tensor_core_attention = false,
                   .tensor_core_affine_matvec = false, .int16_activation_matvec = false, .sixteen_token_matvec = false,
+                  .sixteen_token_experts = false,
                   .tensor_core_fp8_matvec = false, .tensor_core_moe_matvec = false,
                   .routing_in_experts = false, .deep_moe_ring = false, .deep_dense_ring = false,
-                  .wide_batch_stages = false, .int4_byte_codes = false, .streamed_weights = false,
+                  .wide_batch_stages = false, .uneven_row_cuts = false, .int4_byte_codes = false, .streamed_weights = false,
                   .tensor_core_affine_gemm = LeverMode::off,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false,

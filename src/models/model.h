@@ -51,6 +51,8 @@ struct LoadOptions {
   bool int16_activation_matvec = false;
   // Those matvecs take steps of 9-16 rows too (lever sixteen_token_matvec).
   bool sixteen_token_matvec = false;
+  // The tensor-core affine MoE experts take steps of 9-16 tokens too (lever sixteen_token_experts).
+  bool sixteen_token_experts = false;
   // FP8 weights' decode matvecs on the tensor cores (lever tensor_core_fp8_matvec).
   bool tensor_core_fp8_matvec = false;
   // MoE experts' affine decode on the tensor cores (lever tensor_core_moe_matvec).
@@ -63,6 +65,8 @@ struct LoadOptions {
   bool deep_dense_ring = false;
   // Those matvecs at 5-8 tokens read 256-byte stages (lever wide_batch_stages).
   bool wide_batch_stages = false;
+  // Those matvecs cut a row no equal cut fits into launches the last of which is shorter (lever uneven_row_cuts).
+  bool uneven_row_cuts = false;
   // Those experts' int4 g64/g128 stacks take the stored bytes (lever int4_byte_codes).
   bool int4_byte_codes = false;
   // The decode matvecs' weight reads evict first from L2 (lever streamed_weights).

@@ -97,12 +97,16 @@ struct LaunchSettings {
   // Lever sixteen_token_matvec: those matvecs take steps of 9-16 rows too (two
   // digits), which the prefill GEMM takes otherwise.
   bool sixteen_token_matvec = false;
+  // Lever sixteen_token_experts: the tensor-core affine MoE experts take steps of
+  // 9-16 tokens too, which the grouped prefill GEMMs take otherwise.
+  bool sixteen_token_experts = false;
   bool tensor_core_fp8_matvec = false;  // lever tensor_core_fp8_matvec: FP8 decode matvecs on mma
   bool tensor_core_moe_matvec = false;  // lever tensor_core_moe_matvec: affine MoE experts' decode on mma
   bool routing_in_experts = false;  // lever routing_in_experts: those experts' gate/up route each token themselves
   bool deep_moe_ring = false;  // lever deep_moe_ring: those experts' one-token int8 matvecs keep 5 stages in flight
   bool deep_dense_ring = false;  // lever deep_dense_ring: one-token int8 dense matvecs on mma keep 5 stages in flight
   bool wide_batch_stages = false;  // lever wide_batch_stages: 5-8-token int8 dense matvecs on mma read 256-byte stages
+  bool uneven_row_cuts = false;  // lever uneven_row_cuts: a row no equal cut fits in launches, the last shorter
   bool int4_byte_codes = false;  // lever int4_byte_codes: int4 g64/g128 experts on mma take the stored bytes
   bool streamed_weights = false;  // lever streamed_weights: the decode matvecs' weights evict first from L2
   // Lever tensor_core_affine_gemm: affine prefill on the GEMM that dequantizes its

@@ -190,6 +190,32 @@ TEST(Levers, SixteenTokenMatvecIsACudaLeverOfTheTwoDigitMatvec) {
   expect_off_without(&Levers::int16_activation_matvec, &LoadOptions::sixteen_token_matvec);
 }
 
+// sixteen_token_experts: off by default (not yet measured), a CUDA lever switched
+// by its variable, in effect only with the tensor-core experts it extends.
+TEST(Levers, SixteenTokenExpertsIsACudaLeverOfTheTensorCoreExperts) {
+  EXPECT_FALSE(Levers{}.sixteen_token_experts);
+  ScopedEnv env("MERERUN_SIXTEEN_TOKEN_EXPERTS", "1");
+  Levers levers = Levers::from_env();
+  EXPECT_TRUE(levers.load_options(Device::cuda).sixteen_token_experts);
+  EXPECT_FALSE(levers.load_options(Device::cpu).sixteen_token_experts);
+  EXPECT_NE(levers.describe(Device::cuda).find("sixteen_token_experts=on"), std::string::npos);
+  levers.tensor_core_moe_matvec = false;
+  EXPECT_FALSE(levers.load_options(Device::cuda).sixteen_token_experts);
+}
+
+// uneven_row_cuts: off by default (not yet measured), a CUDA lever switched by
+// its variable, in effect only with the tensor-core affine matvec it cuts for.
+TEST(Levers, UnevenRowCutsIsACudaLeverOfTheTensorCoreAffineMatvec) {
+  EXPECT_FALSE(Levers{}.uneven_row_cuts);
+  ScopedEnv env("MERERUN_UNEVEN_ROW_CUTS", "1");
+  Levers levers = Levers::from_env();
+  EXPECT_TRUE(levers.load_options(Device::cuda).uneven_row_cuts);
+  EXPECT_FALSE(levers.load_options(Device::cpu).uneven_row_cuts);
+  EXPECT_NE(levers.describe(Device::cuda).find("uneven_row_cuts=on"), std::string::npos);
+  levers.tensor_core_affine_matvec = false;
+  EXPECT_FALSE(levers.load_options(Device::cuda).uneven_row_cuts);
+}
+
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in
 // effect only with the tensor-core experts it routes in.
 TEST(Levers, RoutingInExpertsIsACudaLeverOfTheTensorCoreExperts) {

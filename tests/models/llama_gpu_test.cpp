@@ -392,6 +392,38 @@ TEST(LlamaGpu, WideBatchStagesMoveOnlyTheRoundingOnTheLlama3_8B_Shape) {
   }
 }
 
+// One decode step of sum(sizes) sequences (each after its own three-token
+// prompt) in batches of `sizes`, one after another: the logits of all, in order.
+Tensor batched_decode_step(const Model& model, const std::vector<int>& sizes) {
+  int n = 0;
+  for (int size : sizes) n += size;
+  std::vector<std::unique_ptr<SeqState>> states;
+  std::vector<int32_t> tokens;
+  for (int b = 0; b < n; ++b) {
+    states.push_back(model.make_state(64));
+    const std::vector<int32_t> prompt{int32_t(100 + 7 * b), int32_t(5000 + 31 * b), int32_t(9000 + b)};
+    model.forward(prompt, *states.back(), false);
+    tokens.push_back(int32_t(20000 + 113 * b));
+  }
+  std::vector<Tensor> parts;
+  int first = 0;
+  for (int size : sizes) {
+    std::vector<SeqState*> batch;
+    for (int b = first; b < first + size; ++b) batch.push_back(states[b].get());
+    parts.push_back(model.forward_batch({tokens.begin() + first, tokens.begin() + first + size}, batch)
+                        .to_device(Device::cpu));
+    first += size;
+  }
+  const int64_t V = parts[0].dim(1);
+  Tensor logits = Tensor::empty({n, V}, DType::f32);
+  float* at = logits.data<float>();
+  for (const Tensor& part : parts) {
+    std::memcpy(at, part.data<float>(), part.size_bytes());
+    at += part.numel();
+  }
+  return logits;
+}
+
 // Lever sixteen_token_matvec on the Llama-3-8B shape (random int4 and int8,
 // four layers): a batch of 16 sequences decodes one step on the tensor-core
 // matvec (four mmas a step, the fused forms: fold_wide_batches), where the
@@ -415,29 +447,32 @@ TEST(LlamaGpu, SixteenSequencesDecodeWhatTheyDecodeInBatchesOfEight) {
                      ->info()
                      .fold_wide_batches)
         << quant;
-    std::vector<std::unique_ptr<SeqState>> whole, halves;
-    std::vector<SeqState*> all, first, second;
-    std::vector<int32_t> tokens;
-    for (int b = 0; b < 16; ++b) {
-      whole.push_back(model->make_state(64));
-      halves.push_back(model->make_state(64));
-      const std::vector<int32_t> prompt{int32_t(100 + 7 * b), int32_t(5000 + 31 * b), int32_t(9000 + b)};
-      model->forward(prompt, *whole.back(), false);
-      model->forward(prompt, *halves.back(), false);
-      all.push_back(whole.back().get());
-      (b < 8 ? first : second).push_back(halves.back().get());
-      tokens.push_back(int32_t(20000 + 113 * b));
-    }
-    const Tensor got = model->forward_batch(tokens, all).to_device(Device::cpu);
-    const Tensor lo = model->forward_batch({tokens.begin(), tokens.begin() + 8}, first).to_device(Device::cpu);
-    const Tensor hi = model->forward_batch({tokens.begin() + 8, tokens.end()}, second).to_device(Device::cpu);
-    const int64_t V = got.dim(1);
-    Tensor want = Tensor::empty({16, V}, DType::f32);
-    std::memcpy(want.data<float>(), lo.data<float>(), lo.size_bytes());
-    std::memcpy(want.data<float>() + 8 * V, hi.data<float>(), hi.size_bytes());
+    const Tensor got = batched_decode_step(*model, {16}), want = batched_decode_step(*model, {8, 8});
     const std::string label = std::string(quant) + ", 16 sequences against two batches of 8";
     EXPECT_LE(test::relative_error(got, want, label), 1e-3f) << label;
     for (int64_t t = 0; t < 16; ++t) EXPECT_EQ(argmax_row(got, t), argmax_row(want, t)) << label << " row " << t;
+  }
+}
+
+// Lever sixteen_token_experts on the Qwen3-30B-A3B shape (random int4 and int8,
+// two layers): 12 and 16 sequences decode one step on the tensor-core experts
+// (one image a token, as at 1-8), where the grouped GEMMs took them. Each
+// token's experts are what they are in batches of 8 and 4 (the same rounding
+// of x), but for the dense layers' f32 sums, which regroup: logits within 1e-3
+// and the same argmax.
+TEST(MoeGpu, SixteenSequencesDecodeOnTheTensorCoreExpertsWhatTheyDecodeInBatchesOfEight) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  LoadOptions on = Levers{}.load_options(Device::cuda);
+  on.sixteen_token_experts = true;
+  const nlohmann::json two_layers = {{"num_hidden_layers", 2}};
+  for (const char* quant : {"int4", "int8"}) {
+    auto model = random_model("qwen3-30b-a3b", Device::cuda, on, 1, RandomQuant::parse(quant), two_layers);
+    for (const auto& [whole, parts] : {std::pair<int, std::vector<int>>{12, {8, 4}}, {16, {8, 8}}}) {
+      const Tensor got = batched_decode_step(*model, {whole}), want = batched_decode_step(*model, parts);
+      const std::string label = std::string(quant) + ", " + std::to_string(whole) + " sequences against batches of 8";
+      EXPECT_LE(test::relative_error(got, want, label), 1e-3f) << label;
+      for (int64_t t = 0; t < whole; ++t) EXPECT_EQ(argmax_row(got, t), argmax_row(want, t)) << label << " row " << t;
+    }
   }
 }
 
@@ -525,10 +560,11 @@ TEST(LlamaShapesGpu, FoldingFollowsTheStepsRowsOnDenseShapes) {
     EXPECT_EQ(on->info().folds_step(1), one_row) << shape;
     for (int64_t T = 2; T <= ops::kMaxFusedRows; ++T) EXPECT_TRUE(on->info().folds_step(T)) << shape << ", " << T;
     // 9-16 rows too under lever sixteen_token_matvec (a default) where every
-    // matrix takes 16 tokens: Qwen3-0.6B's do; Qwen3-4B's down_proj (9,728
+    // matrix takes 16 tokens: Qwen3-0.6B's do. Qwen3-4B's down_proj (9,728
     // columns, 38 stages) has no cut into at most 8 equal launches whose x of 16
-    // tokens fits a block's shared memory, so its steps of 9-16 rows compose.
-    const bool wide = std::string(shape) == "qwen3-0.6b";
+    // tokens fits a block's shared memory: it takes 13 + 13 + 12 stages under
+    // lever uneven_row_cuts, and without it the steps of 9-16 rows compose.
+    const bool wide = std::string(shape) == "qwen3-0.6b" || base.uneven_row_cuts;
     for (int64_t T = ops::kMaxFusedRows + 1; T <= ops::kMaxWideFusedRows; ++T)
       EXPECT_EQ(on->info().folds_step(T), wide) << shape << ", " << T;
     EXPECT_FALSE(on->info().folds_step(ops::kMaxWideFusedRows + 1)) << shape;
@@ -539,6 +575,29 @@ TEST(LlamaShapesGpu, FoldingFollowsTheStepsRowsOnDenseShapes) {
     EXPECT_EQ(moved, 0) << shape;
     EXPECT_EQ(greedy_moe_tokens(*on), greedy_moe_tokens(*off)) << shape;
   }
+}
+
+// Lever uneven_row_cuts on the Qwen3-4B shape in random int4: down_proj's 9,728
+// columns take 16 tokens in three launches (13 + 13 + 12 stages), so steps of
+// 9-16 rows fold; without the lever down_proj takes the prefill GEMM there and
+// those steps compose. A step of 12 and of 16 sequences keeps every row's
+// argmax, logits within 1e-3 of the largest (the GEMM rounds x and the weights
+// to bf16, the matvec x to 15 bits a group).
+TEST(LlamaShapesGpu, UnevenRowCutsFoldQwen3_4BsWideSteps) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  LoadOptions even = Levers{}.load_options(Device::cuda), uneven = even;
+  even.uneven_row_cuts = false;
+  uneven.uneven_row_cuts = true;
+  const RandomQuant int4 = RandomQuant::parse("int4");
+  auto off = random_model("qwen3-4b", Device::cuda, even, 1, int4);
+  auto on = random_model("qwen3-4b", Device::cuda, uneven, 1, int4);
+  for (int64_t T = ops::kMaxFusedRows + 1; T <= ops::kMaxWideFusedRows; ++T) {
+    EXPECT_FALSE(off->info().folds_step(T)) << T;
+    EXPECT_TRUE(on->info().folds_step(T)) << T;
+  }
+  int moved = 0;
+  for (int n : {12, 16}) moved += step_moved_past(*off, *on, n, 1e-3f, "uneven cuts, one step of " + std::to_string(n));
+  EXPECT_EQ(moved, 0);
 }
 
 // The MoE family's auto asks a dense layer's MLP too (`mlp_only_layers`): the

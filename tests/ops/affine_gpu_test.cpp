@@ -494,7 +494,8 @@ Tensor direct_two_digit_matvec(const Weight& wg, const Tensor& xg, const Tensor&
 // way: T 1-16 (one to four mmas; 9-16 under lever sixteen_token_matvec, where
 // three digits stop), int4/int8, groups 32/64/128, scale dtypes, rows off the
 // tiles, more tiles than blocks, split-K and rows cut into launches (down_proj's
-// 14,336 columns). ops::linear runs it under the levers from 2 tokens (bit for
+// 14,336 columns; Qwen3-4B's 9,728 at 16 tokens of int4 into three, the last
+// shorter, under lever uneven_row_cuts). ops::linear runs it under the levers from 2 tokens (bit for
 // bit the direct launch; one token keeps three digits), and against the exact
 // three-digit form it moves the product by the rounding alone.
 TEST_F(Affine, Int16ActivationsMatchTheRoundedReference) {
@@ -510,7 +511,10 @@ TEST_F(Affine, Int16ActivationsMatchTheRoundedReference) {
                         Case{12, 40, 4096, 4, 128, DType::bf16}, Case{13, 9000, 256, 8, 128, DType::f32},
                         Case{16, 300, 4096, 4, 64, DType::bf16}, Case{16, 64, 4096, 8, 64, DType::bf16},
                         Case{15, 48, 2048, 4, 32, DType::f16}, Case{16, 100, 14336, 4, 64, DType::bf16},
-                        Case{11, 64, 14336, 8, 128, DType::bf16}}) {
+                        Case{11, 64, 14336, 8, 128, DType::bf16},
+                        // Qwen3-4B's down_proj row: int4 (38 stages) has no equal cut that fits, so three
+                        // launches, the last shorter; int8 (76 stages) four equal ones
+                        Case{16, 100, 9728, 4, 64, DType::bf16}, Case{16, 72, 9728, 8, 64, DType::f16}}) {
     const std::string label =
         fmt::format("int16 x, int{} g{} {} T={} {}x{}", c.bits, c.group, dtype_name(c.dt), c.T, c.out, c.in);
     Weight w(random_affine(c.out, c.in, c.bits, c.group, c.dt, uint64_t(2000 + n++)), c.in);
@@ -523,6 +527,7 @@ TEST_F(Affine, Int16ActivationsMatchTheRoundedReference) {
     const Weight wg = w.to_device(Device::cuda);
     const Tensor xg = gpu(x), bg = gpu(b);
     const mere::cuda::AffineArgs a = args_of(wg);
+    ops::set_launch_settings({.uneven_row_cuts = true});
     ASSERT_TRUE(mere::cuda::affine_matvec_mma_supports(a, c.T, 2)) << label;
     const Tensor got = direct_two_digit_matvec(wg, xg, bg, label);
     EXPECT_LE(relative_error(got, want, label), 1e-5f) << label;
@@ -530,10 +535,10 @@ TEST_F(Affine, Int16ActivationsMatchTheRoundedReference) {
     EXPECT_LE(relative_error(got, exact, label + ": against f32 x"), 1e-3f);
     EXPECT_GT(test::max_abs_diff(got, exact).diff, 0.0f) << label << ": the rounding changed nothing";
 
-    ops::set_launch_settings(
-        {.tensor_core_affine_matvec = true, .int16_activation_matvec = true, .sixteen_token_matvec = true});
+    ops::set_launch_settings({.tensor_core_affine_matvec = true, .int16_activation_matvec = true,
+                              .sixteen_token_matvec = true, .uneven_row_cuts = true});
     const Tensor lever = ops::linear(xg, wg, bg).to_device(Device::cpu);
-    ops::set_launch_settings({.tensor_core_affine_matvec = true});
+    ops::set_launch_settings({.tensor_core_affine_matvec = true, .uneven_row_cuts = true});
     const Tensor three_digits = ops::linear(xg, wg, bg).to_device(Device::cpu);
     ops::set_launch_settings({});
     if (c.T >= 2) {
@@ -543,6 +548,16 @@ TEST_F(Affine, Int16ActivationsMatchTheRoundedReference) {
     }
     if (c.T > 8) {
       EXPECT_FALSE(mere::cuda::affine_matvec_mma_supports(a, c.T, 3)) << label << ": three digits stop at 8";
+    }
+    if (c.in == 9728 && c.bits == 4) {  // lever uneven_row_cuts: 13 + 13 + 12 stages; no equal cut fits
+      ops::set_launch_settings({.tensor_core_affine_matvec = true, .int16_activation_matvec = true,
+                                .sixteen_token_matvec = true, .uneven_row_cuts = true});
+      size_t launches = 0;
+      for (const auto& k : test::kernel_launches_by([&] { ops::linear(xg, wg, bg); }))
+        launches += k.name.find("matvec_mma_kernel") != std::string::npos;
+      ops::set_launch_settings({});
+      EXPECT_EQ(launches, 3u) << label;
+      EXPECT_FALSE(mere::cuda::affine_matvec_mma_supports(a, c.T, 2)) << label << ": without uneven_row_cuts";
     }
   }
 }

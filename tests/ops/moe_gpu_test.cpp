@@ -225,6 +225,63 @@ TEST_F(MoeTensorCoreGpu, DecodeMatchesCpuForEveryFormatSlotCountAndBatch) {
     }
 }
 
+// Lever sixteen_token_experts: steps of 9-16 tokens take the tensor-core affine
+// experts (two prepare and two mma kernels, one image a token as at 1-8) within
+// the same bound of the CPU's f32 arithmetic; without the lever, and for FP8
+// experts, the grouped GEMMs take them. With routing in the experts the choice
+// is the routing kernel's bit for bit, and h += the experts adds inside down.
+TEST_F(MoeTensorCoreGpu, SixteenTokenExpertsMatchTheCpu) {
+  struct Case {
+    std::string format;
+    int group;
+    int64_t k, f, d;
+  };
+  const int64_t E = 24;
+  for (const Case& s : {Case{"int4", 64, 8, 256, 512}, Case{"int8", 32, 2, 384, 256}, Case{"int4", 128, 4, 256, 768},
+                        Case{"int8", 64, 8, 128, 512}, Case{"fp8", 128, 8, 256, 512}})
+    for (int64_t T : {9, 12, 16}) {
+      const ops::ExpertWeights w = random_experts(E, s.f, s.d, s.format, T == 12, s.group), wg = on_gpu(w);
+      const Tensor x = random({T, s.d}, DType::f32, 210 + uint64_t(T));
+      const Tensor logits = random({T, E}, DType::f32, 211, 2.0f);
+      const ops::MoeRouting routing{.top_k = int(s.k), .renormalize = true};
+      const Tensor xg = gpu(x), lg = gpu(logits);
+      // The routing kernel's choice, which routing inside gate/up reproduces bit for bit.
+      const ops::MoeChoice c = ops::moe_route(logits, routing), cg = ops::moe_route(lg, routing);
+      const std::string label = s.format + " g" + std::to_string(s.group) + " k=" + std::to_string(s.k) +
+                                (T == 12 ? " fused" : "") + " T=" + std::to_string(T);
+      auto mma_kernels = [&](const ops::LaunchSettings& settings) {
+        ops::set_launch_settings(settings);
+        size_t mma = 0;
+        for (const auto& kernel : test::kernel_launches_by([&] { ops::moe_experts(xg, wg, cg); }))
+          mma += kernel.name.find("matvec_mma_kernel") != std::string::npos;
+        ops::set_launch_settings({});
+        return mma;
+      };
+      const bool affine = s.format != "fp8";
+      EXPECT_EQ(mma_kernels({.tensor_core_moe_matvec = true}), 0u) << label << ": the lever is off";
+      EXPECT_EQ(mma_kernels({.sixteen_token_experts = true, .tensor_core_moe_matvec = true}), affine ? 2u : 0u)
+          << label;
+      ops::set_launch_settings({.sixteen_token_experts = true, .tensor_core_moe_matvec = true});
+      const Tensor got = ops::moe_experts(xg, wg, cg);
+      ops::set_launch_settings({});
+      EXPECT_LE(relative_error(got, ops::moe_experts(x, w, c), label), affine ? 1e-5f : 2e-2f);
+      if (!affine) continue;
+      // Routing inside gate/up, and down adding into h.
+      const Tensor h0 = random({T, s.d}, DType::f32, 212, 3.0f);
+      Tensor want = gpu(h0), added = gpu(h0);
+      ops::set_launch_settings({.sixteen_token_experts = true, .tensor_core_moe_matvec = true});
+      ops::add_inplace(want, ops::moe_experts(xg, wg, cg));
+      ops::set_launch_settings({.sixteen_token_experts = true, .tensor_core_moe_matvec = true,
+                                .routing_in_experts = true});
+      const Tensor routed = ops::moe_routed_experts(xg, wg, lg, routing).to_device(Device::cpu);
+      ops::moe_routed_experts_add(added, xg, wg, lg, routing);
+      ops::set_launch_settings({});
+      EXPECT_EQ(test::max_abs_diff(routed, got.to_device(Device::cpu)).diff, 0.0f) << label << ": routed";
+      EXPECT_EQ(test::max_abs_diff(added.to_device(Device::cpu), want.to_device(Device::cpu)).diff, 0.0f)
+          << label << ": added";
+    }
+}
+
 // Lever streamed_weights on the experts' modes of the same kernel: the same
 // bits with the lever on and off (int4 and int8, one token and eight).
 TEST_F(MoeTensorCoreGpu, StreamedWeightsGiveTheSameBits) {

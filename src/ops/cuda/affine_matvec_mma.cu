@@ -117,6 +117,7 @@ bool streamed_weights = false;  // lever streamed_weights
 // +3% at 5-8 tokens). Stages of 64 bytes, which let two blocks share an SM at
 // 5-8 tokens of int4, measured 11-12% slower.
 bool wide_batch_stages = false;
+bool uneven_row_cuts = false;  // lever uneven_row_cuts (Variant::cut_for)
 bool int4_byte_codes = false;  // lever int4_byte_codes (the header's comment)
 constexpr int kDeepRingStages = 5;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight (at least 3 stages)
@@ -921,26 +922,46 @@ struct Variant {
   static int64_t part_image_bytes(int64_t part_in, int64_t T) {
     return (layout_for(part_in, T).staged_bytes + 15) / 16 * 16;
   }
-  // The launches a row is cut into: the fewest, of whole stages each, whose x
-  // fits in a block's shared memory with the rings (down_proj's 14336 columns
-  // at 4-8 tokens take 2-3); 0 if none does.
-  static int parts_for(const AffineArgs& w, int64_t T) {
+  // The launches a row is cut into: `parts` of `columns` each, whole stages,
+  // the last taking what is left. The fewest equal launches whose x fits in a
+  // block's shared memory with the rings (down_proj's 14336 columns at 4-8
+  // tokens take 2-3); where none does (Qwen3-4B's 9,728 = 38 stages at 9-16
+  // tokens: 19 do not fit, and 38 has no other divisor up to kMaxParts), under
+  // lever uneven_row_cuts the fewest launches of the same size but the last,
+  // which is shorter and keeps their image layout (13 + 13 + 12 stages).
+  // parts 0 if none fits.
+  struct Cut {
+    int parts = 0;
+    int64_t columns = 0;
+    bool even = true;
+    int64_t columns_of(const AffineArgs& w, int part) const {
+      return part + 1 < parts ? columns : w.in - (parts - 1) * columns;
+    }
+  };
+  static Cut cut_for(const AffineArgs& w, int64_t T) {
     const int64_t row_stages = w.in / Sh::kStageValues;
     for (int parts = 1; parts <= kMaxParts; ++parts)
-      if (row_stages % parts == 0 && layout_for(w.in / parts, T).total <= max_smem()) return parts;
-    return 0;
+      if (row_stages % parts == 0 && layout_for(w.in / parts, T).total <= max_smem())
+        return {parts, w.in / parts, true};
+    for (int parts = 2; uneven_row_cuts && parts <= kMaxParts; ++parts) {
+      const int64_t stages = (row_stages + parts - 1) / parts;
+      if (stages * (parts - 1) >= row_stages) continue;  // the last launch would be empty
+      if (layout_for(stages * Sh::kStageValues, T).total <= max_smem())
+        return {parts, stages * Sh::kStageValues, false};
+    }
+    return {};
   }
   // A row a whole number of stages, scales and biases aligned for their
   // copies, and x's copy in one block's shared memory, in at most kMaxParts launches.
   static bool fits(const AffineArgs& w, int64_t T) {
     constexpr uintptr_t kScaleCopy = Sh::kScaleRowBytes < 16 ? Sh::kScaleRowBytes : 16;
     return w.in % Sh::kStageValues == 0 && reinterpret_cast<uintptr_t>(w.scales) % kScaleCopy == 0 &&
-           reinterpret_cast<uintptr_t>(w.biases) % kScaleCopy == 0 && parts_for(w, T) > 0;
+           reinterpret_cast<uintptr_t>(w.biases) % kScaleCopy == 0 && cut_for(w, T).parts > 0;
   }
   // The scratch launch() needs: every part's image.
   static int64_t scratch_bytes(const AffineArgs& w, int64_t T) {
-    const int parts = parts_for(w, T);
-    return parts > 0 ? parts * part_image_bytes(w.in / parts, T) : 0;
+    const Cut cut = cut_for(w, T);
+    return cut.parts * part_image_bytes(cut.columns, T);
   }
   template <auto kKernel>
   static int occupancy(int64_t smem) {
@@ -1120,7 +1141,8 @@ struct Variant {
     decltype(kernel()) kernel_used;
     int stage_values, stages;  // the kernel's Shape
   };
-  static DenseLaunch dense_launch(int64_t in, int64_t T, int parts) {
+  // `even`: every launch of the row takes `in` columns (wide stages need that).
+  static DenseLaunch dense_launch(int64_t in, int64_t T, int parts, bool even) {
     const Layout l = layout_for(in, T);
     const int per_sm = blocks_per_sm(l.total);
     if constexpr (kBits == 8 && kMmas == 1 && kDigits == 3) {
@@ -1132,7 +1154,7 @@ struct Variant {
     }
     if constexpr (has_wide()) {
       // Only where the blocks an SM stay (one: x's image at 5-8 tokens).
-      if (wide_batch_stages && per_sm > 0 && in % Wide::kStageValues == 0) {
+      if (wide_batch_stages && even && per_sm > 0 && in % Wide::kStageValues == 0) {
         const Layout wide = layout(int(in), kGroup, int(T), kDigits, Wide::kStageBytes, Wide::kStages);
         if (wide.total <= max_smem() && occupancy<wide_kernel()>(wide.total) == per_sm)
           return {wide, per_sm, wide_kernel(), Wide::kStageValues, Wide::kStages};
@@ -1153,24 +1175,22 @@ struct Variant {
   // The split of the first launch, for tests; 0 where the kernel does not run.
   static int first_split(const AffineArgs& w, int64_t T) {
     if (!fits(w, T)) return 0;
-    const int parts = parts_for(w, T);
-    const int64_t in = w.in / parts;
-    const DenseLaunch d = dense_launch(in, T, parts);
-    return d.per_sm < 1 ? 0 : split_of(w, in, d);
+    const Cut cut = cut_for(w, T);
+    const DenseLaunch d = dense_launch(cut.columns, T, cut.parts, cut.even);
+    return d.per_sm < 1 ? 0 : split_of(w, cut.columns, d);
   }
 
   static cudaError_t launch(const AffineArgs& w, const AffineMmaInput& input, const float* bias, float* y, int64_t T,
                             void* scratch, bool accumulate, cudaStream_t stream) {
     if (!fits(w, T)) return cudaErrorInvalidValue;
-    const int parts = parts_for(w, T);
-    const int64_t in = w.in / parts;
-    const DenseLaunch d = dense_launch(in, T, parts);
+    const Cut cut = cut_for(w, T);
+    const int64_t in = cut.columns;  // every launch's but an uneven cut's last
+    const DenseLaunch d = dense_launch(in, T, cut.parts, cut.even);
     const Layout& l = d.l;
     const int per_sm = d.per_sm;
     if (per_sm < 1) return cudaErrorInvalidValue;
     const int64_t slots = int64_t(per_sm) * sm_count();
     const int n_tiles = int((w.out + kTileRows - 1) / kTileRows);
-    const int split = split_of(w, in, d);
     Problem p{};
     p.streamed_weights = streamed_weights;
     p.row_bytes = w.in * kBits / 8;
@@ -1179,12 +1199,8 @@ struct Variant {
     p.x_bytes = l.x_bytes;
     p.staged_bytes = l.staged_bytes;
     p.y = y;
-    p.in = int(in);
     p.out = int(w.out);
     p.T = int(T);
-    p.n_groups = int(in / kGroup);
-    p.split = split;
-    p.n_units = (n_tiles + kWarps / split - 1) / (kWarps / split);
     // One launch converts the whole row into the parts' images; then each part's
     // matvec adds its columns' product into y, the first with the bias (and
     // setting y unless the caller accumulates).
@@ -1218,15 +1234,19 @@ struct Variant {
                              dim3(256), 0, stream, prep);
     }
     if (status != cudaSuccess) return status;
-    const int grid = int(std::min<int64_t>(p.n_units, slots));
-    for (int part = 0; part < parts; ++part) {
-      const int64_t col0 = part * in;
+    for (int part = 0; part < cut.parts; ++part) {
+      const int64_t col0 = part * in, columns = cut.columns_of(w, part);
+      p.in = int(columns);
+      p.n_groups = int(columns / kGroup);
+      p.split = split_of(w, columns, d);
+      p.n_units = (n_tiles + kWarps / p.split - 1) / (kWarps / p.split);
       p.packed = reinterpret_cast<const uint8_t*>(w.packed) + col0 * kBits / 8;
       p.scales = static_cast<const S*>(w.scales) + col0 / kGroup;
       p.biases = static_cast<const S*>(w.biases) + col0 / kGroup;
       p.staged = static_cast<const uint8_t*>(scratch) + part * part_bytes;
       p.bias = part == 0 ? bias : nullptr;
       p.accumulate = accumulate || part > 0;
+      const int grid = int(std::min<int64_t>(p.n_units, slots));
       status = launch_kernel(d.kernel_used, dim3(grid), dim3(kWarps * 32), size_t(l.total), stream, p);
       if (status != cudaSuccess) return status;
     }
@@ -1309,8 +1329,8 @@ tiles::MoeScratch moe_scratch(const MoeExpertsArgs& a) {
 
 bool moe_experts_mma_supports(const MoeExpertsArgs& a) {
   const bool affine = a.gate.bits != 0 && a.down.bits != 0;
-  if (!affine || !same_format(a.gate, a.up) || a.T < 1 || a.T > 8 || a.k < 1 || kWarps % a.k != 0 ||
-      a.d_ff % kTileRows != 0 || a.T * a.k > 65535)
+  if (!affine || !same_format(a.gate, a.up) || a.T < 1 || a.T > kMaxTensorCoreMatvecTokens || a.k < 1 ||
+      kWarps % a.k != 0 || a.d_ff % kTileRows != 0 || a.T * a.k > 65535)
     return false;
   if (a.norm_w && a.norm_dtype != DType::f32 && a.norm_dtype != DType::f16 && a.norm_dtype != DType::bf16) return false;
   for (const ExpertMatrix* m : {&a.gate, &a.up, &a.down})
@@ -1360,6 +1380,7 @@ void set_deep_moe_ring(bool on) { deep_moe_ring = on; }
 void set_deep_dense_ring(bool on) { deep_dense_ring = on; }
 void set_streamed_weights(bool on) { streamed_weights = on; }
 void set_wide_batch_stages(bool on) { wide_batch_stages = on; }
+void set_uneven_row_cuts(bool on) { uneven_row_cuts = on; }
 void set_int4_byte_codes(bool on) { int4_byte_codes = on; }
 bool int4_byte_codes_enabled() { return int4_byte_codes; }
 bool streamed_weights_enabled() { return streamed_weights; }

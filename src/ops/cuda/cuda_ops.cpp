@@ -573,12 +573,14 @@ void set_launch_settings(const LaunchSettings& settings) {
   mere::cuda::set_tensor_core_affine_matvec(settings.tensor_core_affine_matvec);
   mere::cuda::set_int16_activation_matvec(settings.int16_activation_matvec);
   mere::cuda::set_sixteen_token_matvec(settings.sixteen_token_matvec);
+  mere::cuda::set_sixteen_token_experts(settings.sixteen_token_experts);
   mere::cuda::set_tensor_core_fp8_matvec(settings.tensor_core_fp8_matvec);
   mere::cuda::set_tensor_core_moe_matvec(settings.tensor_core_moe_matvec);
   mere::cuda::set_routing_in_experts(settings.routing_in_experts);
   mere::cuda::set_deep_moe_ring(settings.deep_moe_ring);
   mere::cuda::set_deep_dense_ring(settings.deep_dense_ring);
   mere::cuda::set_wide_batch_stages(settings.wide_batch_stages);
+  mere::cuda::set_uneven_row_cuts(settings.uneven_row_cuts);
   mere::cuda::set_int4_byte_codes(settings.int4_byte_codes);
   mere::cuda::set_streamed_weights(settings.streamed_weights);
   mere::cuda::set_tensor_core_affine_gemm(settings.tensor_core_affine_gemm, settings.affine_gemm_at_every_size);

@@ -1,7 +1,7 @@
 // Launch settings the kernel launchers share (levers programmatic_launch,
 // matvec_split_k, fp8_activation_gemm, int8_activation_matvec,
 // tensor_core_kv_attention, tensor_core_attention, tensor_core_affine_matvec,
-// int16_activation_matvec, sixteen_token_matvec, tensor_core_fp8_matvec,
+// int16_activation_matvec, sixteen_token_matvec, sixteen_token_experts, tensor_core_fp8_matvec,
 // tensor_core_moe_matvec, routing_in_experts, tensor_core_affine_gemm,
 // rope_in_attention and wide_attention_blocks), the decode step's key count and its promise that the
 // cache rows before its position are final, and device queries.
@@ -21,6 +21,7 @@ bool tensor_core_attention = false;
 bool tensor_core_affine_matvec = false;
 bool int16_activation_matvec = false;
 bool sixteen_token_matvec = false;
+bool sixteen_token_experts = false;
 bool tensor_core_fp8_matvec = false;
 bool tensor_core_moe_matvec = false;
 bool routing_in_experts = false;
@@ -51,6 +52,8 @@ void set_tensor_core_affine_matvec(bool on) { tensor_core_affine_matvec = on; }
 bool int16_activation_matvec_enabled() { return int16_activation_matvec; }
 bool sixteen_token_matvec_enabled() { return sixteen_token_matvec; }
 void set_sixteen_token_matvec(bool on) { sixteen_token_matvec = on; }
+bool sixteen_token_experts_enabled() { return sixteen_token_experts; }
+void set_sixteen_token_experts(bool on) { sixteen_token_experts = on; }
 void set_int16_activation_matvec(bool on) { int16_activation_matvec = on; }
 bool tensor_core_fp8_matvec_enabled() { return tensor_core_fp8_matvec; }
 void set_tensor_core_fp8_matvec(bool on) { tensor_core_fp8_matvec = on; }

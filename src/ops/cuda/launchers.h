@@ -79,6 +79,10 @@ void set_deep_dense_ring(bool on);
 // bytes of each row a stage instead of 128 where its blocks an SM stay
 // (affine_matvec_mma.cu).
 void set_wide_batch_stages(bool on);
+// Lever uneven_row_cuts: that matvec cuts a row that no equal cut into at most
+// 8 launches fits into launches of the same size but a shorter last one
+// (affine_matvec_mma.cu).
+void set_uneven_row_cuts(bool on);
 // Lever int4_byte_codes: the tensor-core MoE experts' int4 stacks in groups of
 // 64 or 128 take the stored bytes as the mma's operand, against x written as y
 // and z (affine_matvec_mma.cu).
@@ -99,6 +103,11 @@ bool int16_activation_matvec_enabled();
 constexpr int kMaxTensorCoreMatvecTokens = 16;
 void set_sixteen_token_matvec(bool on);
 bool sixteen_token_matvec_enabled();
+// Lever sixteen_token_experts: the tensor-core affine MoE experts take steps of
+// 9 to kMaxTensorCoreMatvecTokens tokens too, which the grouped prefill GEMMs
+// take otherwise (moe_ops.cpp). Off unless set.
+void set_sixteen_token_experts(bool on);
+bool sixteen_token_experts_enabled();
 // FP8 decode matvecs on the tensor cores (lever tensor_core_fp8_matvec,
 // fp8_matvec_mma.cu); off: the CUDA-core kernel. Off unless set.
 void set_tensor_core_fp8_matvec(bool on);

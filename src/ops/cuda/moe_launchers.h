@@ -90,7 +90,8 @@ cudaError_t launch_moe_experts_decode(const MoeExpertsArgs& a, float* act, cudaS
 // pair's expert rows into [2][T k][d_ff], the activations silu(gate) up times
 // the routing weight converted likewise, and down as one matvec per token over
 // the concatenation of its k experts' rows, a warp per slot, their sums added
-// in slot order. Needs T <= 8, k dividing 8, d_ff a multiple of 16 and rows of
+// in slot order. Needs T <= 16 (past 8 under lever sixteen_token_experts, which
+// moe_ops.cpp checks), k dividing 8, d_ff a multiple of 16 and rows of
 // whole stages, and to route in gate/up (route.logits), k <= 32 and E no more
 // experts than x's image has room to route in; scratch of
 // moe_experts_mma_scratch_bytes (256-byte aligned).

@@ -1,6 +1,7 @@
 // Mixture of experts on CUDA (kernels in moe.cu): the router's top-k, then the
 // experts as decode matvecs (up to kMaxMatvecTokens tokens; MLX affine and FP8
-// experts on the tensor cores under lever tensor_core_moe_matvec,
+// experts on the tensor cores under lever tensor_core_moe_matvec, affine ones
+// to 16 tokens under sixteen_token_experts,
 // affine_matvec_mma.cu and fp8_matvec_mma.cu) or
 // as grouped tensor-core GEMMs over the pairs sorted by expert (prefill).
 #include "ops/cuda/cuda_ops.h"
@@ -98,13 +99,22 @@ MoeExpertsArgs experts_args(const Tensor& x, const ExpertWeights& w, const MoeCh
   return a;
 }
 
+// Whether a step of a.T tokens may take the tensor-core experts: 1-8 tokens
+// under lever tensor_core_moe_matvec, and affine experts 9-16 under
+// sixteen_token_experts (else the grouped GEMMs take those).
+bool tensor_core_experts_take(const MoeExpertsArgs& a) {
+  if (!tensor_core_moe_matvec_enabled()) return false;
+  if (a.T <= kMaxMatvecTokens) return true;
+  return a.T <= kMaxTensorCoreMatvecTokens && sixteen_token_experts_enabled() && a.gate.dtype != DType::f8_e4m3;
+}
+
 // The experts of a choice already routed: on the tensor cores (decode), as f32
 // matvecs, or as the prefill's grouped GEMMs.
 void run_experts(const MoeExpertsArgs& a) {
   // f32 experts (test checkpoints) keep f32 arithmetic at every T: the GEMM's bf16
   // operands would move a near-tie in a later layer's routing.
   const bool f32_experts = a.gate.bits == 0 && a.gate.dtype == DType::f32;
-  if (a.T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled()) {
+  if (tensor_core_experts_take(a)) {
     const bool fp8 = a.gate.dtype == DType::f8_e4m3;  // else MLX affine (the supports checks refuse dense)
     if (fp8 ? moe_experts_fp8_mma_supports(a) : moe_experts_mma_supports(a)) {
       const int64_t bytes = fp8 ? moe_experts_fp8_mma_scratch_bytes(a) : moe_experts_mma_scratch_bytes(a);
@@ -132,15 +142,14 @@ void run_experts(const MoeExpertsArgs& a) {
 // Whether run_experts takes the tensor-core affine experts (which alone add
 // into the residual and normalize it).
 bool affine_experts_on_tensor_cores(const MoeExpertsArgs& a) {
-  return a.T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled() && a.gate.dtype != DType::f8_e4m3 &&
-         moe_experts_mma_supports(a);
+  return tensor_core_experts_take(a) && a.gate.dtype != DType::f8_e4m3 && moe_experts_mma_supports(a);
 }
 
 // Whether run_experts takes the tensor-core experts, affine or FP8 (whose
 // gate/up routes where a.route is set).
 bool experts_on_tensor_cores(const MoeExpertsArgs& a) {
   if (a.gate.dtype != DType::f8_e4m3) return affine_experts_on_tensor_cores(a);
-  return a.T <= kMaxMatvecTokens && tensor_core_moe_matvec_enabled() && moe_experts_fp8_mma_supports(a);
+  return tensor_core_experts_take(a) && moe_experts_fp8_mma_supports(a);
 }
 
 // The routing, then the experts: under lever routing_in_experts the tensor-core
