@@ -190,30 +190,31 @@ TEST(Levers, SixteenTokenMatvecIsACudaLeverOfTheTwoDigitMatvec) {
   expect_off_without(&Levers::int16_activation_matvec, &LoadOptions::sixteen_token_matvec);
 }
 
-// sixteen_token_experts: off by default (not yet measured), a CUDA lever switched
-// by its variable, in effect only with the tensor-core experts it extends.
-TEST(Levers, SixteenTokenExpertsIsACudaLeverOfTheTensorCoreExperts) {
-  EXPECT_FALSE(Levers{}.sixteen_token_experts);
-  ScopedEnv env("MERERUN_SIXTEEN_TOKEN_EXPERTS", "1");
+// A CUDA lever off by default (not yet measured): switched on by `variable`,
+// which the lever line shows, and off in the CUDA load options without `needed`.
+void expect_off_by_default_cuda_lever(const char* variable, const std::string& name, bool Levers::*lever,
+                                      bool LoadOptions::*option, bool Levers::*needed) {
+  EXPECT_FALSE(Levers{}.*lever) << name;
+  ScopedEnv env(variable, "1");
   Levers levers = Levers::from_env();
-  EXPECT_TRUE(levers.load_options(Device::cuda).sixteen_token_experts);
-  EXPECT_FALSE(levers.load_options(Device::cpu).sixteen_token_experts);
-  EXPECT_NE(levers.describe(Device::cuda).find("sixteen_token_experts=on"), std::string::npos);
-  levers.tensor_core_moe_matvec = false;
-  EXPECT_FALSE(levers.load_options(Device::cuda).sixteen_token_experts);
+  EXPECT_TRUE(levers.load_options(Device::cuda).*option) << name;
+  EXPECT_FALSE(levers.load_options(Device::cpu).*option) << name;
+  EXPECT_NE(levers.describe(Device::cuda).find(name + "=on"), std::string::npos) << name;
+  levers.*needed = false;
+  EXPECT_FALSE(levers.load_options(Device::cuda).*option) << name;
 }
 
-// uneven_row_cuts: off by default (not yet measured), a CUDA lever switched by
-// its variable, in effect only with the tensor-core affine matvec it cuts for.
+// sixteen_token_experts acts through the tensor-core experts it extends.
+TEST(Levers, SixteenTokenExpertsIsACudaLeverOfTheTensorCoreExperts) {
+  expect_off_by_default_cuda_lever("MERERUN_SIXTEEN_TOKEN_EXPERTS", "sixteen_token_experts",
+                                   &Levers::sixteen_token_experts, &LoadOptions::sixteen_token_experts,
+                                   &Levers::tensor_core_moe_matvec);
+}
+
+// uneven_row_cuts acts through the tensor-core affine matvec it cuts rows for.
 TEST(Levers, UnevenRowCutsIsACudaLeverOfTheTensorCoreAffineMatvec) {
-  EXPECT_FALSE(Levers{}.uneven_row_cuts);
-  ScopedEnv env("MERERUN_UNEVEN_ROW_CUTS", "1");
-  Levers levers = Levers::from_env();
-  EXPECT_TRUE(levers.load_options(Device::cuda).uneven_row_cuts);
-  EXPECT_FALSE(levers.load_options(Device::cpu).uneven_row_cuts);
-  EXPECT_NE(levers.describe(Device::cuda).find("uneven_row_cuts=on"), std::string::npos);
-  levers.tensor_core_affine_matvec = false;
-  EXPECT_FALSE(levers.load_options(Device::cuda).uneven_row_cuts);
+  expect_off_by_default_cuda_lever("MERERUN_UNEVEN_ROW_CUTS", "uneven_row_cuts", &Levers::uneven_row_cuts,
+                                   &LoadOptions::uneven_row_cuts, &Levers::tensor_core_affine_matvec);
 }
 
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in
