@@ -53,6 +53,9 @@ bool ModelInfo::folds_step(int64_t T) const {
 }
 
 void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused) {
+  // What the CUDA kernels take depends on their levers' settings (uneven_row_cuts:
+  // which rows fit): this model's, not those of the last model that ran.
+  if (device == Device::cuda) apply_launch_settings(o, device);
   auto pays = [&](int64_t T) {
     return !fused.empty() &&
            std::all_of(fused.begin(), fused.end(), [&](const Weight* w) { return folding_pays(*w, o, T); });

@@ -123,7 +123,8 @@ struct ModelInfo {
   bool fold_batches = false;
   bool fold_wide_batches = false;  // 9 to ops::kMaxWideFusedRows rows (lever sixteen_token_matvec)
   bool folds_step(int64_t T) const;  // a step of T rows
-  // Sets them from the lever's mode; auto folds a step of T rows where
+  // Sets them from the lever's mode (after `device` is set: on CUDA it applies
+  // `o`'s launch settings); auto folds a step of T rows where
   // folding_pays(w, o, T) for every matrix a folded step runs in its fused form
   // (`fused`; none: no fold).
   void decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused);

@@ -122,12 +122,12 @@ Qwen3Moe::Qwen3Moe(const ConfigJson& config, const Checkpoint& checkpoint, Devic
   MERE_CHECK(unused.empty(), "{}: {} tensor(s) the qwen3_moe family does not use, e.g. {}",
              checkpoint.path().string(), unused.size(), unused.empty() ? "" : unused.front());
 
-  info_.decide_folding(device == Device::cuda ? options.fuse_norm_matvec : LeverMode::off, options,
-                       fused_form_weights(layers_));
   info_.model_type = k.model_type;
   info_.family = "qwen3_moe";
   info_.device = device;
   info_.options = options;
+  info_.decide_folding(device == Device::cuda ? options.fuse_norm_matvec : LeverMode::off, options,
+                       fused_form_weights(layers_));
   info_.vocab = k.vocab;
   info_.max_positions = k.max_positions;
   info_.weight_bytes = checkpoint.size_bytes();

@@ -204,11 +204,12 @@ void expect_off_by_default_cuda_lever(const char* variable, const std::string& n
   EXPECT_FALSE(levers.load_options(Device::cuda).*option) << name;
 }
 
-// sixteen_token_experts acts through the tensor-core experts it extends.
+// sixteen_token_experts: on by default, a CUDA lever switched by its variable,
+// in effect only with the tensor-core experts it extends.
 TEST(Levers, SixteenTokenExpertsIsACudaLeverOfTheTensorCoreExperts) {
-  expect_off_by_default_cuda_lever("MERERUN_SIXTEEN_TOKEN_EXPERTS", "sixteen_token_experts",
-                                   &Levers::sixteen_token_experts, &LoadOptions::sixteen_token_experts,
-                                   &Levers::tensor_core_moe_matvec);
+  expect_default_cuda_lever("MERERUN_SIXTEEN_TOKEN_EXPERTS", "sixteen_token_experts", &Levers::sixteen_token_experts,
+                            &LoadOptions::sixteen_token_experts);
+  expect_off_without(&Levers::tensor_core_moe_matvec, &LoadOptions::sixteen_token_experts);
 }
 
 // uneven_row_cuts acts through the tensor-core affine matvec it cuts rows for.

@@ -486,10 +486,13 @@ TEST(MoeGpu, SixteenSequencesDecodeOnTheTensorCoreExpertsWhatTheyDecodeInBatches
 TEST(MoeGpu, Int4ByteCodesMoveOnlyTheRoundingOnTheQwen3_30B_A3B_Shape) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
   LoadOptions bytes = Levers{}.load_options(Device::cuda);
-  // The 12-token prompt prefills on the GEMM, as when these figures were taken;
-  // under lever sixteen_token_matvec its rounding (and so the near-ties it
-  // leaves) differ (its own tests: Affine.SixteenToken*, LlamaGpu.SixteenSequences*).
+  // The 12-token prompt prefills on the GEMMs, as when these figures were taken;
+  // under levers sixteen_token_matvec and sixteen_token_experts its rounding (and
+  // so the near-ties it leaves) differ, and the experts' prefill takes this
+  // lever too (their own tests: Affine.SixteenToken*, LlamaGpu.SixteenSequences*,
+  // MoeTensorCoreGpu.SixteenTokenExperts*, MoeGpu.SixteenSequences*).
   bytes.sixteen_token_matvec = false;
+  bytes.sixteen_token_experts = false;
   LoadOptions digits = bytes;
   ASSERT_TRUE(bytes.int4_byte_codes);
   digits.int4_byte_codes = false;
@@ -580,9 +583,10 @@ TEST(LlamaShapesGpu, FoldingFollowsTheStepsRowsOnDenseShapes) {
 // Lever uneven_row_cuts on the Qwen3-4B shape in random int4: down_proj's 9,728
 // columns take 16 tokens in three launches (13 + 13 + 12 stages), so steps of
 // 9-16 rows fold; without the lever down_proj takes the prefill GEMM there and
-// those steps compose. A step of 12 and of 16 sequences keeps every row's
-// argmax, logits within 1e-3 of the largest (the GEMM rounds x and the weights
-// to bf16, the matvec x to 15 bits a group).
+// those steps compose. A step of 12 and of 16 tokens (after a 12-token prompt,
+// folded in one arm only) keeps every row's argmax, logits within 1e-2 of the
+// largest (the GEMM rounds x and the weights to bf16, the matvec x to 15 bits
+// a group; the folded RMSNorm sums in another order: H100 3.6e-3 at 16).
 TEST(LlamaShapesGpu, UnevenRowCutsFoldQwen3_4BsWideSteps) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
   LoadOptions even = Levers{}.load_options(Device::cuda), uneven = even;
@@ -596,7 +600,7 @@ TEST(LlamaShapesGpu, UnevenRowCutsFoldQwen3_4BsWideSteps) {
     EXPECT_TRUE(on->info().folds_step(T)) << T;
   }
   int moved = 0;
-  for (int n : {12, 16}) moved += step_moved_past(*off, *on, n, 1e-3f, "uneven cuts, one step of " + std::to_string(n));
+  for (int n : {12, 16}) moved += step_moved_past(*off, *on, n, 1e-2f, "uneven cuts, one step of " + std::to_string(n));
   EXPECT_EQ(moved, 0);
 }
 
