@@ -203,7 +203,7 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
+    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
                                         lo.fuse_rope_store, lo.rope_in_attention, lo.wide_attention_blocks,
                                         lo.cluster_attention_merge,
                                         int(lo.fuse_norm_matvec), lo.programmatic_launch,
@@ -213,7 +213,8 @@ class Auditor {
                                         lo.int16_activation_matvec, lo.sixteen_token_matvec, lo.sixteen_token_experts,
                                         lo.tensor_core_fp8_matvec,
                                         int(lo.tensor_core_affine_gemm), lo.routing_in_experts,
-                                        lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages, lo.uneven_row_cuts, lo.int4_byte_codes,
+                                        lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages, lo.uneven_row_cuts,
+                                        lo.int4_byte_codes,
                                         lo.streamed_weights, lo.cpu_direct_matvec, lo.cpu_tiled_matmul, lo.cpu_vnni_matvec,
                                         lo.cpu_vector_attention, lo.cpu_avx512_matmul, lo.cpu_packed_matmul,
                                         lo.cpu_avx512_attention);

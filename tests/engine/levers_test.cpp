@@ -190,7 +190,7 @@ TEST(Levers, SixteenTokenMatvecIsACudaLeverOfTheTwoDigitMatvec) {
   expect_off_without(&Levers::int16_activation_matvec, &LoadOptions::sixteen_token_matvec);
 }
 
-// A CUDA lever off by default (not yet measured): switched on by `variable`,
+// A CUDA lever off by default (a measured cost): switched on by `variable`,
 // which the lever line shows, and off in the CUDA load options without `needed`.
 void expect_off_by_default_cuda_lever(const char* variable, const std::string& name, bool Levers::*lever,
                                       bool LoadOptions::*option, bool Levers::*needed) {
@@ -212,7 +212,7 @@ TEST(Levers, SixteenTokenExpertsIsACudaLeverOfTheTensorCoreExperts) {
   expect_off_without(&Levers::tensor_core_moe_matvec, &LoadOptions::sixteen_token_experts);
 }
 
-// uneven_row_cuts acts through the tensor-core affine matvec it cuts rows for.
+// uneven_row_cuts: off (prefill slower), acting through the tensor-core affine matvec it cuts rows for.
 TEST(Levers, UnevenRowCutsIsACudaLeverOfTheTensorCoreAffineMatvec) {
   expect_off_by_default_cuda_lever("MERERUN_UNEVEN_ROW_CUTS", "uneven_row_cuts", &Levers::uneven_row_cuts,
                                    &LoadOptions::uneven_row_cuts, &Levers::tensor_core_affine_matvec);
