@@ -495,9 +495,10 @@ Tensor direct_two_digit_matvec(const Weight& wg, const Tensor& xg, const Tensor&
 // three digits stop), int4/int8, groups 32/64/128, scale dtypes, rows off the
 // tiles, more tiles than blocks, split-K and rows cut into launches (down_proj's
 // 14,336 columns; Qwen3-4B's 9,728 at 16 tokens of int4 into three, the last
-// shorter, under lever uneven_row_cuts). ops::linear runs it under the levers from 2 tokens (bit for
-// bit the direct launch; one token keeps three digits), and against the exact
-// three-digit form it moves the product by the rounding alone.
+// shorter, under lever uneven_row_cuts). ops::linear runs it under the levers
+// from 2 tokens (bit for bit the direct launch; one token keeps three digits),
+// and against the exact three-digit form it moves the product by the rounding
+// alone.
 TEST_F(Affine, Int16ActivationsMatchTheRoundedReference) {
   struct Case { int64_t T, out, in; int bits, group; DType dt; };
   int n = 0;

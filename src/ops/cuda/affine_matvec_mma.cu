@@ -933,21 +933,21 @@ struct Variant {
   struct Cut {
     int parts = 0;
     int64_t columns = 0;
-    bool even = true;
     int64_t columns_of(const AffineArgs& w, int part) const {
       return part + 1 < parts ? columns : w.in - (parts - 1) * columns;
     }
+    bool even(const AffineArgs& w) const { return parts * columns == w.in; }
   };
   static Cut cut_for(const AffineArgs& w, int64_t T) {
     const int64_t row_stages = w.in / Sh::kStageValues;
     for (int parts = 1; parts <= kMaxParts; ++parts)
       if (row_stages % parts == 0 && layout_for(w.in / parts, T).total <= max_smem())
-        return {parts, w.in / parts, true};
+        return {parts, w.in / parts};
     for (int parts = 2; uneven_row_cuts && parts <= kMaxParts; ++parts) {
       const int64_t stages = (row_stages + parts - 1) / parts;
       if (stages * (parts - 1) >= row_stages) continue;  // the last launch would be empty
       if (layout_for(stages * Sh::kStageValues, T).total <= max_smem())
-        return {parts, stages * Sh::kStageValues, false};
+        return {parts, stages * Sh::kStageValues};
     }
     return {};
   }
@@ -1176,7 +1176,7 @@ struct Variant {
   static int first_split(const AffineArgs& w, int64_t T) {
     if (!fits(w, T)) return 0;
     const Cut cut = cut_for(w, T);
-    const DenseLaunch d = dense_launch(cut.columns, T, cut.parts, cut.even);
+    const DenseLaunch d = dense_launch(cut.columns, T, cut.parts, cut.even(w));
     return d.per_sm < 1 ? 0 : split_of(w, cut.columns, d);
   }
 
@@ -1185,7 +1185,7 @@ struct Variant {
     if (!fits(w, T)) return cudaErrorInvalidValue;
     const Cut cut = cut_for(w, T);
     const int64_t in = cut.columns;  // every launch's but an uneven cut's last
-    const DenseLaunch d = dense_launch(in, T, cut.parts, cut.even);
+    const DenseLaunch d = dense_launch(in, T, cut.parts, cut.even(w));
     const Layout& l = d.l;
     const int per_sm = d.per_sm;
     if (per_sm < 1) return cudaErrorInvalidValue;
