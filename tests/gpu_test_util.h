@@ -140,6 +140,25 @@ inline cuda::AffineArgs affine_args(const AffineWeight& a, int64_t in) {
           a.group_size, in, a.packed.dim(0)};
 }
 
+// x as lever int16_activation_matvec rounds it: per token and group, scaled by
+// the power of two that puts its largest |x| in [2^13, 2^14), rounded to an
+// integer (half to even) and scaled back.
+inline Tensor int16_rounded(const Tensor& x, int64_t group) {
+  Tensor r = Tensor::empty(x.shape(), DType::f32);
+  const float* src = x.data<float>();
+  float* dst = r.data<float>();
+  for (int64_t b = 0; b < x.numel(); b += group) {
+    float amax = 0;
+    for (int64_t i = b; i < b + group; ++i) amax = std::max(amax, std::fabs(src[i]));
+    int exponent = 0;
+    std::frexp(amax, &exponent);  // amax in [2^(exponent - 1), 2^exponent)
+    exponent = amax > 0 ? std::max(exponent, -100) : 0;
+    for (int64_t i = b; i < b + group; ++i)
+      dst[i] = std::ldexp(std::nearbyint(std::ldexp(src[i], 14 - exponent)), exponent - 14);
+  }
+  return r;
+}
+
 // max |got - want| / max |want|, printed with the case unless `print` is false; a
 // non-finite element of `got` is a failure and gives infinity.
 inline float relative_error(const Tensor& got_device, const Tensor& want, const std::string& label,

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "chat/chat_template.h"
 #include "core/error.h"
@@ -97,6 +98,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "wide_batch_stages" ? &l.wide_batch_stages
                 : name == "uneven_row_cuts" ? &l.uneven_row_cuts
                 : name == "int4_byte_codes" ? &l.int4_byte_codes
+                : name == "experts_read_once" ? &l.experts_read_once
                 : name == "streamed_weights" ? &l.streamed_weights
                 : name == "cpu_direct_matvec" ? &l.cpu_direct_matvec
                 : name == "cpu_tiled_matmul" ? &l.cpu_tiled_matmul
@@ -203,21 +205,23 @@ class Auditor {
 
   const Model& load(const fs::path& dir, const Levers& levers) {
     const LoadOptions lo = levers.load_options(o_.device);
-    const std::string key = fmt::format("{}|{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}", dir.string(), lo.fuse_projections,
-                                        lo.fuse_rope_store, lo.rope_in_attention, lo.wide_attention_blocks,
-                                        lo.cluster_attention_merge,
-                                        int(lo.fuse_norm_matvec), lo.programmatic_launch,
-                                        lo.matvec_split_k, lo.fp8_activation_gemm, lo.int8_activation_matvec,
-                                        lo.tensor_core_kv_attention, lo.tensor_core_attention,
-                                        lo.tensor_core_affine_matvec,
-                                        lo.int16_activation_matvec, lo.sixteen_token_matvec, lo.sixteen_token_experts,
-                                        lo.tensor_core_fp8_matvec,
-                                        int(lo.tensor_core_affine_gemm), lo.routing_in_experts,
-                                        lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages, lo.uneven_row_cuts,
-                                        lo.int4_byte_codes,
-                                        lo.streamed_weights, lo.cpu_direct_matvec, lo.cpu_tiled_matmul, lo.cpu_vnni_matvec,
-                                        lo.cpu_vector_attention, lo.cpu_avx512_matmul, lo.cpu_packed_matmul,
-                                        lo.cpu_avx512_attention);
+    // Every load option, so that levers that only change how a model runs share its load.
+    const std::vector<int> settings{lo.fuse_projections,
+                                    lo.fuse_rope_store, lo.rope_in_attention, lo.wide_attention_blocks,
+                                    lo.cluster_attention_merge,
+                                    int(lo.fuse_norm_matvec), lo.programmatic_launch,
+                                    lo.matvec_split_k, lo.fp8_activation_gemm, lo.int8_activation_matvec,
+                                    lo.tensor_core_kv_attention, lo.tensor_core_attention,
+                                    lo.tensor_core_affine_matvec,
+                                    lo.int16_activation_matvec, lo.sixteen_token_matvec, lo.sixteen_token_experts,
+                                    lo.tensor_core_fp8_matvec,
+                                    int(lo.tensor_core_affine_gemm), lo.routing_in_experts,
+                                    lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages, lo.uneven_row_cuts,
+                                    lo.int4_byte_codes, lo.experts_read_once,
+                                    lo.streamed_weights, lo.cpu_direct_matvec, lo.cpu_tiled_matmul, lo.cpu_vnni_matvec,
+                                    lo.cpu_vector_attention, lo.cpu_avx512_matmul, lo.cpu_packed_matmul,
+                                    lo.cpu_avx512_attention};
+    const std::string key = fmt::format("{}|{}", dir.string(), fmt::join(settings, ","));
     auto it = models_.find(key);
     if (it == models_.end()) {
       std::fprintf(stderr, "loading %s\n", dir.c_str());

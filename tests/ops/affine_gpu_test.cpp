@@ -24,6 +24,7 @@ namespace mere {
 namespace {
 
 using test::gpu;
+using test::int16_rounded;
 using test::random;
 using test::relative_error;
 using test::random_affine;
@@ -454,25 +455,6 @@ TEST_F(Affine, TensorCoreMatvecKeepsHugeAndTinyInputs) {
   for (int bits : {4, 8})
     test::expect_huge_tiny_and_nan_inputs(Weight(random_affine(96, 1024, bits, 64, DType::bf16, 77 + bits), 1024),
                                           {.tensor_core_affine_matvec = true}, 64, fmt::format("int{}", bits));
-}
-
-// x as lever int16_activation_matvec rounds it: per token and group, scaled by
-// the power of two that puts its largest |x| in [2^13, 2^14), rounded to an
-// integer (half to even) and scaled back.
-Tensor int16_rounded(const Tensor& x, int64_t group) {
-  Tensor r = Tensor::empty(x.shape(), DType::f32);
-  const float* src = x.data<float>();
-  float* dst = r.data<float>();
-  for (int64_t b = 0; b < x.numel(); b += group) {
-    float amax = 0;
-    for (int64_t i = b; i < b + group; ++i) amax = std::max(amax, std::fabs(src[i]));
-    int exponent = 0;
-    std::frexp(amax, &exponent);  // amax in [2^(exponent - 1), 2^exponent)
-    exponent = amax > 0 ? std::max(exponent, -100) : 0;
-    for (int64_t i = b; i < b + group; ++i)
-      dst[i] = std::ldexp(std::nearbyint(std::ldexp(src[i], 14 - exponent)), exponent - 14);
-  }
-  return r;
 }
 
 // The two-digit tensor-core matvec (x rounded to 15 bits a group) launched

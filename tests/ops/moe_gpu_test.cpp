@@ -282,6 +282,77 @@ TEST_F(MoeTensorCoreGpu, SixteenTokenExpertsMatchTheCpu) {
     }
 }
 
+// Lever experts_read_once: a batch's gate/up reads each chosen expert once, a
+// block row per expert over one image of all the tokens (x in two digits, 15
+// bits a group), and writes each token's product where it chose that expert.
+// Against the CPU's f32 arithmetic on x rounded as the prepare rounds it
+// (down's activations keep three digits): 2-16 tokens, int4 and int8, groups
+// 32/64/128, k of 2, 4 and 8 with experts shared among tokens (E = 8 at
+// k = 8: all of them), every token choosing the same experts (T = 12), fused
+// and separate gate/up. Still two prepare and two mma kernels. One token keeps
+// its own image: the same bits with and without the lever. Routed, the routing
+// kernel runs first and the product is the same bits, added into h by down.
+TEST_F(MoeTensorCoreGpu, ExpertsReadOnceMatchTheRoundedReference) {
+  struct Case {
+    std::string format;
+    int group;
+    int64_t k, f, d, E;
+  };
+  for (const Case& s : {Case{"int4", 64, 8, 256, 512, 12}, Case{"int8", 32, 2, 384, 256, 24},
+                        Case{"int4", 128, 4, 256, 768, 16}, Case{"int8", 64, 8, 128, 512, 24},
+                        Case{"int4", 32, 8, 128, 256, 8}})
+    for (int64_t T : {1, 2, 5, 8, 12, 16}) {
+      const bool fused = T % 2 == 0;
+      const ops::ExpertWeights w = random_experts(s.E, s.f, s.d, s.format, fused, s.group), wg = on_gpu(w);
+      const Tensor x = random({T, s.d}, DType::f32, 220 + uint64_t(T));
+      Tensor logits = random({T, s.E}, DType::f32, 221, 2.0f);
+      if (T == 12)
+        for (int64_t t = 1; t < T; ++t)
+          std::memcpy(logits.data<float>() + t * s.E, logits.data<float>(), size_t(s.E) * sizeof(float));
+      const ops::MoeRouting routing{.top_k = int(s.k), .renormalize = true};
+      const Tensor xg = gpu(x), lg = gpu(logits);
+      const ops::MoeChoice c = ops::moe_route(logits, routing), cg = ops::moe_route(lg, routing);
+      const std::string label = fmt::format("{} g{} k={} E={}{} T={}", s.format, s.group, s.k, s.E,
+                                            fused ? " fused" : "", T);
+      const ops::LaunchSettings off{.sixteen_token_experts = true, .tensor_core_moe_matvec = true};
+      const ops::LaunchSettings once{.sixteen_token_experts = true, .tensor_core_moe_matvec = true,
+                                     .experts_read_once = true};
+      ops::set_launch_settings(off);
+      const Tensor exact = ops::moe_experts(xg, wg, cg).to_device(Device::cpu);
+      ops::set_launch_settings(once);
+      size_t mma = 0;
+      const auto kernels = test::kernel_launches_by([&] { ops::moe_experts(xg, wg, cg); });
+      for (const auto& kernel : kernels) mma += kernel.name.find("matvec_mma_kernel") != std::string::npos;
+      const Tensor got = ops::moe_experts(xg, wg, cg).to_device(Device::cpu);
+      ops::set_launch_settings({});
+      EXPECT_EQ(kernels.size(), 4u) << label;
+      EXPECT_EQ(mma, 2u) << label;
+      if (T == 1) {
+        EXPECT_EQ(test::max_abs_diff(got, exact).diff, 0.0f) << label << ": one token keeps its own image";
+        continue;
+      }
+      EXPECT_LE(relative_error(got, ops::moe_experts(test::int16_rounded(x, s.group), w, c), label), 1e-5f);
+      // What the rounding costs against f32 x, and that the two-digit form ran.
+      EXPECT_LE(relative_error(got, ops::moe_experts(x, w, c), label + ": against f32 x"), 1e-3f);
+      EXPECT_GT(test::max_abs_diff(got, exact).diff, 0.0f) << label << ": the same bits as three digits";
+
+      // Routed: the routing kernel, then the same product; down adds it into h.
+      const Tensor h0 = random({T, s.d}, DType::f32, 222, 3.0f);
+      Tensor want = gpu(h0), added = gpu(h0);
+      ops::add_inplace(want, gpu(got));
+      ops::set_launch_settings({.sixteen_token_experts = true, .tensor_core_moe_matvec = true,
+                                .routing_in_experts = true, .experts_read_once = true});
+      const auto routed_kernels = test::kernel_launches_by([&] { ops::moe_routed_experts(xg, wg, lg, routing); });
+      const Tensor routed = ops::moe_routed_experts(xg, wg, lg, routing).to_device(Device::cpu);
+      ops::moe_routed_experts_add(added, xg, wg, lg, routing);
+      ops::set_launch_settings({});
+      EXPECT_EQ(routed_kernels.size(), 5u) << label << ": the routing kernel runs first";
+      EXPECT_EQ(test::max_abs_diff(routed, got).diff, 0.0f) << label << ": routed";
+      EXPECT_EQ(test::max_abs_diff(added.to_device(Device::cpu), want.to_device(Device::cpu)).diff, 0.0f)
+          << label << ": added";
+    }
+}
+
 // Lever streamed_weights on the experts' modes of the same kernel: the same
 // bits with the lever on and off (int4 and int8, one token and eight).
 TEST_F(MoeTensorCoreGpu, StreamedWeightsGiveTheSameBits) {
