@@ -1433,7 +1433,7 @@ void visit_once_variant(const MoeExpertsArgs& a, Fn&& fn) {
 // block's shared memory.
 bool gate_up_once(const MoeExpertsArgs& a) {
   if (!experts_read_once || a.T < 2 || a.T > kMaxTensorCoreMatvecTokens || a.route.logits ||
-      a.n_experts < 1 || a.n_experts > kMaxRoutedExperts)
+      (a.gate.bits != 4 && a.gate.bits != 8) || a.n_experts < 1 || a.n_experts > kMaxRoutedExperts)
     return false;
   bool fits = false;
   visit_once_variant(a, [&](auto v) {
