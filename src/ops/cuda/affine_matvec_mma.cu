@@ -1134,10 +1134,14 @@ struct Variant {
                          0, stream, prep);
   }
 
-  // The experts' x images from h, RMSNorm'd on the way (MoeExpertsArgs::norm_w):
-  // a row of blocks a token.
-  static cudaError_t prepare_moe_normed(const MoeExpertsArgs& a, uint8_t* staged, cudaStream_t stream) {
-    const Layout l = layout_for(a.d_model, 1);
+  // The experts' x images from x, or from h RMSNorm'd on the way (MoeExpertsArgs::norm_w,
+  // a row of blocks a token): one image a token, or under lever experts_read_once
+  // (`all_tokens`) one image of all T tokens in this Variant's layout, as the dense
+  // matvecs' prepare forms it.
+  static cudaError_t prepare_moe_x(const MoeExpertsArgs& a, bool all_tokens, uint8_t* staged, cudaStream_t stream) {
+    if (!a.norm_w && !all_tokens) return prepare_moe(a.x, a.T, a.d_model, nullptr, 0, staged, stream);
+    const int64_t image_tokens = all_tokens ? a.T : 1;
+    const Layout l = layout_for(a.d_model, image_tokens);
     Prepare prep{};
     prep.x = a.x;
     prep.norm_w = a.norm_w;
@@ -1148,36 +1152,9 @@ struct Variant {
     prep.x_stride = l.x_stride;
     prep.staged = staged;
     prep.x_bytes = l.x_bytes;
-    prep.part_bytes = part_image_bytes(a.d_model, 1);
+    prep.part_bytes = part_image_bytes(a.d_model, image_tokens);
     prep.allow_after_wait = true;  // as prepare_moe's
-    prep.image_per_token = true;
-    prep.input_final = a.x_final;
-    const dim3 grid(unsigned(ceil_div(a.d_model / 8, 256)), unsigned(a.T));
-    cudaError_t status = cudaSuccess;
-    const cudaError_t visited = visit_float(a.norm_dtype, [&]<typename N>() {
-      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, kDigits, int(AffineMmaInput::Kind::rms_normed), N>,
-                             grid, dim3(256), 0, stream, prep);
-    });
-    return visited != cudaSuccess ? visited : status;
-  }
-
-  // Lever experts_read_once: a batch's gate/up as one block row per chosen
-  // expert over the image of all T tokens (this Variant's layout), whose prepare
-  // forms that image from x or RMSNorm(h) as the dense matvecs' does.
-  static cudaError_t prepare_moe_once(const MoeExpertsArgs& a, uint8_t* staged, cudaStream_t stream) {
-    const Layout l = layout_for(a.d_model, a.T);
-    Prepare prep{};
-    prep.x = a.x;
-    prep.norm_w = a.norm_w;
-    prep.eps = a.eps;
-    prep.full = int(a.d_model);
-    prep.T = int(a.T);
-    prep.part = int(a.d_model);
-    prep.x_stride = l.x_stride;
-    prep.staged = staged;
-    prep.x_bytes = l.x_bytes;
-    prep.part_bytes = part_image_bytes(a.d_model, a.T);
-    prep.allow_after_wait = true;  // the matvec after it reads the routing's ids before its wait
+    prep.image_per_token = !all_tokens;
     using Kind = AffineMmaInput::Kind;
     if (!a.norm_w)
       return launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, kDigits, int(Kind::plain), float>,
@@ -1191,6 +1168,9 @@ struct Variant {
     });
     return visited != cudaSuccess ? visited : status;
   }
+
+  // Lever experts_read_once: a batch's gate/up as one block row per chosen
+  // expert over the image of all T tokens (prepare_moe_x's, all_tokens).
   static cudaError_t launch_moe_once(const MoeExpertsArgs& a, const uint8_t* staged, float* y, cudaStream_t stream) {
     const Layout l = layout_for(a.d_model, a.T);
     const int per_sm = blocks_per_sm<kMoeGateUpOnce>(l.total);
@@ -1489,14 +1469,13 @@ cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaS
   if (gate_up_once(a)) {
     visit_once_variant(a, [&](auto v) {
       using V = decltype(v);
-      status = V::prepare_moe_once(a, b.x_images, stream);
+      status = V::prepare_moe_x(a, true, b.x_images, stream);
       if (status == cudaSuccess) status = V::launch_moe_once(a, b.x_images, b.products, stream);
     });
   } else {
     dispatch = visit_expert_variant(a.gate, [&](auto v) {
       using V = decltype(v);
-      status = a.norm_w ? V::prepare_moe_normed(a, b.x_images, stream)
-                        : V::prepare_moe(a.x, a.T, a.d_model, nullptr, 0, b.x_images, stream);
+      status = V::prepare_moe_x(a, false, b.x_images, stream);
       if (status == cudaSuccess)
         status = V::template launch_moe<kMoeGateUp>(a, a.gate, a.up, a.d_model, b.x_images, b.products, stream);
     });
