@@ -73,7 +73,6 @@
 // whose x digits sit at the same place in the staged rows, so the k order
 // inside a group is the lanes', and each group's sums stay apart.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -1179,8 +1178,7 @@ struct Variant {
     // A block row for each pair, or each expert if fewer; the work is dealt for
     // the experts that random choices would pick, the rows past them ending at once.
     const int64_t rows = std::min<int64_t>(a.T * a.k, a.n_experts);
-    const double unpicked = std::pow(1.0 - double(a.k) / double(a.n_experts), double(a.T));
-    const int64_t picked = std::clamp<int64_t>(int64_t(std::ceil(double(a.n_experts) * (1.0 - unpicked))), 1, rows);
+    const int64_t picked = tiles::expected_chosen_experts(a.n_experts, a.k, a.T);
     const int out = int(2 * a.d_ff), n_tiles = (out + kTileRows - 1) / kTileRows;
     Problem p{};
     p.split = tiles::split_for(int(n_tiles * picked), int(a.d_model / Sh::kStageValues), slots, Sh::kStages - 1);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/expert_rows.h"
 #include "ops/cuda/matvec_split.h"
 
 namespace mere::cuda::tiles {
@@ -83,9 +84,8 @@ int moe_rows(int64_t d_ff, int64_t d_model) {
 
 // Lever experts_read_once: block row blockIdx.y of a batch's gate/up takes the
 // blockIdx.y-th smallest expert id of all T k choices, or -1 where fewer
-// experts were chosen (the grid has a row for each pair, or each expert if
-// fewer). `chosen` is shared memory of (n_experts + 31) / 32 words. Every
-// thread of the block calls it and gets the same id.
+// experts were chosen (expert_rows.h). `chosen` is shared memory of
+// (n_experts + 31) / 32 words. Every thread of the block calls it and gets the same id.
 __device__ __forceinline__ int expert_of_block(const int32_t* ids, int pairs, int n_experts, uint32_t* chosen) {
   const int words = (n_experts + 31) / 32;
   for (int i = int(threadIdx.x); i < words; i += int(blockDim.x)) chosen[i] = 0;
@@ -95,26 +95,7 @@ __device__ __forceinline__ int expert_of_block(const int32_t* ids, int pairs, in
     if (e >= 0 && e < n_experts) atomicOr(&chosen[e / 32], 1u << (e % 32));
   }
   __syncthreads();
-  // The set bits before each word, summed over the words in order; the word
-  // holding the blockIdx.y-th set bit names the block's expert.
-  const int want = int(blockIdx.y);
-  int before = 0, expert = -1;
-  for (int w = 0; w < words && expert < 0; ++w) {
-    uint32_t bits = chosen[w];
-    const int count = __popc(bits);
-    if (want < before + count) {
-      for (int skip = want - before; skip > 0; --skip) bits &= bits - 1;  // drop the lowest set bits
-      expert = 32 * w + __ffs(bits) - 1;
-    }
-    before += count;
-  }
-  return expert;
-}
-// The slot in which token t chose `expert` (-1: it did not).
-__device__ __forceinline__ int slot_of(const int32_t* ids, int k, int t, int expert) {
-  int slot = -1;
-  for (int s = 0; s < k; ++s) slot = ids[t * k + s] == expert ? s : slot;
-  return slot;
+  return nth_chosen_expert(chosen, words, int(blockIdx.y));
 }
 inline dim3 moe_grid(int n_units, int64_t slots, int64_t block_rows) {
   const int64_t per_row = slots / block_rows > 1 ? slots / block_rows : 1;
