@@ -1495,9 +1495,7 @@ void set_wide_batch_stages(bool on) { wide_batch_stages = on; }
 void set_uneven_row_cuts(bool on) { uneven_row_cuts = on; }
 void set_int4_byte_codes(bool on) { int4_byte_codes = on; }
 void set_experts_read_once(bool on) { experts_read_once = on; }
-bool moe_experts_mma_reads_experts_once(const MoeExpertsArgs& a) {
-  return moe_experts_mma_supports(a) && gate_up_once(a);
-}
+bool moe_experts_mma_reads_experts_once(const MoeExpertsArgs& a) { return gate_up_once(a); }
 bool int4_byte_codes_enabled() { return int4_byte_codes; }
 bool streamed_weights_enabled() { return streamed_weights; }
 bool deep_moe_ring_enabled() { return deep_moe_ring; }

@@ -157,8 +157,7 @@ bool experts_on_tensor_cores(const MoeExpertsArgs& a) {
 // reads each expert once for the batch (lever experts_read_once) needs every
 // token's choice before it starts, so the routing kernel runs for it.
 void route_and_run_experts(MoeExpertsArgs a, const MoeRouteArgs& route) {
-  const bool once = a.gate.dtype != DType::f8_e4m3 && tensor_core_experts_take(a) &&
-                    moe_experts_mma_reads_experts_once(a);
+  const bool once = affine_experts_on_tensor_cores(a) && moe_experts_mma_reads_experts_once(a);
   if (routing_in_experts_enabled() && !once) {
     a.route = route;
     if (experts_on_tensor_cores(a)) return run_experts(a);
