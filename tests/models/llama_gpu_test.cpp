@@ -596,9 +596,13 @@ TEST(LlamaShapesGpu, FoldingFollowsTheStepsRowsOnDenseShapes) {
       EXPECT_EQ(on->info().folds_step(T), wide) << shape << ", " << T;
     EXPECT_FALSE(on->info().folds_step(ops::kMaxWideFusedRows + 1)) << shape;
     for (int64_t T = 1; T <= ops::kMaxFusedRows; ++T) ASSERT_FALSE(off->info().folds_step(T)) << shape;
+    // Under uneven cuts Qwen3-4B's 12-token prompt folds in one arm only, so the
+    // caches the steps read differ too (the folded RMSNorm and residual adds in
+    // another order): 1.9e-3 / 2.2e-3 (H100, sixty-first session).
+    const float tight = std::string(shape) == "qwen3-4b" && base.uneven_row_cuts ? 1e-2f : 1e-3f;
     int moved = 0;
     for (int n : {1, 4})
-      moved += step_moved_past(*off, *on, n, 1e-3f, std::string(shape) + " folded, one step of " + std::to_string(n));
+      moved += step_moved_past(*off, *on, n, tight, std::string(shape) + " folded, one step of " + std::to_string(n));
     EXPECT_EQ(moved, 0) << shape;
     EXPECT_EQ(greedy_moe_tokens(*on), greedy_moe_tokens(*off)) << shape;
   }
@@ -626,6 +630,42 @@ TEST(LlamaShapesGpu, UnevenRowCutsFoldQwen3_4BsWideSteps) {
   int moved = 0;
   for (int n : {12, 16}) moved += step_moved_past(*off, *on, n, 1e-2f, "uneven cuts, one step of " + std::to_string(n));
   EXPECT_EQ(moved, 0);
+}
+
+// Lever uneven_row_cuts against the CPU's f32 product: the Qwen3-4B shape cut
+// to two layers (down_proj keeps its 9,728 columns), random int4, a 16-token
+// prompt and a 16-token step after it, every row's logits. With the lever the
+// 16 rows' down_proj runs the two-digit matvec (x in 15 bits a group, exact
+// integer sums); without it the prefill GEMM (x and the weights rounded to
+// bf16). The lever's logits must be the closer ones, with the CPU's argmax.
+TEST(LlamaShapesGpu, UnevenRowCutsStayCloserToTheCpu) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  LoadOptions even = Levers{}.load_options(Device::cuda), uneven = even;
+  even.uneven_row_cuts = false;
+  uneven.uneven_row_cuts = true;
+  const RandomQuant int4 = RandomQuant::parse("int4");
+  const nlohmann::json two_layers = {{"num_hidden_layers", 2}};
+  auto off = random_model("qwen3-4b", Device::cuda, even, 1, int4, two_layers);
+  auto on = random_model("qwen3-4b", Device::cuda, uneven, 1, int4, two_layers);
+  auto cpu = random_model("qwen3-4b", Device::cpu, Levers{}.load_options(Device::cpu), 1, int4, two_layers);
+  ASSERT_TRUE(on->info().folds_step(16));
+  ASSERT_FALSE(off->info().folds_step(16));
+  std::vector<int32_t> prompt, step;
+  for (int32_t i = 0; i < 16; ++i) prompt.push_back(1000 + 37 * i), step.push_back(5000 + 101 * i);
+  // Both forwards' logits, rows stacked.
+  auto logits = [&](const Model& m) {
+    auto state = m.make_state(64);
+    const Tensor a = m.forward(prompt, *state, true).to_device(Device::cpu);
+    const Tensor b = m.forward(step, *state, true).to_device(Device::cpu);
+    return ops::concat_rows({a, b});
+  };
+  const Tensor truth = logits(*cpu);
+  const Tensor with_lever = logits(*on), without = logits(*off);
+  const float on_err = test::relative_error(with_lever, truth, "uneven cuts on, against the CPU");
+  const float off_err = test::relative_error(without, truth, "uneven cuts off, against the CPU");
+  EXPECT_LT(on_err, off_err) << "the lever's logits are not closer to the CPU's";
+  EXPECT_LE(on_err, 1e-3f);
+  for (int64_t t = 0; t < truth.dim(0); ++t) EXPECT_EQ(argmax_row(with_lever, t), argmax_row(truth, t)) << "row " << t;
 }
 
 // The MoE family's auto asks a dense layer's MLP too (`mlp_only_layers`): the
