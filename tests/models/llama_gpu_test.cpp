@@ -608,6 +608,14 @@ TEST(LlamaShapesGpu, FoldingFollowsTheStepsRowsOnDenseShapes) {
   }
 }
 
+// The Qwen3-4B shape in random int4 on the GPU, the default levers but
+// uneven_row_cuts as given (its down_proj's 9,728 columns at 9-16 tokens).
+std::unique_ptr<Model> qwen3_4b_int4(bool uneven_row_cuts, const nlohmann::json& overrides = nlohmann::json::object()) {
+  LoadOptions options = Levers{}.load_options(Device::cuda);
+  options.uneven_row_cuts = uneven_row_cuts;
+  return random_model("qwen3-4b", Device::cuda, options, 1, RandomQuant::parse("int4"), overrides);
+}
+
 // Lever uneven_row_cuts on the Qwen3-4B shape in random int4: down_proj's 9,728
 // columns take 16 tokens in three launches (13 + 13 + 12 stages), so steps of
 // 9-16 rows fold; without the lever down_proj takes the prefill GEMM there and
@@ -617,12 +625,7 @@ TEST(LlamaShapesGpu, FoldingFollowsTheStepsRowsOnDenseShapes) {
 // a group; the folded RMSNorm sums in another order: H100 3.6e-3 at 16).
 TEST(LlamaShapesGpu, UnevenRowCutsFoldQwen3_4BsWideSteps) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  LoadOptions even = Levers{}.load_options(Device::cuda), uneven = even;
-  even.uneven_row_cuts = false;
-  uneven.uneven_row_cuts = true;
-  const RandomQuant int4 = RandomQuant::parse("int4");
-  auto off = random_model("qwen3-4b", Device::cuda, even, 1, int4);
-  auto on = random_model("qwen3-4b", Device::cuda, uneven, 1, int4);
+  auto off = qwen3_4b_int4(false), on = qwen3_4b_int4(true);
   for (int64_t T = ops::kMaxFusedRows + 1; T <= ops::kMaxWideFusedRows; ++T) {
     EXPECT_FALSE(off->info().folds_step(T)) << T;
     EXPECT_TRUE(on->info().folds_step(T)) << T;
@@ -642,14 +645,10 @@ TEST(LlamaShapesGpu, UnevenRowCutsFoldQwen3_4BsWideSteps) {
 // and keep the CPU's argmax where the lever off does.
 TEST(LlamaShapesGpu, UnevenRowCutsStayCloserToTheCpu) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
-  LoadOptions even = Levers{}.load_options(Device::cuda), uneven = even;
-  even.uneven_row_cuts = false;
-  uneven.uneven_row_cuts = true;
-  const RandomQuant int4 = RandomQuant::parse("int4");
   const nlohmann::json two_layers = {{"num_hidden_layers", 2}};
-  auto off = random_model("qwen3-4b", Device::cuda, even, 1, int4, two_layers);
-  auto on = random_model("qwen3-4b", Device::cuda, uneven, 1, int4, two_layers);
-  auto cpu = random_model("qwen3-4b", Device::cpu, Levers{}.load_options(Device::cpu), 1, int4, two_layers);
+  auto off = qwen3_4b_int4(false, two_layers), on = qwen3_4b_int4(true, two_layers);
+  auto cpu = random_model("qwen3-4b", Device::cpu, Levers{}.load_options(Device::cpu), 1, RandomQuant::parse("int4"),
+                          two_layers);
   ASSERT_TRUE(on->info().folds_step(16));
   ASSERT_FALSE(off->info().folds_step(16));
   std::vector<int32_t> prompt, step;
@@ -674,14 +673,15 @@ TEST(LlamaShapesGpu, UnevenRowCutsStayCloserToTheCpu) {
     return same;
   };
   const double on_msd = mean_squared(with_lever), off_msd = mean_squared(without);
+  const float on_rel = test::relative_error(with_lever, truth, "", false);
+  const float off_rel = test::relative_error(without, truth, "", false);
+  const int on_same = same_argmax(with_lever), off_same = same_argmax(without);
   std::printf("[ gpu      ] uneven cuts against the CPU: mean squared difference on %.3g, off %.3g; max rel on %.2e, "
               "off %.2e; argmax on %d, off %d of %lld\n",
-              on_msd, off_msd, test::relative_error(with_lever, truth, "", false),
-              test::relative_error(without, truth, "", false), same_argmax(with_lever), same_argmax(without),
-              static_cast<long long>(truth.dim(0)));
+              on_msd, off_msd, on_rel, off_rel, on_same, off_same, static_cast<long long>(truth.dim(0)));
   EXPECT_LT(on_msd, off_msd) << "the lever's logits are not closer to the CPU's";
-  EXPECT_LE(test::relative_error(with_lever, truth, "", false), 1e-2f);
-  EXPECT_GE(same_argmax(with_lever), same_argmax(without));
+  EXPECT_LE(on_rel, 1e-2f);
+  EXPECT_GE(on_same, off_same);
 }
 
 // The MoE family's auto asks a dense layer's MLP too (`mlp_only_layers`): the
