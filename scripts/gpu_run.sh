@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere
 # (the device machine of our workplace has no Debian packages): .devrun/ holds
 # bin.tar.xz (mere, mere_gpu_tests) and libs.tar.xz (libfmt, libpcre2, ICU). Logs go to $OUT.
-# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [timeline] [moe] [experts_once] [lineup] [quant] [quant_moe] [kv] [tc_matvec] [affine_gemm] [hang]; MERE_DEVRUN names the pack
+# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [timeline] [moe] [lineup] [quant] [quant_moe] [kv] [tc_matvec] [affine_gemm] [hang]; MERE_DEVRUN names the pack
 # (default .devrun), GTEST_FILTER picks tests.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -91,14 +91,6 @@ for what in "${@:-tests bench}"; do
       [ -n "${MERE_MOE_FUSED_AB:-}" ] && for q in bf16 int8; do
         MERERUN_PSI_FUSED_MOE=1 "$m" bench --device cuda --shape qwen3-30b-a3b --quant $q -p 512,4096 -n 128 -r 3 2>&1 |
           tee -a "$out/moe.log"
-      done ;;
-    experts_once)  # lever experts_read_once off -> on: Qwen3-30B-A3B int4 and int8 batched decode, 1-16 sequences
-      m="$bin/mere"
-      for q in int4 int8; do
-        for v in 0 1; do
-          MERERUN_EXPERTS_READ_ONCE=$v "$m" bench --device cuda --shape qwen3-30b-a3b --quant $q -p 0 -n 32 \
-            --batch 1,2,4,8,12,16 -r 2 2>&1 | tee -a "$out/experts_once.log"
-        done
       done ;;
     profile_moe)  # per-kernel time and DRAM bytes of qwen3-30b-a3b int8 decode steps (eager)
       m="$bin/mere"

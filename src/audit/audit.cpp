@@ -98,7 +98,6 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "wide_batch_stages" ? &l.wide_batch_stages
                 : name == "uneven_row_cuts" ? &l.uneven_row_cuts
                 : name == "int4_byte_codes" ? &l.int4_byte_codes
-                : name == "experts_read_once" ? &l.experts_read_once
                 : name == "streamed_weights" ? &l.streamed_weights
                 : name == "cpu_direct_matvec" ? &l.cpu_direct_matvec
                 : name == "cpu_tiled_matmul" ? &l.cpu_tiled_matmul
@@ -217,7 +216,7 @@ class Auditor {
                                     lo.tensor_core_fp8_matvec,
                                     int(lo.tensor_core_affine_gemm), lo.routing_in_experts,
                                     lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages, lo.uneven_row_cuts,
-                                    lo.int4_byte_codes, lo.experts_read_once,
+                                    lo.int4_byte_codes,
                                     lo.streamed_weights, lo.cpu_direct_matvec, lo.cpu_tiled_matmul, lo.cpu_vnni_matvec,
                                     lo.cpu_vector_attention, lo.cpu_avx512_matmul, lo.cpu_packed_matmul,
                                     lo.cpu_avx512_attention};

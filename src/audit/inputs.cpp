@@ -17,7 +17,7 @@ std::vector<std::string> engine_lever_names() {
           "tensor_core_affine_gemm",
           "rope_in_attention", "wide_attention_blocks", "cluster_attention_merge",
           "routing_in_experts", "deep_moe_ring", "deep_dense_ring", "wide_batch_stages", "uneven_row_cuts",
-          "int4_byte_codes",    "experts_read_once",
+          "int4_byte_codes",
           "streamed_weights", "cpu_direct_matvec", "cpu_tiled_matmul",
           "cpu_vnni_matvec", "cpu_vector_attention", "cpu_avx512_matmul",
           "cpu_packed_matmul", "cpu_avx512_attention"};

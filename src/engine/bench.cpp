@@ -98,7 +98,6 @@ std::string layout_levers(const ModelInfo& info) {
          (o.wide_batch_stages ? " wide_batch_stages=on" : "") +
          (o.uneven_row_cuts ? " uneven_row_cuts=on" : "") +
          (o.int4_byte_codes ? " int4_byte_codes=on" : "") +
-         (o.experts_read_once ? " experts_read_once=on" : "") +
          (o.streamed_weights ? " streamed_weights=on" : "") +
          (o.tensor_core_affine_gemm != LeverMode::off
               ? std::string(" tensor_core_affine_gemm=") + lever_mode_name(o.tensor_core_affine_gemm)

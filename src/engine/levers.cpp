@@ -54,7 +54,6 @@ Levers Levers::from_env() {
   l.wide_batch_stages = env_flag("MERERUN_WIDE_BATCH_STAGES", l.wide_batch_stages);
   l.uneven_row_cuts = env_flag("MERERUN_UNEVEN_ROW_CUTS", l.uneven_row_cuts);
   l.int4_byte_codes = env_flag("MERERUN_INT4_BYTE_CODES", l.int4_byte_codes);
-  l.experts_read_once = env_flag("MERERUN_EXPERTS_READ_ONCE", l.experts_read_once);
   l.streamed_weights = env_flag("MERERUN_STREAMED_WEIGHTS", l.streamed_weights);
   l.tensor_core_affine_gemm = env_mode("MERERUN_TENSOR_CORE_AFFINE_GEMM", l.tensor_core_affine_gemm);
   l.fused_moe_gate_up = env_flag("MERERUN_PSI_FUSED_MOE", l.fused_moe_gate_up);
@@ -97,7 +96,7 @@ std::string Levers::describe(Device device) const {
          " routing_in_experts=" + on(routing_in_experts) + " deep_moe_ring=" + on(deep_moe_ring) +
          " deep_dense_ring=" + on(deep_dense_ring) + " wide_batch_stages=" + on(wide_batch_stages) +
          " uneven_row_cuts=" + on(uneven_row_cuts) +
-         " int4_byte_codes=" + on(int4_byte_codes) + " experts_read_once=" + on(experts_read_once) +
+         " int4_byte_codes=" + on(int4_byte_codes) +
          " streamed_weights=" + on(streamed_weights) +
          " tensor_core_affine_gemm=" + lever_mode_name(tensor_core_affine_gemm) +
          " fused_moe_gate_up=" + on(fused_moe_gate_up) + " prefix_cache=" + on(prefix_cache);
@@ -130,7 +129,6 @@ LoadOptions Levers::load_options(Device device) const {
                      .wide_batch_stages = wide_batch_stages && tensor_core_affine_matvec && cuda,
                      .uneven_row_cuts = uneven_row_cuts && tensor_core_affine_matvec && cuda,
                      .int4_byte_codes = int4_byte_codes && tensor_core_moe_matvec && cuda,
-                     .experts_read_once = experts_read_once && tensor_core_moe_matvec && cuda,
                      .streamed_weights = streamed_weights && cuda,
                      .tensor_core_affine_gemm = cuda ? tensor_core_affine_gemm : LeverMode::off,
                      .fuse_moe_gate_up = fused_moe_gate_up,

@@ -192,13 +192,6 @@ struct Levers {
   // differs. Default: Qwen3-30B-A3B int4 tg64 +1.1% at batch 1, +1.9% at 2;
   // the dense one-token matvec in this form measured level (docs/levers.md).
   bool int4_byte_codes = true;
-  // The tensor-core affine MoE experts' gate/up of a batch (2-16 tokens) reads
-  // each chosen expert once, over the image of all the batch's tokens in two
-  // digits (15 bits a group, as the dense batches' int16_activation_matvec),
-  // writing each token's product where it chose that expert; per (token, slot)
-  // pair it reads an expert once a token that chose it. The routing kernel runs
-  // first (routing_in_experts routes one token a block). Off until measured.
-  bool experts_read_once = false;
   // The decode matvecs (affine and FP8 on the tensor cores, affine and
   // bf16/f16/f32 on the CUDA cores, dense and experts) read their weights with
   // an L2 evict-first policy: a token streams gigabytes of weights through
@@ -311,7 +304,6 @@ struct Levers {
                   .tensor_core_fp8_matvec = false, .tensor_core_moe_matvec = false,
                   .routing_in_experts = false, .deep_moe_ring = false, .deep_dense_ring = false,
                   .wide_batch_stages = false, .uneven_row_cuts = false, .int4_byte_codes = false,
-                  .experts_read_once = false,
                   .streamed_weights = false,
                   .tensor_core_affine_gemm = LeverMode::off,
                   .fused_moe_gate_up = false,

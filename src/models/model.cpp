@@ -42,7 +42,6 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                             .wide_batch_stages = o.wide_batch_stages,
                             .uneven_row_cuts = o.uneven_row_cuts,
                             .int4_byte_codes = o.int4_byte_codes,
-                            .experts_read_once = o.experts_read_once,
                             .streamed_weights = o.streamed_weights,
                             .tensor_core_affine_gemm = o.tensor_core_affine_gemm != LeverMode::off,
                             .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on});

@@ -69,8 +69,6 @@ struct LoadOptions {
   bool uneven_row_cuts = false;
   // Those experts' int4 g64/g128 stacks take the stored bytes (lever int4_byte_codes).
   bool int4_byte_codes = false;
-  // Those experts' gate/up of a batch reads each chosen expert once (lever experts_read_once).
-  bool experts_read_once = false;
   // The decode matvecs' weight reads evict first from L2 (lever streamed_weights).
   bool streamed_weights = false;
   // MLX affine prefill GEMMs that dequantize their tiles (lever tensor_core_affine_gemm);

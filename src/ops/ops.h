@@ -108,9 +108,6 @@ struct LaunchSettings {
   bool wide_batch_stages = false;  // lever wide_batch_stages: 5-8-token int8 dense matvecs on mma read 256-byte stages
   bool uneven_row_cuts = false;  // lever uneven_row_cuts: a row no equal cut fits in launches, the last shorter
   bool int4_byte_codes = false;  // lever int4_byte_codes: int4 g64/g128 experts on mma take the stored bytes
-  // Lever experts_read_once: those experts' gate/up of 2-16 tokens reads each
-  // chosen expert once for all the tokens that chose it (x in two digits).
-  bool experts_read_once = false;
   bool streamed_weights = false;  // lever streamed_weights: the decode matvecs' weights evict first from L2
   // Lever tensor_core_affine_gemm: affine prefill on the GEMM that dequantizes its
   // tiles, where it measured faster (auto), or at every size (on).

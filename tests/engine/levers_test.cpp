@@ -219,12 +219,6 @@ TEST(Levers, UnevenRowCutsIsACudaLeverOfTheTensorCoreAffineMatvec) {
   expect_off_without(&Levers::tensor_core_affine_matvec, &LoadOptions::uneven_row_cuts);
 }
 
-// experts_read_once: off (not yet measured faster), acting through the tensor-core experts whose gate/up it forms.
-TEST(Levers, ExpertsReadOnceIsACudaLeverOfTheTensorCoreExperts) {
-  expect_off_by_default_cuda_lever("MERERUN_EXPERTS_READ_ONCE", "experts_read_once", &Levers::experts_read_once,
-                                   &LoadOptions::experts_read_once, &Levers::tensor_core_moe_matvec);
-}
-
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in
 // effect only with the tensor-core experts it routes in.
 TEST(Levers, RoutingInExpertsIsACudaLeverOfTheTensorCoreExperts) {

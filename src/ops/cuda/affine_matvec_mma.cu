@@ -91,7 +91,6 @@ namespace {
 using tiles::kDense;
 using tiles::kMoeDown;
 using tiles::kMoeGateUp;
-using tiles::kMoeGateUpOnce;
 using tiles::kTileRows;
 using tiles::kWarps;
 // Lever deep_moe_ring: the experts' ring at one token of int8 weights. Five
@@ -120,7 +119,6 @@ bool streamed_weights = false;  // lever streamed_weights
 bool wide_batch_stages = false;
 bool uneven_row_cuts = false;  // lever uneven_row_cuts (Variant::cut_for)
 bool int4_byte_codes = false;  // lever int4_byte_codes (the header's comment)
-bool experts_read_once = false;  // lever experts_read_once (moe_launchers.h)
 constexpr int kDeepRingStages = 5;
 constexpr int kRingBytes = 6 * 1024;  // per warp: weight stages in flight (at least 3 stages)
 constexpr int kMaxParts = 8;          // launches a row may be cut into (x too long for shared memory)
@@ -200,11 +198,8 @@ struct Problem {
   // pair, rows [0, d_ff) from the gate stack at packed, [d_ff, 2 d_ff) from
   // the up stack; y [2][pairs][d_ff], gate then up. Down: a block per token,
   // one warp per slot (split = k) over its expert's rows, y [T][out].
-  // Gate/up under lever experts_read_once (kMoeGateUpOnce): a block row per
-  // chosen expert (tiles::expert_of_block) over the image of all T tokens, each
-  // token's product written to its pair's rows where it chose that expert.
   const int32_t* ids;  // [T, k]
-  int k, d_ff, pairs, n_experts;
+  int k, d_ff, pairs;
   int64_t expert_stride;  // rows from one expert's first row to the next's
   const uint8_t* up_packed;
   const void *up_scales, *up_biases;
@@ -670,35 +665,19 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
   constexpr bool kMarks = kMode == kMoeGateUp;
   if constexpr (kMarks) PHASE_MARK(0);
   // Mixture of experts: the block's token and its expert's rows (up rows from d_ff on).
-  tiles::MoeBlock moe;
-  // kMoeGateUpOnce: the (token, slot) pair of the lane's column of each mma, -1 where
-  // that token did not choose the block's expert (or is past T).
-  [[maybe_unused]] int pair_of[kMmas];
-  if constexpr (kMode == kMoeGateUpOnce) {
-    // The ids are final: the prepare kernel before this one let it start only after its wait.
-    const int expert = tiles::expert_of_block(p.ids, p.pairs, p.n_experts, reinterpret_cast<uint32_t*>(smem));
-    if (expert < 0) return;  // fewer experts were chosen than the grid has block rows
-    moe.expert_row0 = int64_t(expert) * p.expert_stride;
-#pragma unroll
-    for (int m = 0; m < kMmas; ++m) {
-      const int t = token_of(m, q), s = t < p.T ? tiles::slot_of(p.ids, p.k, t, expert) : -1;
-      pair_of[m] = s < 0 ? -1 : t * p.k + s;
-    }
-    __syncthreads();  // every thread has read the chosen experts' words before x's image overwrites them
-  } else {
-    moe = kMode == kMoeGateUp && p.route.logits ? routed_block<kWarpRouted>(p, smem, ring)
-                                                : tiles::moe_block<kMode>(p.ids, p.k, p.expert_stride, part);
-  }
+  const tiles::MoeBlock moe = kMode == kMoeGateUp && p.route.logits
+                                  ? routed_block<kWarpRouted>(p, smem, ring)
+                                  : tiles::moe_block<kMode>(p.ids, p.k, p.expert_stride, part);
   const int token = moe.token, slot = moe.slot;
   const int64_t expert_row0 = moe.expert_row0, up_row0 = expert_row0 - p.d_ff;
   // Row `row`'s codes, and its scales (or biases) pointer, as the tile's copies take them.
   auto codes_of = [&](int row) -> const uint8_t* {
-    if constexpr (tiles::is_gate_up(kMode))
+    if constexpr (kMode == kMoeGateUp)
       if (row >= p.d_ff) return p.up_packed + (up_row0 + row) * row_bytes;
     return p.packed + (expert_row0 + row - slot) * row_bytes;
   };
   auto scales_of = [&](int row, bool biases) -> const uint8_t* {
-    if constexpr (tiles::is_gate_up(kMode))
+    if constexpr (kMode == kMoeGateUp)
       if (row >= p.d_ff)
         return static_cast<const uint8_t*>(biases ? p.up_biases : p.up_scales) +
                (up_row0 + row) * p.scale_stride * int64_t(sizeof(S));
@@ -889,12 +868,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm<kMmas>)
         }
         const int t = token_of(m, q);
         if (t >= p.T) continue;
-        int pair = int(blockIdx.y);
-        if constexpr (kMode == kMoeGateUpOnce) {
-          pair = pair_of[m];
-          if (pair < 0) continue;
-        }
-        float* y = tiles::output_row<kMode>(p.y, t, p.out, row0, p.d_ff, p.pairs, token, pair);
+        float* y = tiles::output_row<kMode>(p.y, t, p.out, row0, p.d_ff, p.pairs, token);
         if (row0 + g < p.out) y[row0 + g] = prior[m][0] + (top + bias[0]);
         if (row0 + g + 8 < p.out) y[row0 + g + 8] = prior[m][1] + (bottom + bias[1]);
       }
@@ -1005,12 +979,11 @@ struct Variant {
 
   // The experts' decode matvecs, one token's image (T = 1 layout) per block.
   // Whether matrix `m` can be read in whole stages, with `in` columns a block.
-  // (`T`: the tokens of one image, all of them under lever experts_read_once.)
-  static bool moe_fits(const ExpertMatrix& m, int64_t in, int64_t T = 1) {
+  static bool moe_fits(const ExpertMatrix& m, int64_t in) {
     constexpr uintptr_t kScaleCopy = Sh::kScaleRowBytes < 16 ? Sh::kScaleRowBytes : 16;
     return m.cols % Sh::kStageValues == 0 && reinterpret_cast<uintptr_t>(m.w) % 16 == 0 &&
            reinterpret_cast<uintptr_t>(m.scales) % kScaleCopy == 0 &&
-           reinterpret_cast<uintptr_t>(m.biases) % kScaleCopy == 0 && layout_for(in, T).total <= max_smem();
+           reinterpret_cast<uintptr_t>(m.biases) % kScaleCopy == 0 && layout_for(in, 1).total <= max_smem();
   }
   // Gate/up (kMoeGateUp: `m` the gate stack, `up` the up stack) or down
   // (kMoeDown: `m` the down stack, `in` = k columns of it) over the images at `staged`.
@@ -1133,14 +1106,10 @@ struct Variant {
                          0, stream, prep);
   }
 
-  // The experts' x images from x, or from h RMSNorm'd on the way (MoeExpertsArgs::norm_w,
-  // a row of blocks a token): one image a token, or under lever experts_read_once
-  // (`all_tokens`) one image of all T tokens in this Variant's layout, as the dense
-  // matvecs' prepare forms it.
-  static cudaError_t prepare_moe_x(const MoeExpertsArgs& a, bool all_tokens, uint8_t* staged, cudaStream_t stream) {
-    if (!a.norm_w && !all_tokens) return prepare_moe(a.x, a.T, a.d_model, nullptr, 0, staged, stream);
-    const int64_t image_tokens = all_tokens ? a.T : 1;
-    const Layout l = layout_for(a.d_model, image_tokens);
+  // The experts' x images from h, RMSNorm'd on the way (MoeExpertsArgs::norm_w):
+  // a row of blocks a token.
+  static cudaError_t prepare_moe_normed(const MoeExpertsArgs& a, uint8_t* staged, cudaStream_t stream) {
+    const Layout l = layout_for(a.d_model, 1);
     Prepare prep{};
     prep.x = a.x;
     prep.norm_w = a.norm_w;
@@ -1151,64 +1120,17 @@ struct Variant {
     prep.x_stride = l.x_stride;
     prep.staged = staged;
     prep.x_bytes = l.x_bytes;
-    prep.part_bytes = part_image_bytes(a.d_model, image_tokens);
+    prep.part_bytes = part_image_bytes(a.d_model, 1);
     prep.allow_after_wait = true;  // as prepare_moe's
-    prep.image_per_token = !all_tokens;
-    using Kind = AffineMmaInput::Kind;
-    if (!a.norm_w)
-      return launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, kDigits, int(Kind::plain), float>,
-                           dim3(unsigned(ceil_div(a.T * a.d_model / 8, 256))), dim3(256), 0, stream, prep);
+    prep.image_per_token = true;
     prep.input_final = a.x_final;
     const dim3 grid(unsigned(ceil_div(a.d_model / 8, 256)), unsigned(a.T));
     cudaError_t status = cudaSuccess;
     const cudaError_t visited = visit_float(a.norm_dtype, [&]<typename N>() {
-      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, kDigits, int(Kind::rms_normed), N>, grid,
-                             dim3(256), 0, stream, prep);
+      status = launch_kernel(affine_mma_prepare_kernel<kBits, kGroup, kDigits, int(AffineMmaInput::Kind::rms_normed), N>,
+                             grid, dim3(256), 0, stream, prep);
     });
     return visited != cudaSuccess ? visited : status;
-  }
-
-  // Lever experts_read_once: a batch's gate/up as one block row per chosen
-  // expert over the image of all T tokens (prepare_moe_x's, all_tokens).
-  static cudaError_t launch_moe_once(const MoeExpertsArgs& a, const uint8_t* staged, float* y, cudaStream_t stream) {
-    const Layout l = layout_for(a.d_model, a.T);
-    const int per_sm = blocks_per_sm<kMoeGateUpOnce>(l.total);
-    if (per_sm < 1) return cudaErrorInvalidValue;
-    const int64_t slots = int64_t(per_sm) * sm_count();
-    // A block row for each pair, or each expert if fewer; the work is dealt for
-    // the experts that random choices would pick, the rows past them ending at once.
-    const int64_t rows = std::min<int64_t>(a.T * a.k, a.n_experts);
-    const int64_t picked = tiles::expected_chosen_experts(a.n_experts, a.k, a.T);
-    const int out = int(2 * a.d_ff), n_tiles = (out + kTileRows - 1) / kTileRows;
-    Problem p{};
-    p.split = tiles::split_for(int(n_tiles * picked), int(a.d_model / Sh::kStageValues), slots, Sh::kStages - 1);
-    p.n_units = (n_tiles + kWarps / p.split - 1) / (kWarps / p.split);
-    const dim3 grid(unsigned(std::min<int64_t>(p.n_units, std::max<int64_t>(1, slots / picked))), unsigned(rows));
-    p.streamed_weights = streamed_weights;
-    p.packed = static_cast<const uint8_t*>(a.gate.w);
-    p.scales = a.gate.scales;
-    p.biases = a.gate.biases;
-    p.row_bytes = a.gate.cols * kBits / 8;
-    p.scale_stride = int(a.gate.cols / kGroup);
-    p.staged = staged;
-    p.x_stride = l.x_stride;
-    p.x_bytes = l.x_bytes;
-    p.staged_bytes = l.staged_bytes;
-    p.y = y;
-    p.in = int(a.d_model);
-    p.out = out;
-    p.T = int(a.T);
-    p.n_groups = int(a.d_model / kGroup);
-    p.ids = a.ids;
-    p.k = int(a.k);
-    p.d_ff = int(a.d_ff);
-    p.pairs = int(a.T * a.k);
-    p.n_experts = int(a.n_experts);
-    p.expert_stride = a.gate.expert_stride;
-    p.up_packed = static_cast<const uint8_t*>(a.up.w);
-    p.up_scales = a.up.scales;
-    p.up_biases = a.up.biases;
-    return launch_kernel(kernel_for<kMoeGateUpOnce>, grid, dim3(kWarps * 32), size_t(l.total), stream, p);
   }
 
   // The ring stages a warp of a dense launch of `in` columns keeps (lever
@@ -1396,38 +1318,11 @@ bool same_format(const ExpertMatrix& a, const ExpertMatrix& b) {
          a.expert_stride == b.expert_stride;
 }
 
-// Calls fn with the two-digit Variant of all a.T tokens (lever experts_read_once)
-// for the gate stack's format.
-template <typename Fn>
-void visit_once_variant(const MoeExpertsArgs& a, Fn&& fn) {
-  const AffineArgs w{.scale_dtype = a.gate.dtype, .bits = a.gate.bits, .group_size = a.gate.group_size};
-  visit_variant(w, a.T, 2, [&](auto v) {
-    if constexpr (decltype(v)::kDigitCount == 2) fn(v);
-  });
-}
-
-// Whether gate/up reads each chosen expert once (lever experts_read_once): a
-// batch of 2-16 tokens routed before gate/up, the image of them all in one
-// block's shared memory.
-bool gate_up_once(const MoeExpertsArgs& a) {
-  if (!experts_read_once || a.T < 2 || a.T > kMaxTensorCoreMatvecTokens || a.route.logits ||
-      (a.gate.bits != 4 && a.gate.bits != 8) || a.n_experts < 1 || a.n_experts > kMaxRoutedExperts)
-    return false;
-  bool fits = false;
-  visit_once_variant(a, [&](auto v) {
-    using V = decltype(v);
-    fits = V::moe_fits(a.gate, a.d_model, a.T) && V::moe_fits(a.up, a.d_model, a.T) &&
-           V::template blocks_per_sm<kMoeGateUpOnce>(V::layout_for(a.d_model, a.T).total) > 0;
-  });
-  return fits;
-}
-
 tiles::MoeScratch moe_scratch(const MoeExpertsArgs& a) {
-  int64_t x_image = 0, act_image = 0, once_image = 0;
+  int64_t x_image = 0, act_image = 0;
   visit_expert_variant(a.gate, [&](auto v) { x_image = decltype(v)::part_image_bytes(a.d_model, 1); });
   visit_expert_variant(a.down, [&](auto v) { act_image = decltype(v)::part_image_bytes(a.k * a.d_ff, 1); });
-  if (gate_up_once(a)) visit_once_variant(a, [&](auto v) { once_image = decltype(v)::part_image_bytes(a.d_model, a.T); });
-  return tiles::moe_scratch(a.T, a.k, a.d_ff, x_image, act_image, once_image);
+  return tiles::moe_scratch(a.T, a.k, a.d_ff, x_image, act_image);
 }
 
 }  // namespace
@@ -1463,21 +1358,14 @@ cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaS
   if (!moe_experts_mma_supports(a)) return cudaErrorInvalidValue;
   const tiles::MoeBuffers b = tiles::moe_buffers(moe_scratch(a), scratch, a.x);
   if (!b.x_images) return cudaErrorInvalidValue;
-  cudaError_t status = cudaSuccess, dispatch = cudaSuccess;
-  if (gate_up_once(a)) {
-    visit_once_variant(a, [&](auto v) {
-      using V = decltype(v);
-      status = V::prepare_moe_x(a, true, b.x_images, stream);
-      if (status == cudaSuccess) status = V::launch_moe_once(a, b.x_images, b.products, stream);
-    });
-  } else {
-    dispatch = visit_expert_variant(a.gate, [&](auto v) {
-      using V = decltype(v);
-      status = V::prepare_moe_x(a, false, b.x_images, stream);
-      if (status == cudaSuccess)
-        status = V::template launch_moe<kMoeGateUp>(a, a.gate, a.up, a.d_model, b.x_images, b.products, stream);
-    });
-  }
+  cudaError_t status = cudaSuccess;
+  cudaError_t dispatch = visit_expert_variant(a.gate, [&](auto v) {
+    using V = decltype(v);
+    status = a.norm_w ? V::prepare_moe_normed(a, b.x_images, stream)
+                      : V::prepare_moe(a.x, a.T, a.d_model, nullptr, 0, b.x_images, stream);
+    if (status == cudaSuccess)
+      status = V::template launch_moe<kMoeGateUp>(a, a.gate, a.up, a.d_model, b.x_images, b.products, stream);
+  });
   if (status != cudaSuccess || dispatch != cudaSuccess) return status != cudaSuccess ? status : dispatch;
   dispatch = visit_expert_variant(a.down, [&](auto v) {
     using V = decltype(v);
@@ -1494,8 +1382,6 @@ void set_streamed_weights(bool on) { streamed_weights = on; }
 void set_wide_batch_stages(bool on) { wide_batch_stages = on; }
 void set_uneven_row_cuts(bool on) { uneven_row_cuts = on; }
 void set_int4_byte_codes(bool on) { int4_byte_codes = on; }
-void set_experts_read_once(bool on) { experts_read_once = on; }
-bool moe_experts_mma_reads_experts_once(const MoeExpertsArgs& a) { return gate_up_once(a); }
 bool int4_byte_codes_enabled() { return int4_byte_codes; }
 bool streamed_weights_enabled() { return streamed_weights; }
 bool deep_moe_ring_enabled() { return deep_moe_ring; }
@@ -1538,9 +1424,6 @@ MmaKernelLocal affine_matvec_mma_most_local() {
                 if constexpr (V::has_wide())  // wide_batch_stages'
                   check(reinterpret_cast<const void*>(V::wide_kernel()), w, mmas_for(T, digits), digits,
                         "dense, wide stages");
-                if constexpr (V::kDigitCount == 2)  // experts_read_once's gate/up
-                  check(reinterpret_cast<const void*>(V::template kernel_for<kMoeGateUpOnce>), w, mmas_for(T, digits),
-                        digits, "gate/up, each expert once");
               });
           const ExpertMatrix m{.dtype = dtype, .bits = bits, .group_size = group};
           visit_expert_variant(m, [&](auto v) {

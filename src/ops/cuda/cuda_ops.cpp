@@ -582,7 +582,6 @@ void set_launch_settings(const LaunchSettings& settings) {
   mere::cuda::set_wide_batch_stages(settings.wide_batch_stages);
   mere::cuda::set_uneven_row_cuts(settings.uneven_row_cuts);
   mere::cuda::set_int4_byte_codes(settings.int4_byte_codes);
-  mere::cuda::set_experts_read_once(settings.experts_read_once);
   mere::cuda::set_streamed_weights(settings.streamed_weights);
   mere::cuda::set_tensor_core_affine_gemm(settings.tensor_core_affine_gemm, settings.affine_gemm_at_every_size);
 }

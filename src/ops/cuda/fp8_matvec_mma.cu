@@ -433,7 +433,7 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_matvec_mma_kernel(const __gri
       for (int m = 0; m < kMmas; ++m) {
         const int t = 4 * m + q;
         if (t >= p.T) continue;
-        float* y = tiles::output_row<kMode>(p.y, t, p.out, row0, p.d_ff, p.pairs, token, int(blockIdx.y));
+        float* y = tiles::output_row<kMode>(p.y, t, p.out, row0, p.d_ff, p.pairs, token);
         if (row0 + g < p.out) y[row0 + g] = prior[m][0] + (acc[m][0] + bias[0]);
         if (row0 + g + 8 < p.out) y[row0 + g + 8] = prior[m][1] + (acc[m][1] + bias[1]);
       }

@@ -88,9 +88,6 @@ void set_uneven_row_cuts(bool on);
 // and z (affine_matvec_mma.cu).
 void set_int4_byte_codes(bool on);
 bool int4_byte_codes_enabled();
-// Lever experts_read_once: the tensor-core affine MoE experts' gate/up of 2-16
-// tokens reads each chosen expert once for all its tokens (affine_matvec_mma.cu).
-void set_experts_read_once(bool on);
 // The tensor-core decode matvecs (affine and FP8) take one token only of a
 // matrix this large: a smaller one pays more for their extra launch, which
 // converts x, than it gains (docs/levers.md).

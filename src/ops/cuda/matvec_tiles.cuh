@@ -9,7 +9,6 @@
 #include <cstdint>
 
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/expert_rows.h"
 #include "ops/cuda/matvec_split.h"
 
 namespace mere::cuda::tiles {
@@ -43,11 +42,8 @@ __device__ __forceinline__ void add_split_sums(float (&acc)[kMmas][2], float2* p
 // The MoE experts' modes of both matvecs (moe_launchers.h): gate/up, a block
 // row (blockIdx.y) per (token, slot) pair over its expert's gate then up rows;
 // down, a block row per token over its k experts' rows side by side, warp
-// part s of a tile on slot s (split = k). Under lever experts_read_once,
-// gate/up of a batch takes a block row per chosen expert instead, over all the
-// tokens' image (kMoeGateUpOnce, expert_of_block below).
-constexpr int kDense = 0, kMoeGateUp = 1, kMoeDown = 2, kMoeGateUpOnce = 3;  // what a matvec launch computes
-__host__ __device__ constexpr bool is_gate_up(int mode) { return mode == kMoeGateUp || mode == kMoeGateUpOnce; }
+// part s of a tile on slot s (split = k).
+constexpr int kDense = 0, kMoeGateUp = 1, kMoeDown = 2;  // what a matvec launch computes
 
 struct MoeBlock {
   int token = 0;            // whose image the block stages
@@ -79,23 +75,7 @@ int64_t moe_block_rows(int64_t T, int64_t k) {
 }
 template <int kMode>
 int moe_rows(int64_t d_ff, int64_t d_model) {
-  return int(is_gate_up(kMode) ? 2 * d_ff : d_model);
-}
-
-// Lever experts_read_once: block row blockIdx.y of a batch's gate/up takes the
-// blockIdx.y-th smallest expert id of all T k choices, or -1 where fewer
-// experts were chosen (expert_rows.h). `chosen` is shared memory of
-// (n_experts + 31) / 32 words. Every thread of the block calls it and gets the same id.
-__device__ __forceinline__ int expert_of_block(const int32_t* ids, int pairs, int n_experts, uint32_t* chosen) {
-  const int words = (n_experts + 31) / 32;
-  for (int i = int(threadIdx.x); i < words; i += int(blockDim.x)) chosen[i] = 0;
-  __syncthreads();
-  for (int i = int(threadIdx.x); i < pairs; i += int(blockDim.x)) {
-    const int e = ids[i];
-    if (e >= 0 && e < n_experts) atomicOr(&chosen[e / 32], 1u << (e % 32));
-  }
-  __syncthreads();
-  return nth_chosen_expert(chosen, words, int(blockIdx.y));
+  return int(kMode == kMoeGateUp ? 2 * d_ff : d_model);
 }
 inline dim3 moe_grid(int n_units, int64_t slots, int64_t block_rows) {
   const int64_t per_row = slots / block_rows > 1 ? slots / block_rows : 1;
@@ -108,13 +88,10 @@ inline dim3 moe_grid(int n_units, int64_t slots, int64_t block_rows) {
 struct MoeScratch {
   int64_t products = 0, act_images = 0, total = 0;
 };
-// `x_images_at_least`: room for another form of x's images (lever experts_read_once:
-// one image of all T tokens).
-inline MoeScratch moe_scratch(int64_t T, int64_t k, int64_t d_ff, int64_t x_image, int64_t act_image,
-                              int64_t x_images_at_least = 0) {
+inline MoeScratch moe_scratch(int64_t T, int64_t k, int64_t d_ff, int64_t x_image, int64_t act_image) {
   auto round = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   MoeScratch s;
-  s.products = round(T * x_image > x_images_at_least ? T * x_image : x_images_at_least);
+  s.products = round(T * x_image);
   s.act_images = s.products + round(2 * T * k * d_ff * int64_t(sizeof(float)));
   s.total = s.act_images + round(T * act_image);
   return s;
@@ -136,10 +113,9 @@ inline MoeBuffers moe_buffers(const MoeScratch& s, void* scratch, const float* x
 // gate rows to y[0][pair] and up rows to y[1][pair] ([2][pairs][d_ff]); down,
 // the block's token's row.
 template <int kMode>
-__device__ __forceinline__ float* output_row(float* y, int t, int out, int row0, int d_ff, int pairs, int token,
-                                             int pair) {
-  if constexpr (is_gate_up(kMode))
-    return y + (row0 < d_ff ? int64_t(pair) : int64_t(pairs) + pair - 1) * d_ff;
+__device__ __forceinline__ float* output_row(float* y, int t, int out, int row0, int d_ff, int pairs, int token) {
+  if constexpr (kMode == kMoeGateUp)
+    return y + (row0 < d_ff ? int64_t(blockIdx.y) : int64_t(pairs) + blockIdx.y - 1) * d_ff;
   else if constexpr (kMode == kMoeDown)
     return y + int64_t(token) * out;
   return y + int64_t(t) * out;

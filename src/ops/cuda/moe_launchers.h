@@ -96,12 +96,6 @@ cudaError_t launch_moe_experts_decode(const MoeExpertsArgs& a, float* act, cudaS
 // experts than x's image has room to route in; scratch of
 // moe_experts_mma_scratch_bytes (256-byte aligned).
 bool moe_experts_mma_supports(const MoeExpertsArgs& a);
-// Lever experts_read_once: whether that decode (where it supports a) has its
-// gate/up read each chosen expert once for all a's tokens (2-16 of them,
-// routed before: a.route unset), over one image of them all in two digits (15
-// bits a group), a block row per chosen expert; else one image a token and a
-// block row per (token, slot) pair.
-bool moe_experts_mma_reads_experts_once(const MoeExpertsArgs& a);
 int64_t moe_experts_mma_scratch_bytes(const MoeExpertsArgs& a);
 cudaError_t launch_moe_experts_mma(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream);
 // Lever deep_moe_ring: those matvecs at one token of int8 experts keep five

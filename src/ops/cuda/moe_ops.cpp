@@ -153,12 +153,9 @@ bool experts_on_tensor_cores(const MoeExpertsArgs& a) {
 }
 
 // The routing, then the experts: under lever routing_in_experts the tensor-core
-// experts' gate/up routes, else the routing kernel runs first. A gate/up that
-// reads each expert once for the batch (lever experts_read_once) needs every
-// token's choice before it starts, so the routing kernel runs for it.
+// experts' gate/up routes, else the routing kernel runs first.
 void route_and_run_experts(MoeExpertsArgs a, const MoeRouteArgs& route) {
-  const bool once = affine_experts_on_tensor_cores(a) && moe_experts_mma_reads_experts_once(a);
-  if (routing_in_experts_enabled() && !once) {
+  if (routing_in_experts_enabled()) {
     a.route = route;
     if (experts_on_tensor_cores(a)) return run_experts(a);
     a.route = MoeRouteArgs{};
