@@ -212,10 +212,11 @@ TEST(Levers, SixteenTokenExpertsIsACudaLeverOfTheTensorCoreExperts) {
   expect_off_without(&Levers::tensor_core_moe_matvec, &LoadOptions::sixteen_token_experts);
 }
 
-// uneven_row_cuts: off (its gate against the CPU not yet passed), acting through the tensor-core affine matvec it cuts rows for.
+// uneven_row_cuts: on by default, acting through the tensor-core affine matvec it cuts rows for.
 TEST(Levers, UnevenRowCutsIsACudaLeverOfTheTensorCoreAffineMatvec) {
-  expect_off_by_default_cuda_lever("MERERUN_UNEVEN_ROW_CUTS", "uneven_row_cuts", &Levers::uneven_row_cuts,
-                                   &LoadOptions::uneven_row_cuts, &Levers::tensor_core_affine_matvec);
+  expect_default_cuda_lever("MERERUN_UNEVEN_ROW_CUTS", "uneven_row_cuts", &Levers::uneven_row_cuts,
+                            &LoadOptions::uneven_row_cuts);
+  expect_off_without(&Levers::tensor_core_affine_matvec, &LoadOptions::uneven_row_cuts);
 }
 
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in
