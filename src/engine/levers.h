@@ -210,6 +210,14 @@ struct Levers {
   // and beyond unchanged (docs/levers.md).
   // `on` takes every prefill the kernel supports.
   LeverMode tensor_core_affine_gemm = LeverMode::automatic;
+  // The MLX affine MoE experts' prefill on that GEMM (wgmma, the weights formed
+  // in registers), grouped by expert: token tiles of one expert's sorted pairs
+  // (32, 64 or 128 of them, by the pairs an expert gets on average) against its
+  // rows, x gathered and rounded to bf16 by a first kernel, SwiGLU's product by
+  // another. Off: the WMMA grouped GEMM that forms bf16 tiles of x and the
+  // weights in shared memory, whose prefill of Qwen3-30B-A3B ran at a tenth of
+  // the matmul peak. The same bf16 operands. Off until measured.
+  bool tensor_core_affine_moe_gemm = false;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves
   // both. Off: measured no faster (Qwen3-30B-A3B shape, H200), bit-identical.
@@ -285,7 +293,7 @@ struct Levers {
   // MERERUN_TENSOR_CORE_FP8_MATVEC, MERERUN_TENSOR_CORE_MOE_MATVEC, MERERUN_ROUTING_IN_EXPERTS,
   // MERERUN_DEEP_MOE_RING, MERERUN_DEEP_DENSE_RING, MERERUN_WIDE_BATCH_STAGES, MERERUN_UNEVEN_ROW_CUTS,
   // MERERUN_STREAMED_WEIGHTS,
-  // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto),
+  // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto), MERERUN_TENSOR_CORE_AFFINE_MOE_GEMM,
   // MERERUN_PSI_FUSED_MOE,
   // MERERUN_PREFIX_CACHE (0|1), MERERUN_CPU_DIRECT_MATVEC, MERERUN_CPU_TILED_MATMUL,
   // MERERUN_CPU_VNNI_MATVEC, MERERUN_CPU_VECTOR_ATTENTION, MERERUN_CPU_AVX512_MATMUL,
@@ -306,6 +314,7 @@ struct Levers {
                   .wide_batch_stages = false, .uneven_row_cuts = false, .int4_byte_codes = false,
                   .streamed_weights = false,
                   .tensor_core_affine_gemm = LeverMode::off,
+                  .tensor_core_affine_moe_gemm = false,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false,
                   .cpu_direct_matvec = false,

@@ -74,6 +74,9 @@ struct LoadOptions {
   // MLX affine prefill GEMMs that dequantize their tiles (lever tensor_core_affine_gemm);
   // automatic: where they measured faster (prompts up to 384 tokens, matrices of 2^24 weights).
   LeverMode tensor_core_affine_gemm = LeverMode::off;
+  // MLX affine MoE experts' prefill on the dequantizing GEMM grouped by expert
+  // (lever tensor_core_affine_moe_gemm).
+  bool tensor_core_affine_moe_gemm = false;
   // MoE experts' gate and up stacked into one matrix per expert (lever fused_moe_gate_up).
   bool fuse_moe_gate_up = false;
   // CPU decode matvecs on the stored weights in registers (lever cpu_direct_matvec).

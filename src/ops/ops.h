@@ -113,6 +113,8 @@ struct LaunchSettings {
   // tiles, where it measured faster (auto), or at every size (on).
   bool tensor_core_affine_gemm = false;
   bool affine_gemm_at_every_size = false;
+  // Lever tensor_core_affine_moe_gemm: MLX affine experts' prefill on that GEMM, grouped by expert.
+  bool tensor_core_affine_moe_gemm = false;
 };
 void set_launch_settings(const LaunchSettings& settings);
 

@@ -190,20 +190,6 @@ TEST(Levers, SixteenTokenMatvecIsACudaLeverOfTheTwoDigitMatvec) {
   expect_off_without(&Levers::int16_activation_matvec, &LoadOptions::sixteen_token_matvec);
 }
 
-// A CUDA lever off by default (a measured cost): switched on by `variable`,
-// which the lever line shows, and off in the CUDA load options without `needed`.
-void expect_off_by_default_cuda_lever(const char* variable, const std::string& name, bool Levers::*lever,
-                                      bool LoadOptions::*option, bool Levers::*needed) {
-  EXPECT_FALSE(Levers{}.*lever) << name;
-  ScopedEnv env(variable, "1");
-  Levers levers = Levers::from_env();
-  EXPECT_TRUE(levers.load_options(Device::cuda).*option) << name;
-  EXPECT_FALSE(levers.load_options(Device::cpu).*option) << name;
-  EXPECT_NE(levers.describe(Device::cuda).find(name + "=on"), std::string::npos) << name;
-  levers.*needed = false;
-  EXPECT_FALSE(levers.load_options(Device::cuda).*option) << name;
-}
-
 // sixteen_token_experts: on by default, a CUDA lever switched by its variable,
 // in effect only with the tensor-core experts it extends.
 TEST(Levers, SixteenTokenExpertsIsACudaLeverOfTheTensorCoreExperts) {
@@ -217,6 +203,17 @@ TEST(Levers, UnevenRowCutsIsACudaLeverOfTheTensorCoreAffineMatvec) {
   expect_default_cuda_lever("MERERUN_UNEVEN_ROW_CUTS", "uneven_row_cuts", &Levers::uneven_row_cuts,
                             &LoadOptions::uneven_row_cuts);
   expect_off_without(&Levers::tensor_core_affine_matvec, &LoadOptions::uneven_row_cuts);
+}
+
+// tensor_core_affine_moe_gemm: off (not yet measured), a CUDA lever switched by its variable.
+TEST(Levers, TensorCoreAffineMoeGemmIsAnOffCudaLever) {
+  EXPECT_FALSE(Levers{}.tensor_core_affine_moe_gemm);
+  EXPECT_FALSE(Levers::all_off().tensor_core_affine_moe_gemm);
+  ScopedEnv env("MERERUN_TENSOR_CORE_AFFINE_MOE_GEMM", "1");
+  const Levers levers = Levers::from_env();
+  EXPECT_TRUE(levers.load_options(Device::cuda).tensor_core_affine_moe_gemm);
+  EXPECT_FALSE(levers.load_options(Device::cpu).tensor_core_affine_moe_gemm);
+  EXPECT_NE(levers.describe(Device::cuda).find("tensor_core_affine_moe_gemm=on"), std::string::npos);
 }
 
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in

@@ -81,6 +81,16 @@ struct GemmProblem {
   const float* bias;  // [out] or null
   float* y;           // [T, out]
   int T, in, out;
+  // Grouped (the MoE experts' prefill, lever tensor_core_affine_moe_gemm): x's
+  // T rows are the (token, slot) pairs sorted by expert. Token tile blockIdx.x
+  // belongs to the expert e with tile_offsets[e] <= it < tile_offsets[e + 1],
+  // whose pairs are rows [offsets[e], offsets[e + 1]); its weights are the code
+  // map's rows from e * expert_stride (out of them a block's), and y [T, out]
+  // keeps the sorted rows.
+  const int32_t* offsets;
+  const int32_t* tile_offsets;
+  int E;
+  int expert_stride;
 };
 
 // Box (c0, c1) of a map (c0 the inner coordinate) into shared memory; its bytes
@@ -255,7 +265,7 @@ __device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t 
 // cover the other's fragment forming.
 // Grid (token tiles, row tiles): the blocks sharing a weight tile run together,
 // so its codes come from memory once and the other reads hit L2.
-template <int kBits, int kGroup, typename S, int kN, bool kOverlap>
+template <int kBits, int kGroup, typename S, int kN, bool kOverlap, bool kGrouped>
 __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     affine_gemm_kernel(const __grid_constant__ GemmProblem p) {
   using L = Layout<kBits, kN>;
@@ -268,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   const uint32_t full_bar = base_addr + kStages * L::kStageBytes, empty_bar = full_bar + 8 * kStages;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int n0 = blockIdx.x * kN, row0 = blockIdx.y * kRows;
+  const int row0 = blockIdx.y * kRows;
   // Split-K: block z of p.splits takes its share of the k-tiles; kt counts them from k0.
   const int all_tiles = p.in / kTileK, k0 = int(blockIdx.z) * all_tiles / p.splits;
   const int n_tiles = (int(blockIdx.z) + 1) * all_tiles / p.splits - k0;
@@ -281,6 +291,23 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   // x comes from the previous kernel (the weights never change, but a slot holds both).
   allow_next_kernel();
   wait_for_previous_kernel();
+  // The block's first token row, the rows past its own (n_end on), and where
+  // its expert's weight rows start in the code map (grouped), else 0.
+  int n0 = blockIdx.x * kN, n_end = p.T;
+  int64_t expert_row = 0;
+  if constexpr (kGrouped) {
+    const int tile = blockIdx.x;
+    if (tile >= p.tile_offsets[p.E]) return;  // the grid has a tile for every expert's partial one
+    int lo = 0, hi = p.E - 1;  // the expert: the last with tile_offsets[e] <= tile
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (p.tile_offsets[mid] <= tile) lo = mid;
+      else hi = mid - 1;
+    }
+    n0 = p.offsets[lo] + (tile - p.tile_offsets[lo]) * kN;
+    n_end = p.offsets[lo + 1];
+    expert_row = int64_t(lo) * p.expert_stride;
+  }
 
   // Thread 0 issues each tile's two loads (x and codes): tiles 0 to kStages - 3 first, then
   // tile kt + kStages - 2 at tile kt, into the slot of tile kt - 2 once both
@@ -292,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     const uint32_t at = base_addr + slot * L::kStageBytes, bar = full_bar + 8 * slot;
     barrier_expect(bar, L::kTileBytes);
     tma_load(at, &p.x_map, (k0 + kt) * kTileK, n0, bar);
-    tma_load(at + L::kCodeAt, &p.code_map, (k0 + kt) * L::kCodeBytes, row0, bar);
+    tma_load(at + L::kCodeAt, &p.code_map, (k0 + kt) * L::kCodeBytes, int(expert_row) + row0, bar);
   };
   if (tid == 0)
     for (int kt = 0; kt < kAhead && kt < n_tiles; ++kt) load(kt);
@@ -313,8 +340,8 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   struct Scales {
     uint32_t v[2][2][kGroupsPerTile];
   };
-  const int64_t scale_row[2] = {int64_t(min(row0 + r_top, p.out - 1)) * p.n_groups,
-                                int64_t(min(row0 + r_bottom, p.out - 1)) * p.n_groups};
+  const int64_t scale_row[2] = {(expert_row + min(row0 + r_top, p.out - 1)) * p.n_groups,
+                                (expert_row + min(row0 + r_bottom, p.out - 1)) * p.n_groups};
   auto load_scales = [&](int kt) {
     Scales t;
     const int first = (k0 + kt) * kTileK / kGroup;
@@ -481,10 +508,10 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int t = n0 + 8 * j + 2 * q + i % 2, o = i < 2 ? o_top : o_bottom;
-        if (t < p.T && o < p.out) fn(acc[4 * j + i], int64_t(t) * p.out + o, i < 2 ? bias_top : bias_bottom);
+        if (t < n_end && o < p.out) fn(acc[4 * j + i], int64_t(t) * p.out + o, i < 2 ? bias_top : bias_bottom);
       }
   };
-  if (p.splits == 1) {
+  if (kGrouped || p.splits == 1) {
     each_result([&](float sum, int64_t at, float bias) { p.y[at] = sum + bias; });
     return;
   }
@@ -543,10 +570,17 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   }
 }
 
-// x [T, in] f32 -> bf16, each 64-value tile of a 4-bit weight's input permuted
-// so that value 16 s + 8 h + 2 q + e sits where thread q's fragment takes it:
-// x[64 t + 8 (2q + s / 2) + 2 (s % 2) + h + 4 e].
-// It also zeroes the GEMM's split counters (n_counters of them).
+// Where the GEMM's bf16 input takes element i of a row from: each 64-value
+// tile of a 4-bit weight's input is permuted so that value 16 s + 8 h + 2 q + e
+// sits where thread q's fragment takes it: x[64 t + 8 (2q + s / 2) + 2 (s % 2) + h + 4 e].
+__device__ __forceinline__ int64_t input_source(int64_t i, int permute) {
+  if (!permute) return i;
+  const int l = int(i % kTileK), s = l / 16, h = l / 8 % 2, q = l / 2 % 4, e = l % 2;
+  return i - l + 8 * (2 * q + s / 2) + 2 * (s % 2) + h + 4 * e;
+}
+
+// x [T, in] f32 -> bf16 (input_source's order). It also zeroes the GEMM's
+// split counters (n_counters of them).
 __global__ void affine_gemm_input_kernel(const float* x, __nv_bfloat16* out, int64_t n, int permute, int* counters,
                                          int n_counters) {
   allow_next_kernel();
@@ -554,12 +588,32 @@ __global__ void affine_gemm_input_kernel(const float* x, __nv_bfloat16* out, int
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n_counters) counters[i] = 0;
   if (i >= n) return;
-  int64_t from = i;
-  if (permute) {
-    const int l = int(i % kTileK), s = l / 16, h = l / 8 % 2, q = l / 2 % 4, e = l % 2;
-    from = i - l + 8 * (2 * q + s / 2) + 2 * (s % 2) + h + 4 * e;
-  }
-  out[i] = __float2bfloat16(x[from]);
+  out[i] = __float2bfloat16(x[input_source(i, permute)]);
+}
+
+// The grouped GEMM's x: row r of P is token sorted_pair[r] / k's row of x [T, in]
+// f32, as bf16 in input_source's order.
+__global__ void affine_grouped_input_kernel(const float* x, const int32_t* sorted_pair, int k, int64_t P, int64_t in,
+                                            int permute, __nv_bfloat16* out) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= P * in) return;
+  const int64_t r = i / in, c = i % in, token = sorted_pair[r] / k;
+  out[i] = __float2bfloat16(x[token * in + input_source(c, permute)]);
+}
+
+// The grouped down GEMM's x: silu(gate) * up of [P, f] f32 each (in f32, as the
+// bf16 GEMM's epilogue forms it), as bf16 in input_source's order.
+__global__ void affine_grouped_swiglu_kernel(const float* gate, const float* up, int64_t P, int64_t f, int permute,
+                                             __nv_bfloat16* out) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= P * f) return;
+  const int64_t from = i - i % f + input_source(i % f, permute);
+  const float g = gate[from];
+  out[i] = __float2bfloat16(g / (1.0f + __expf(-g)) * up[from]);
 }
 
 template <typename Fn>
@@ -649,6 +703,40 @@ bool make_map(CUtensorMap* map, const void* base, CUtensorMapDataType dtype, uin
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// Launches the kernel of kN = `tokens` rows a block over `grid`: the
+// overlapped loop where it was measured faster (fifty-eighth and fifty-ninth
+// sessions, docs/benchmarks.md): int4 at 32 tokens with bf16 scales or f16 in
+// groups of 64 or 128 (+11-27% at 16 and 32 sequences), and at 64 tokens with
+// bf16 scales in groups of 64 or 128 (pp64 +18-26%); int8 at 32 tokens in
+// groups of 128 (+18-27%, bf16 and f16 scales; the plain loop ran them 20%
+// slower than groups of 64). Level or 1-4% slower: int4 f16 g32, int4 g32 or
+// f16 at 64 tokens, int8 g32 and g64; 7-15% slower at 256-token blocks.
+template <int kBits, int kGroup, typename S, bool kGrouped>
+cudaError_t launch_gemm_kernel(int tokens, dim3 grid, const GemmProblem& p, cudaStream_t stream) {
+  cudaError_t status = cudaSuccess;
+  auto run = [&]<int kN>() {
+    constexpr bool kBf16 = std::is_same_v<S, __nv_bfloat16>;
+    constexpr bool kOverlap = sizeof(S) == 2 && ((kBits == 4 && kN == 32 && (kBf16 || kGroup >= 64)) ||
+                                                 (kBits == 4 && kN == 64 && kBf16 && kGroup >= 64) ||
+                                                 (kBits == 8 && kN == 32 && kGroup == 128));
+    auto* kernel = affine_gemm_kernel<kBits, kGroup, S, kN, kOverlap, kGrouped>;
+    constexpr int bytes = Layout<kBits, kN>::kSharedBytes;
+    // Once per kernel (one GPU a process): more than the default 48 KB of shared memory.
+    static const cudaError_t allowed = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if ((status = allowed) != cudaSuccess) return;
+    status = launch_kernel(kernel, grid, dim3(kThreads), size_t(bytes), stream, p);
+  };
+  switch (tokens) {
+    case 32: run.template operator()<32>(); break;
+    case 64: run.template operator()<64>(); break;
+    case 128: run.template operator()<128>(); break;
+    default:
+      if constexpr (kGrouped) status = cudaErrorInvalidValue;  // grouped blocks take up to 128 tokens
+      else run.template operator()<256>();
+  }
+  return status;
+}
+
 }  // namespace
 
 bool affine_gemm_supports(const AffineArgs& w, int64_t T) {
@@ -694,34 +782,59 @@ cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratc
                uint32_t(kTileK * w.bits / 8), kRows, CU_TENSOR_MAP_SWIZZLE_NONE);
   if (!mapped) return cudaErrorInvalidValue;
   const cudaError_t dispatch = visit_gemm(w, [&]<int kBits, int kGroup, typename S>() {
-    auto run = [&]<int kN>() {
-      // The overlapped loop where it was measured faster (fifty-eighth and
-      // fifty-ninth sessions, docs/benchmarks.md): int4 at 32 tokens with bf16
-      // scales or f16 in groups of 64 or 128 (+11-27% at 16 and 32 sequences),
-      // and at 64 tokens with bf16 scales in groups of 64 or 128 (pp64 +18-26%);
-      // int8 at 32 tokens in groups of 128 (+18-27%, bf16 and f16 scales; the
-      // plain loop ran them 20% slower than groups of 64). Level or 1-4% slower:
-      // int4 f16 g32, int4 g32 or f16 at 64 tokens, int8 g32 and g64; 7-15%
-      // slower at 256-token blocks.
-      constexpr bool kBf16 = std::is_same_v<S, __nv_bfloat16>;
-      constexpr bool kOverlap = sizeof(S) == 2 && ((kBits == 4 && kN == 32 && (kBf16 || kGroup >= 64)) ||
-                                                   (kBits == 4 && kN == 64 && kBf16 && kGroup >= 64) ||
-                                                   (kBits == 8 && kN == 32 && kGroup == 128));
-      auto* kernel = affine_gemm_kernel<kBits, kGroup, S, kN, kOverlap>;
-      constexpr int bytes = Layout<kBits, kN>::kSharedBytes;
-      // Once per kernel (one GPU a process): more than the default 48 KB of shared memory.
-      static const cudaError_t allowed =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-      if ((status = allowed) != cudaSuccess) return;
-      const dim3 grid(unsigned((T + kN - 1) / kN), unsigned((w.out + kRows - 1) / kRows), unsigned(plan.splits));
-      status = launch_kernel(kernel, grid, dim3(kThreads), size_t(bytes), stream, p);
-    };
-    switch (n) {
-      case 32: run.template operator()<32>(); break;
-      case 64: run.template operator()<64>(); break;
-      case 128: run.template operator()<128>(); break;
-      default: run.template operator()<256>();
-    }
+    const dim3 grid(unsigned((T + n - 1) / n), unsigned((w.out + kRows - 1) / kRows), unsigned(plan.splits));
+    status = launch_gemm_kernel<kBits, kGroup, S, false>(n, grid, p, stream);
+  });
+  return dispatch != cudaSuccess ? dispatch : status;
+}
+
+bool affine_grouped_gemm_supports(const AffineArgs& w, int64_t expert_stride, int E, int64_t P, int tokens) {
+  return affine_gemm_supports(w, P) && E > 0 && expert_stride >= w.out &&
+         (int64_t(E) - 1) * expert_stride + w.out < (int64_t(1) << 31) &&  // the code map's rows as int coordinates
+         (tokens == 32 || tokens == 64 || tokens == 128);
+}
+
+cudaError_t launch_affine_grouped_input(const float* x, const int32_t* sorted_pair, int64_t k, int64_t P, int64_t in,
+                                        int bits, void* x_bf16, cudaStream_t stream) {
+  const int64_t n = P * in;
+  if (n == 0) return cudaSuccess;
+  return launch_kernel(affine_grouped_input_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, stream, x,
+                       sorted_pair, int(k), P, in, int(bits == 4), static_cast<__nv_bfloat16*>(x_bf16));
+}
+
+cudaError_t launch_affine_grouped_swiglu(const float* gate, const float* up, int64_t P, int64_t f, int bits,
+                                         void* act_bf16, cudaStream_t stream) {
+  const int64_t n = P * f;
+  if (n == 0) return cudaSuccess;
+  return launch_kernel(affine_grouped_swiglu_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, stream, gate, up,
+                       P, f, int(bits == 4), static_cast<__nv_bfloat16*>(act_bf16));
+}
+
+cudaError_t launch_affine_grouped_gemm(const AffineGroupedGemm& g, cudaStream_t stream) {
+  const AffineArgs& w = g.w;
+  if (g.P == 0) return cudaSuccess;
+  if (!affine_grouped_gemm_supports(w, g.expert_stride, g.E, g.P, g.tokens) ||
+      reinterpret_cast<uintptr_t>(g.x_bf16) % 16)
+    return cudaErrorInvalidValue;
+  const uint64_t row_bytes = uint64_t(w.in) * w.bits / 8;
+  GemmProblem p{};
+  p.scales = w.scales, p.biases = w.biases, p.n_groups = int(w.in / w.group_size), p.splits = 1;
+  p.y = g.y, p.T = int(g.P), p.in = int(w.in), p.out = int(w.out);
+  p.offsets = g.offsets, p.tile_offsets = g.tile_offsets, p.E = g.E, p.expert_stride = int(g.expert_stride);
+  const uint64_t code_rows = uint64_t(g.E - 1) * uint64_t(g.expert_stride) + uint64_t(w.out);
+  const bool mapped =
+      make_map(&p.x_map, g.x_bf16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint64_t(w.in), uint64_t(g.P),
+               uint64_t(w.in) * 2, kTileK, uint32_t(g.tokens), CU_TENSOR_MAP_SWIZZLE_128B) &&
+      make_map(&p.code_map, w.packed, CU_TENSOR_MAP_DATA_TYPE_UINT8, row_bytes, code_rows, row_bytes,
+               uint32_t(kTileK * w.bits / 8), kRows, CU_TENSOR_MAP_SWIZZLE_NONE);
+  if (!mapped) return cudaErrorInvalidValue;
+  // A token tile for each whole tile of pairs and each expert's partial one; the blocks past
+  // tile_offsets[E] end at once.
+  const int64_t tiles = (g.P + g.tokens - 1) / g.tokens + g.E;
+  const dim3 grid(unsigned(tiles), unsigned((w.out + kRows - 1) / kRows));
+  cudaError_t status = cudaSuccess;
+  const cudaError_t dispatch = visit_gemm(w, [&]<int kBits, int kGroup, typename S>() {
+    status = launch_gemm_kernel<kBits, kGroup, S, true>(g.tokens, grid, p, stream);
   });
   return dispatch != cudaSuccess ? dispatch : status;
 }

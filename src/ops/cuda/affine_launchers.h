@@ -118,6 +118,34 @@ int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T, AffineGemmPlan
 cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
                                int64_t T, cudaStream_t stream, AffineGemmPlan plan = {});
 
+// The same GEMM grouped by expert (the MoE experts' prefill, lever
+// tensor_core_affine_moe_gemm): `w` is expert 0's matrix (out rows of in
+// columns), expert e's starting expert_stride rows further. x holds the P
+// (token, slot) pairs sorted by expert as bf16 rows (launch_affine_grouped_input
+// or launch_affine_grouped_swiglu, for w's bits); expert e's pairs are rows
+// [offsets[e], offsets[e + 1]) and its tiles of `tokens` rows (32, 64 or 128)
+// start at tile_offsets[e], both on the device. y [P, out] f32, sorted rows.
+struct AffineGroupedGemm {
+  AffineArgs w;
+  int64_t expert_stride = 0;
+  int E = 0;
+  const void* x_bf16 = nullptr;  // [P, in], 16-byte aligned
+  int64_t P = 0;
+  const int32_t* offsets = nullptr;       // [E + 1]
+  const int32_t* tile_offsets = nullptr;  // [E + 1]
+  int tokens = 32;
+  float* y = nullptr;
+};
+bool affine_grouped_gemm_supports(const AffineArgs& w, int64_t expert_stride, int E, int64_t P, int tokens);
+cudaError_t launch_affine_grouped_gemm(const AffineGroupedGemm& g, cudaStream_t stream);
+// x_bf16 [P, in]: row r is token sorted_pair[r] / k's row of x [T, in], in the
+// order the GEMM of a `bits`-bit weight reads it.
+cudaError_t launch_affine_grouped_input(const float* x, const int32_t* sorted_pair, int64_t k, int64_t P, int64_t in,
+                                        int bits, void* x_bf16, cudaStream_t stream);
+// act_bf16 [P, f] = silu(gate) * up (f32 [P, f] each), in that order.
+cudaError_t launch_affine_grouped_swiglu(const float* gate, const float* up, int64_t P, int64_t f, int bits,
+                                         void* act_bf16, cudaStream_t stream);
+
 // dst [out, in] = dequant(w) in dst_dtype (f32, f16 or bf16), each value
 // computed in f32 as scale * q + bias and rounded once (Weight::dequantize).
 cudaError_t launch_affine_dequantize(const AffineArgs& w, void* dst, DType dst_dtype, cudaStream_t stream);

@@ -128,6 +128,11 @@ bool tensor_core_affine_matvec_enabled();
 void set_tensor_core_affine_gemm(bool on, bool every_size);
 bool tensor_core_affine_gemm_enabled();
 bool affine_gemm_at_every_size();
+// The MoE experts' prefill of MLX affine experts on that GEMM grouped by expert
+// (lever tensor_core_affine_moe_gemm, moe.cu); off: the WMMA grouped GEMM that
+// dequantizes its tiles into shared memory. Off unless set.
+void set_tensor_core_affine_moe_gemm(bool on);
+bool tensor_core_affine_moe_gemm_enabled();
 
 // y[T, out] = x'[T, in] w[out, in]^T (+ bias[out]), x' the input as `input` forms
 // it; T <= kMaxMatvecTokens, rows 16-byte aligned (in * sizeof(w) % 16 == 0).

@@ -5,6 +5,7 @@
 // capture a whole MoE layer.
 #include <mma.h>
 
+#include "ops/cuda/affine_launchers.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/fp8_decode.cuh"
 #include "ops/cuda/launchers.h"
@@ -408,8 +409,9 @@ __global__ void moe_count_kernel(const int32_t* ids, int64_t P, int32_t* counts)
     atomicAdd(&counts[ids[p]], 1);
 }
 
-// offsets: each expert's first sorted row; tile_offsets: its first GEMM row tile.
-__global__ void moe_scan_kernel(const int32_t* counts, int E, int32_t* offsets, int32_t* tile_offsets,
+// offsets: each expert's first sorted row; tile_offsets: its first GEMM row
+// tile of `tile` rows.
+__global__ void moe_scan_kernel(const int32_t* counts, int E, int tile, int32_t* offsets, int32_t* tile_offsets,
                                 int32_t* cursor) {
   allow_next_kernel();
   wait_for_previous_kernel();
@@ -419,7 +421,7 @@ __global__ void moe_scan_kernel(const int32_t* counts, int E, int32_t* offsets, 
     offsets[e] = cursor[e] = rows;
     tile_offsets[e] = tiles;
     rows += counts[e];
-    tiles += (counts[e] + kTileM - 1) / kTileM;
+    tiles += (counts[e] + tile - 1) / tile;
   }
   offsets[E] = rows;
   tile_offsets[E] = tiles;
@@ -576,10 +578,12 @@ __global__ void add_gated_kernel(float* out, const float* y, const float* gate, 
     out[i] += gate ? y[i] / (1.0f + __expf(-gate[i / d])) : y[i];
 }
 
-// Where each prefill scratch array starts (256-byte aligned).
+// Where each prefill scratch array starts (256-byte aligned). `act`: the
+// activations [P, f] f32, or (affine grouped) the gate and up products [2][P][f];
+// x_bf16 and act_bf16, the affine grouped GEMMs' inputs (else empty).
 struct PrefillScratch {
-  size_t counts, offsets, tile_offsets, cursor, sorted_pair, pair_pos, act, y, total;
-  PrefillScratch(int64_t T, int64_t k, int64_t E, int64_t d, int64_t f) {
+  size_t counts, offsets, tile_offsets, cursor, sorted_pair, pair_pos, act, y, x_bf16, act_bf16, total;
+  PrefillScratch(int64_t T, int64_t k, int64_t E, int64_t d, int64_t f, bool affine_grouped) {
     size_t at = 0;
     auto take = [&](size_t bytes) {
       const size_t start = at;
@@ -593,11 +597,65 @@ struct PrefillScratch {
     cursor = take(size_t(E) * 4);
     sorted_pair = take(size_t(P) * 4);
     pair_pos = take(size_t(P) * 4);
-    act = take(size_t(P) * size_t(f) * 4);
+    act = take(size_t(P) * size_t(f) * 4 * (affine_grouped ? 2 : 1));
     y = take(size_t(P) * size_t(d) * 4);
+    x_bf16 = take(affine_grouped ? size_t(P) * size_t(d) * 2 : 0);
+    act_bf16 = take(affine_grouped ? size_t(P) * size_t(f) * 2 : 0);
     total = at;
   }
 };
+
+// Expert 0's matrix of an MLX affine stack, as the affine GEMM takes it.
+AffineArgs affine_args_of(const ExpertMatrix& m) {
+  return {.packed = static_cast<const uint32_t*>(m.w), .scales = m.scales, .biases = m.biases, .scale_dtype = m.dtype,
+          .bits = m.bits, .group_size = m.group_size, .in = m.cols, .out = m.rows};
+}
+
+// Lever tensor_core_affine_moe_gemm: token tiles of 32, 64 or 128 pairs, by how
+// many an expert gets on average (the rows past an expert's pairs are wasted MMAs).
+int grouped_tokens(int64_t P, int64_t E) {
+  const int64_t experts = P < E ? P : E, average = (P + experts - 1) / experts;
+  return average <= 32 ? 32 : average <= 64 ? 64 : 128;
+}
+
+// Whether the prefill takes the affine GEMMs grouped by expert: the lever on,
+// MLX affine stacks (gate and up of the same bits: they share x's image), and
+// shapes the GEMM supports.
+bool affine_grouped(const MoeExpertsArgs& a) {
+  if (!tensor_core_affine_moe_gemm_enabled() || a.gate.bits == 0 || a.up.bits != a.gate.bits || a.down.bits == 0)
+    return false;
+  const int64_t P = a.T * a.k;
+  const int tokens = grouped_tokens(P, a.n_experts), E = int(a.n_experts);
+  for (const ExpertMatrix* m : {&a.gate, &a.up, &a.down})
+    if (!affine_grouped_gemm_supports(affine_args_of(*m), m->expert_stride, E, P, tokens)) return false;
+  return true;
+}
+
+// Gate/up and down as the affine GEMMs grouped by expert over the sorted pairs:
+// x gathered into bf16 rows, the gate and up products, SwiGLU's product in
+// bf16, then down into y [P, d_model] (sorted rows).
+cudaError_t run_affine_grouped(const MoeExpertsArgs& a, const PrefillScratch& s, char* base, int tokens,
+                               cudaStream_t stream) {
+  const int64_t P = a.T * a.k;
+  auto ints = [&](size_t offset) { return reinterpret_cast<const int32_t*>(base + offset); };
+  float* gate = reinterpret_cast<float*>(base + s.act);
+  float* up = gate + P * a.d_ff;
+  void* x_bf16 = base + s.x_bf16;
+  void* act_bf16 = base + s.act_bf16;
+  cudaError_t err =
+      launch_affine_grouped_input(a.x, ints(s.sorted_pair), a.k, P, a.d_model, a.gate.bits, x_bf16, stream);
+  AffineGroupedGemm g{.w = affine_args_of(a.gate), .expert_stride = a.gate.expert_stride, .E = int(a.n_experts),
+                      .x_bf16 = x_bf16, .P = P, .offsets = ints(s.offsets), .tile_offsets = ints(s.tile_offsets),
+                      .tokens = tokens, .y = gate};
+  if (err == cudaSuccess) err = launch_affine_grouped_gemm(g, stream);
+  g.w = affine_args_of(a.up), g.expert_stride = a.up.expert_stride, g.y = up;
+  if (err == cudaSuccess) err = launch_affine_grouped_gemm(g, stream);
+  if (err == cudaSuccess) err = launch_affine_grouped_swiglu(gate, up, P, a.d_ff, a.down.bits, act_bf16, stream);
+  g.w = affine_args_of(a.down), g.expert_stride = a.down.expert_stride, g.x_bf16 = act_bf16;
+  g.y = reinterpret_cast<float*>(base + s.y);
+  if (err == cudaSuccess) err = launch_affine_grouped_gemm(g, stream);
+  return err;
+}
 
 }  // namespace
 
@@ -640,12 +698,13 @@ cudaError_t launch_moe_experts_decode(const MoeExpertsArgs& a, float* act, cudaS
   });
 }
 
-size_t moe_prefill_scratch_bytes(int64_t T, int64_t k, int64_t n_experts, int64_t d_model, int64_t d_ff) {
-  return PrefillScratch(T, k, n_experts, d_model, d_ff).total;
+size_t moe_prefill_scratch_bytes(const MoeExpertsArgs& a) {
+  return PrefillScratch(a.T, a.k, a.n_experts, a.d_model, a.d_ff, affine_grouped(a)).total;
 }
 
 cudaError_t launch_moe_experts_prefill(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream) {
-  const PrefillScratch s(a.T, a.k, a.n_experts, a.d_model, a.d_ff);
+  const bool grouped = affine_grouped(a);
+  const PrefillScratch s(a.T, a.k, a.n_experts, a.d_model, a.d_ff, grouped);
   char* base = static_cast<char*>(scratch);
   auto ints = [&](size_t offset) { return reinterpret_cast<int32_t*>(base + offset); };
   float* act = reinterpret_cast<float*>(base + s.act);
@@ -653,12 +712,18 @@ cudaError_t launch_moe_experts_prefill(const MoeExpertsArgs& a, void* scratch, c
   const int64_t P = a.T * a.k;
   const int E = int(a.n_experts);
   if (cudaError_t err = cudaMemsetAsync(ints(s.counts), 0, size_t(E) * 4, stream); err != cudaSuccess) return err;
-  const int blocks = grid_for(P);
+  const int blocks = grid_for(P), tile = grouped ? grouped_tokens(P, E) : kTileM;
   launch_kernel(moe_count_kernel, dim3(blocks), dim3(256), 0, stream, a.ids, P, ints(s.counts));
-  launch_kernel(moe_scan_kernel, dim3(1), dim3(32), 0, stream, static_cast<const int32_t*>(ints(s.counts)), E,
+  launch_kernel(moe_scan_kernel, dim3(1), dim3(32), 0, stream, static_cast<const int32_t*>(ints(s.counts)), E, tile,
                 ints(s.offsets), ints(s.tile_offsets), ints(s.cursor));
   launch_kernel(moe_scatter_kernel, dim3(blocks), dim3(256), 0, stream, a.ids, P, ints(s.cursor), ints(s.sorted_pair),
                 ints(s.pair_pos));
+  if (grouped) {
+    if (cudaError_t err = run_affine_grouped(a, s, base, tile, stream); err != cudaSuccess) return err;
+    return launch_kernel(moe_combine_kernel, dim3(grid_for(a.T * a.d_model)), dim3(256), 0, stream,
+                         static_cast<const float*>(y), static_cast<const int32_t*>(ints(s.pair_pos)), a.weights,
+                         a.out, a.T, a.k, a.d_model);
+  }
   // At most P / 64 + E row tiles (each expert's last tile may be partial); the rest exit at once.
   const unsigned max_tiles = unsigned(ceil_div(P, kTileM) + E);
   GemmArgs up{.b = a.gate, .b_up = a.up, .a = a.x, .a_by_token = true, .sorted_pair = ints(s.sorted_pair),

@@ -119,7 +119,9 @@ cudaError_t launch_moe_experts_fp8_mma(const MoeExpertsArgs& a, void* scratch, c
 // grouped tensor-core GEMMs (bf16 inputs, f32 accumulation) in which each
 // expert's weights are read once per tile of 64 of its rows, and a combine in
 // slot order. Scratch sizes from moe_prefill_scratch_bytes.
-size_t moe_prefill_scratch_bytes(int64_t T, int64_t k, int64_t n_experts, int64_t d_model, int64_t d_ff);
+// Under lever tensor_core_affine_moe_gemm, MLX affine experts take the
+// dequantizing affine GEMM grouped by expert instead (affine_launchers.h).
+size_t moe_prefill_scratch_bytes(const MoeExpertsArgs& a);
 cudaError_t launch_moe_experts_prefill(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream);
 
 // out[t, :] += y[t, :] * sigmoid(gate[t]) (gate null: out += y).

@@ -134,8 +134,7 @@ void run_experts(const MoeExpertsArgs& a) {
     return;
   }
   Tensor scratch =
-      Tensor::empty({int64_t(moe_prefill_scratch_bytes(a.T, a.k, a.n_experts, a.d_model, a.d_ff))}, DType::u8,
-                    Device::cuda);
+      Tensor::empty({int64_t(moe_prefill_scratch_bytes(a))}, DType::u8, Device::cuda);
   MERE_CUDA(launch_moe_experts_prefill(a, scratch.raw(), stream()));
 }
 
