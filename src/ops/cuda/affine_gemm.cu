@@ -23,6 +23,12 @@
 // its rows' scales and biases itself, a tile ahead. Where the grid holds fewer
 // blocks than the SMs take at once, the k-tiles split into ranges (plan_for).
 //
+// Grouped by expert (the MoE experts' prefill, lever tensor_core_affine_moe_gemm):
+// x's rows are the (token, slot) pairs sorted by expert, and a block's token
+// tile holds pairs of one expert only, whose weight rows its codes come from
+// (GemmProblem's offsets). Each expert's weights are then read once per tile of
+// its pairs, and the MMAs past its last pair are wasted (tiles of 32-128 pairs).
+//
 // Fragment of thread (g, q) = (lane / 4, lane % 4) of warp w in its warpgroup,
 // step s of a k-tile (16 values): rows 16 w + g and 16 w + g + 8, values
 // 16 s + 2q, + 1 and 16 s + 8 + 2q, + 1 (the m16n8k16 layout). With 8-bit

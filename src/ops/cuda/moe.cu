@@ -1,6 +1,8 @@
 // Mixture of experts on CUDA: routing (one warp per token), decode matvecs over
 // the chosen experts' rows only, and prefill as grouped tensor-core GEMMs over
-// the (token, slot) pairs sorted by expert on the device. No host round trip:
+// the (token, slot) pairs sorted by expert on the device (MLX affine experts on
+// affine_gemm.cu's kernel, lever tensor_core_affine_moe_gemm; the others on a
+// WMMA kernel here). No host round trip:
 // every step reads the expert ids from device memory, so a CUDA graph can
 // capture a whole MoE layer.
 #include <mma.h>
