@@ -304,15 +304,10 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   if constexpr (kGrouped) {
     const int tile = blockIdx.x;
     if (tile >= p.tile_offsets[p.E]) return;  // the grid has a tile for every expert's partial one
-    int lo = 0, hi = p.E - 1;  // the expert: the last with tile_offsets[e] <= tile
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (p.tile_offsets[mid] <= tile) lo = mid;
-      else hi = mid - 1;
-    }
-    n0 = p.offsets[lo] + (tile - p.tile_offsets[lo]) * kN;
-    n_end = p.offsets[lo + 1];
-    expert_row = int64_t(lo) * p.expert_stride;
+    const int e = expert_of_tile(p.tile_offsets, p.E, tile);
+    n0 = p.offsets[e] + (tile - p.tile_offsets[e]) * kN;
+    n_end = p.offsets[e + 1];
+    expert_row = int64_t(e) * p.expert_stride;
   }
 
   // Thread 0 issues each tile's two loads (x and codes): tiles 0 to kStages - 3 first, then

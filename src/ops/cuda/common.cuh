@@ -144,6 +144,18 @@ __device__ __forceinline__ int frexp_exponent(float x) { return ((__float_as_int
 // 2^k for k in [-126, 127].
 __device__ __forceinline__ float exp2_int(int k) { return __int_as_float((k + 127) << 23); }
 
+// The MoE prefill's grouped GEMMs (moe.cu, affine_gemm.cu): the expert whose
+// token tiles hold tile `tile`, the last e with tile_offsets[e] <= tile.
+__device__ __forceinline__ int expert_of_tile(const int32_t* tile_offsets, int E, int tile) {
+  int lo = 0, hi = E - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_offsets[mid] <= tile) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 inline int grid_for(int64_t n) { return ceil_div(n, 256) < 1056 ? (ceil_div(n, 256) > 0 ? ceil_div(n, 256) : 1) : 1056; }
 

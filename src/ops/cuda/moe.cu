@@ -466,13 +466,7 @@ __global__ void __launch_bounds__(128) moe_grouped_gemm(const GemmArgs g) {
   wait_for_previous_kernel();
   const int tile = blockIdx.y;
   if (tile >= g.tile_offsets[g.E]) return;
-  int lo = 0, hi = g.E - 1;  // the expert: the last with tile_offsets[e] <= tile
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (g.tile_offsets[mid] <= tile) lo = mid;
-    else hi = mid - 1;
-  }
-  const int e = lo;
+  const int e = expert_of_tile(g.tile_offsets, g.E, tile);
   const int64_t row0 = g.offsets[e] + int64_t(tile - g.tile_offsets[e]) * kTileM;
   const int rows = int(min(int64_t(kTileM), int64_t(g.offsets[e + 1]) - row0));
   const int64_t col0 = int64_t(blockIdx.x) * kTileN;
