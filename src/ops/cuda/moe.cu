@@ -627,6 +627,32 @@ bool affine_grouped(const MoeExpertsArgs& a) {
   return true;
 }
 
+// Gate/up (SwiGLU in its epilogue) and down as the WMMA grouped GEMMs over the
+// sorted pairs, into y [P, d_model] (sorted rows).
+cudaError_t run_wmma_grouped(const MoeExpertsArgs& a, const PrefillScratch& s, char* base, cudaStream_t stream) {
+  const int64_t P = a.T * a.k;
+  const int E = int(a.n_experts);
+  auto ints = [&](size_t offset) { return reinterpret_cast<const int32_t*>(base + offset); };
+  float* act = reinterpret_cast<float*>(base + s.act);
+  // At most P / 64 + E row tiles (each expert's last tile may be partial); the rest exit at once.
+  const unsigned max_tiles = unsigned(ceil_div(P, kTileM) + E);
+  GemmArgs up{.b = a.gate, .b_up = a.up, .a = a.x, .a_by_token = true, .sorted_pair = ints(s.sorted_pair),
+              .offsets = ints(s.offsets), .tile_offsets = ints(s.tile_offsets), .out = act, .k_slots = a.k,
+              .K = a.d_model, .N = a.d_ff, .E = E};
+  cudaError_t err = visit_format(a.gate, [&]<typename F>() {
+    launch_kernel(moe_grouped_gemm<F, true>, dim3(unsigned(ceil_div(a.d_ff, kTileN)), max_tiles), dim3(128), 0,
+                  stream, up);
+  });
+  if (err != cudaSuccess) return err;
+  GemmArgs down{.b = a.down, .b_up = a.down, .a = act, .a_by_token = false, .sorted_pair = ints(s.sorted_pair),
+                .offsets = ints(s.offsets), .tile_offsets = ints(s.tile_offsets),
+                .out = reinterpret_cast<float*>(base + s.y), .k_slots = a.k, .K = a.d_ff, .N = a.d_model, .E = E};
+  return visit_format(a.down, [&]<typename F>() {
+    launch_kernel(moe_grouped_gemm<F, false>, dim3(unsigned(ceil_div(a.d_model, kTileN)), max_tiles), dim3(128), 0,
+                  stream, down);
+  });
+}
+
 // Gate/up and down as the affine GEMMs grouped by expert over the sorted pairs:
 // x gathered into bf16 rows, the gate and up products, SwiGLU's product in
 // bf16, then down into y [P, d_model] (sorted rows).
@@ -703,8 +729,7 @@ cudaError_t launch_moe_experts_prefill(const MoeExpertsArgs& a, void* scratch, c
   const PrefillScratch s(a.T, a.k, a.n_experts, a.d_model, a.d_ff, grouped);
   char* base = static_cast<char*>(scratch);
   auto ints = [&](size_t offset) { return reinterpret_cast<int32_t*>(base + offset); };
-  float* act = reinterpret_cast<float*>(base + s.act);
-  float* y = reinterpret_cast<float*>(base + s.y);
+  const float* y = reinterpret_cast<const float*>(base + s.y);
   const int64_t P = a.T * a.k;
   const int E = int(a.n_experts);
   if (cudaError_t err = cudaMemsetAsync(ints(s.counts), 0, size_t(E) * 4, stream); err != cudaSuccess) return err;
@@ -714,33 +739,11 @@ cudaError_t launch_moe_experts_prefill(const MoeExpertsArgs& a, void* scratch, c
                 ints(s.offsets), ints(s.tile_offsets), ints(s.cursor));
   launch_kernel(moe_scatter_kernel, dim3(blocks), dim3(256), 0, stream, a.ids, P, ints(s.cursor), ints(s.sorted_pair),
                 ints(s.pair_pos));
-  if (grouped) {
-    if (cudaError_t err = run_affine_grouped(a, s, base, tile, stream); err != cudaSuccess) return err;
-    return launch_kernel(moe_combine_kernel, dim3(grid_for(a.T * a.d_model)), dim3(256), 0, stream,
-                         static_cast<const float*>(y), static_cast<const int32_t*>(ints(s.pair_pos)), a.weights,
-                         a.out, a.T, a.k, a.d_model);
-  }
-  // At most P / 64 + E row tiles (each expert's last tile may be partial); the rest exit at once.
-  const unsigned max_tiles = unsigned(ceil_div(P, kTileM) + E);
-  GemmArgs up{.b = a.gate, .b_up = a.up, .a = a.x, .a_by_token = true, .sorted_pair = ints(s.sorted_pair),
-              .offsets = ints(s.offsets), .tile_offsets = ints(s.tile_offsets), .out = act, .k_slots = a.k,
-              .K = a.d_model, .N = a.d_ff, .E = E};
-  cudaError_t err = visit_format(a.gate, [&]<typename F>() {
-    launch_kernel(moe_grouped_gemm<F, true>, dim3(unsigned(ceil_div(a.d_ff, kTileN)), max_tiles), dim3(128), 0,
-                  stream, up);
-  });
-  if (err != cudaSuccess) return err;
-  GemmArgs down{.b = a.down, .b_up = a.down, .a = act, .a_by_token = false, .sorted_pair = ints(s.sorted_pair),
-                .offsets = ints(s.offsets), .tile_offsets = ints(s.tile_offsets), .out = y, .k_slots = a.k,
-                .K = a.d_ff, .N = a.d_model, .E = E};
-  err = visit_format(a.down, [&]<typename F>() {
-    launch_kernel(moe_grouped_gemm<F, false>, dim3(unsigned(ceil_div(a.d_model, kTileN)), max_tiles), dim3(128), 0,
-                  stream, down);
-  });
+  cudaError_t err = grouped ? run_affine_grouped(a, s, base, tile, stream) : run_wmma_grouped(a, s, base, stream);
   if (err != cudaSuccess) return err;
   return launch_kernel(moe_combine_kernel, dim3(grid_for(a.T * a.d_model)), dim3(256), 0, stream,
-                       static_cast<const float*>(y), static_cast<const int32_t*>(ints(s.pair_pos)), a.weights, a.out,
-                       a.T, a.k, a.d_model);
+                       y, static_cast<const int32_t*>(ints(s.pair_pos)), a.weights, a.out, a.T, a.k,
+                       a.d_model);
 }
 
 cudaError_t launch_add_gated(float* out, const float* y, const float* gate, int64_t T, int64_t d,
