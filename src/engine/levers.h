@@ -219,6 +219,12 @@ struct Levers {
   // Default: Qwen3-30B-A3B (H100) int4 pp512 +63%, pp2048 +81%, int8 +41% /
   // +73%, batched decode of 24-64 sequences x2.4 (docs/levers.md).
   bool tensor_core_affine_moe_gemm = true;
+  // bf16 and FP8 (128 x 128 block scales) MoE experts' prefill on that grouped
+  // GEMM too: bf16 rows taken by ldmatrix from the 128-byte swizzle, FP8 values
+  // formed in registers as scale * value rounded once to bf16. Off: the WMMA
+  // grouped GEMM; the same bf16 operands, the sums in another order. Off until
+  // measured (docs/levers.md).
+  bool tensor_core_dense_moe_gemm = false;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves
   // both. Off: measured no faster (Qwen3-30B-A3B shape, H200), bit-identical.
@@ -316,6 +322,7 @@ struct Levers {
                   .streamed_weights = false,
                   .tensor_core_affine_gemm = LeverMode::off,
                   .tensor_core_affine_moe_gemm = false,
+                  .tensor_core_dense_moe_gemm = false,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false,
                   .cpu_direct_matvec = false,

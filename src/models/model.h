@@ -77,6 +77,8 @@ struct LoadOptions {
   // MLX affine MoE experts' prefill on the dequantizing GEMM grouped by expert
   // (lever tensor_core_affine_moe_gemm).
   bool tensor_core_affine_moe_gemm = false;
+  // bf16 and FP8 MoE experts' prefill on that grouped GEMM (lever tensor_core_dense_moe_gemm).
+  bool tensor_core_dense_moe_gemm = false;
   // MoE experts' gate and up stacked into one matrix per expert (lever fused_moe_gate_up).
   bool fuse_moe_gate_up = false;
   // CPU decode matvecs on the stored weights in registers (lever cpu_direct_matvec).

@@ -115,6 +115,8 @@ struct LaunchSettings {
   bool affine_gemm_at_every_size = false;
   // Lever tensor_core_affine_moe_gemm: MLX affine experts' prefill on that GEMM, grouped by expert.
   bool tensor_core_affine_moe_gemm = false;
+  // Lever tensor_core_dense_moe_gemm: bf16 and FP8 experts' prefill on that grouped GEMM.
+  bool tensor_core_dense_moe_gemm = false;
 };
 void set_launch_settings(const LaunchSettings& settings);
 

@@ -476,46 +476,57 @@ TEST(MoeGpu, SixteenSequencesDecodeOnTheTensorCoreExpertsWhatTheyDecodeInBatches
   }
 }
 
-// Lever tensor_core_affine_moe_gemm on the Qwen3-30B-A3B shape (random int4 and
-// int8, one layer): the experts of a 100-token prompt and of a step of 32
-// sequences take the affine GEMM grouped by expert instead of the WMMA grouped
-// GEMM, with the same bf16 operands, so only the order of the f32 sums moves
-// (int4's x is permuted within each 64 columns), and with it the bf16 rounding
-// of a few activations: every row's logits within 1e-3 of the lever off with
-// the same argmax (H100: int4 5.2e-4 and 3.2e-4, int8 bit-identical), and 8
-// greedy tokens after the prompt the same. One layer, so that both arms route
-// every token alike: with two (first run) int4's last-bit differences moved a
-// near tie in the second layer's top 8, and two of 100 prompt rows changed
-// their argmax (logits 0.10 apart at worst).
-TEST(MoeGpu, GroupedAffineGemmMovesOnlyTheSumsOrderOnTheQwen3_30B_A3B_Shape) {
-  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+// One layer of the Qwen3-30B-A3B shape in `quant`, the lever that `lever`
+// names on and off: a 100-token prompt and a step of 32 sequences, whose
+// experts take the affine GEMM grouped by expert or the WMMA grouped GEMM.
+// Both multiply the same bf16 operands, so only the order of the f32 sums
+// moves (int4's x is permuted within each 64 columns), and with it the bf16
+// rounding of a few activations: every row's logits within 1e-3 of the lever
+// off with the same argmax, and 8 greedy tokens after the prompt the same. One
+// layer, so that both arms route every token alike: with two (first run)
+// int4's last-bit differences moved a near tie in the second layer's top 8,
+// and two of 100 prompt rows changed their argmax (logits 0.10 apart at worst).
+void expect_grouped_gemm_moves_only_the_sums_order(bool LoadOptions::*lever, const char* quant) {
   LoadOptions on = Levers{}.load_options(Device::cuda), off = on;
-  on.tensor_core_affine_moe_gemm = true;
-  off.tensor_core_affine_moe_gemm = false;
+  on.*lever = true;
+  off.*lever = false;
   const nlohmann::json one_layer = {{"num_hidden_layers", 1}};
   std::vector<int32_t> prompt;
   for (int32_t i = 0; i < 100; ++i) prompt.push_back(100 + 97 * i);
-  for (const char* quant : {"int4", "int8"}) {
-    auto grouped = random_model("qwen3-30b-a3b", Device::cuda, on, 1, RandomQuant::parse(quant), one_layer);
-    auto wmma = random_model("qwen3-30b-a3b", Device::cuda, off, 1, RandomQuant::parse(quant), one_layer);
-    auto s_on = grouped->make_state(128), s_off = wmma->make_state(128);
-    Tensor got = grouped->forward(prompt, *s_on, true).to_device(Device::cpu);
-    Tensor want = wmma->forward(prompt, *s_off, true).to_device(Device::cpu);
-    const std::string label = std::string(quant) + ", a 100-token prompt";
-    EXPECT_LE(test::relative_error(got, want, label), 1e-3f);
-    for (int64_t t = 0; t < got.dim(0); ++t) EXPECT_EQ(argmax_row(got, t), argmax_row(want, t)) << label << " row " << t;
-    for (int step = 0; step < 8; ++step) {
-      const int32_t next = argmax_row(want, want.dim(0) - 1);
-      ASSERT_EQ(argmax_row(got, got.dim(0) - 1), next) << quant << " greedy step " << step;
-      got = grouped->forward({next}, *s_on, false).to_device(Device::cpu);
-      want = wmma->forward({next}, *s_off, false).to_device(Device::cpu);
-    }
-    const Tensor batch_on = batched_decode_step(*grouped, {32}), batch_off = batched_decode_step(*wmma, {32});
-    const std::string batch_label = std::string(quant) + ", a step of 32 sequences";
-    EXPECT_LE(test::relative_error(batch_on, batch_off, batch_label), 1e-3f);
-    for (int64_t t = 0; t < 32; ++t)
-      EXPECT_EQ(argmax_row(batch_on, t), argmax_row(batch_off, t)) << batch_label << " row " << t;
+  auto grouped = random_model("qwen3-30b-a3b", Device::cuda, on, 1, RandomQuant::parse(quant), one_layer);
+  auto wmma = random_model("qwen3-30b-a3b", Device::cuda, off, 1, RandomQuant::parse(quant), one_layer);
+  auto s_on = grouped->make_state(128), s_off = wmma->make_state(128);
+  Tensor got = grouped->forward(prompt, *s_on, true).to_device(Device::cpu);
+  Tensor want = wmma->forward(prompt, *s_off, true).to_device(Device::cpu);
+  const std::string label = std::string(quant) + ", a 100-token prompt";
+  EXPECT_LE(test::relative_error(got, want, label), 1e-3f);
+  for (int64_t t = 0; t < got.dim(0); ++t) EXPECT_EQ(argmax_row(got, t), argmax_row(want, t)) << label << " row " << t;
+  for (int step = 0; step < 8; ++step) {
+    const int32_t next = argmax_row(want, want.dim(0) - 1);
+    ASSERT_EQ(argmax_row(got, got.dim(0) - 1), next) << quant << " greedy step " << step;
+    got = grouped->forward({next}, *s_on, false).to_device(Device::cpu);
+    want = wmma->forward({next}, *s_off, false).to_device(Device::cpu);
   }
+  const Tensor batch_on = batched_decode_step(*grouped, {32}), batch_off = batched_decode_step(*wmma, {32});
+  const std::string batch_label = std::string(quant) + ", a step of 32 sequences";
+  EXPECT_LE(test::relative_error(batch_on, batch_off, batch_label), 1e-3f);
+  for (int64_t t = 0; t < 32; ++t)
+    EXPECT_EQ(argmax_row(batch_on, t), argmax_row(batch_off, t)) << batch_label << " row " << t;
+}
+
+// Lever tensor_core_affine_moe_gemm, random int4 and int8 (H100: int4 5.2e-4
+// and 3.2e-4, int8 bit-identical).
+TEST(MoeGpu, GroupedAffineGemmMovesOnlyTheSumsOrderOnTheQwen3_30B_A3B_Shape) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  for (const char* quant : {"int4", "int8"})
+    expect_grouped_gemm_moves_only_the_sums_order(&LoadOptions::tensor_core_affine_moe_gemm, quant);
+}
+
+// Lever tensor_core_dense_moe_gemm, random bf16 and fp8 (128 x 128 blocks).
+TEST(MoeGpu, GroupedDenseGemmMovesOnlyTheSumsOrderOnTheQwen3_30B_A3B_Shape) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  for (const char* quant : {"bf16", "fp8"})
+    expect_grouped_gemm_moves_only_the_sums_order(&LoadOptions::tensor_core_dense_moe_gemm, quant);
 }
 
 // Lever int4_byte_codes on the Qwen3-30B-A3B shape in random int4 (g64), one

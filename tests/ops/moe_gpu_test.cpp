@@ -97,12 +97,13 @@ Weight random_affine(int64_t rows, int64_t cols, int bits, int group, uint64_t s
   return Weight(std::move(a), cols);
 }
 
-// E experts [f, d] / [d, f] in `format` ("bf16", "fp8", "int4", "int8"), gate and up fused or not;
+// E experts [f, d] / [d, f] in `format` ("bf16", "f16", "fp8", "int4", "int8"), gate and up fused or not;
 // affine groups of `group` (default: 64 for int4, 32 for int8).
 ops::ExpertWeights random_experts(int64_t E, int64_t f, int64_t d, const std::string& format, bool fused,
                                   int group = 0) {
   auto matrix = [&](int64_t rows, int64_t cols, uint64_t seed) {
-    if (format == "bf16") return Weight(random({rows, cols}, DType::bf16, seed, 0.05f));
+    if (format == "bf16" || format == "f16")
+      return Weight(random({rows, cols}, format == "bf16" ? DType::bf16 : DType::f16, seed, 0.05f));
     if (format == "fp8") return Weight(test::random_fp8(rows, cols, 128, seed));
     const int bits = format == "int4" ? 4 : 8;
     return random_affine(rows, cols, bits, group > 0 ? group : bits == 4 ? 64 : 32, seed);
@@ -671,27 +672,79 @@ TEST_F(MoeOpsGpu, SkewedRoutingAllTokensToOneExpertLeavesOthersEmpty) {
                            "skewed: 200 tokens to expert 5"), 2e-2f);
 }
 
-// Lever tensor_core_affine_moe_gemm: MLX affine experts' prefill on the
-// dequantizing affine GEMM grouped by expert (wgmma, the weights formed in
-// registers) instead of the WMMA grouped GEMM. Both round x, the weights and
-// the activations to bf16 and sum in f32, so only the order of the sums moves:
-// within 1e-3 of the lever off, and of the CPU as the prefill test above. Cases:
-// int4 and int8 in groups of 32, 64 and 128, fused and separate gate/up, token
-// tiles of 32, 64 and 128 pairs (17, 150 and 600 tokens, k = 4 of 16 experts;
-// at 600 an expert has several tiles), every token on two experts (five of
-// eight experts empty, one with 4 tiles), and a wider shape (32 experts of 256 x 512,
-// k = 8). The lever's kernels run in place of the WMMA GEMM's; bf16 experts keep it.
+// The grouped affine GEMM (levers tensor_core_affine_moe_gemm and
+// tensor_core_dense_moe_gemm) against the WMMA grouped GEMM it replaces. Both
+// round x, the weights and the activations to bf16 and sum in f32, so only the
+// order of the sums moves: within 1e-3 of the lever off, and of the CPU as the
+// prefill test above. Token tiles of 32, 64 and 128 pairs come from 17, 150 and
+// 600 tokens (k = 4 of 16 experts; at 600 an expert has several tiles).
 class MoeAffineGemmGpu : public test::NeedsGpuDefaultLaunch {};
 
+struct GroupedCase {
+  std::string format;
+  int group;
+  int64_t E, f, d, k;
+  bool fused, skewed;
+  std::vector<int64_t> tokens;
+};
+
+// Runs case c with `lever` of the launch settings off and on: the lever's
+// kernels in place of the WMMA GEMM's, within 1e-3 of it and 2e-2 of the CPU.
+void expect_grouped_gemm_matches_the_wmma_gemm(const GroupedCase& c, bool ops::LaunchSettings::*lever) {
+  const ops::ExpertWeights w = random_experts(c.E, c.f, c.d, c.format, c.fused, c.group), wg = on_gpu(w);
+  for (int64_t T : c.tokens) {
+    const std::string label = c.format + " g" + std::to_string(c.group) + (c.fused ? " fused" : "") +
+                              (c.skewed ? " skewed" : "") + " E=" + std::to_string(c.E) + " k=" +
+                              std::to_string(c.k) + " T=" + std::to_string(T);
+    const Tensor x = random({T, c.d}, DType::f32, 700 + uint64_t(T));
+    ops::MoeChoice choice;
+    if (c.skewed) {  // every token on expert 5 and on 4 or 7: the five others empty
+      choice = {Tensor::empty({T, c.k}, DType::i32), Tensor::empty({T, c.k}, DType::f32)};
+      for (int64_t t = 0; t < T; ++t) {
+        choice.ids.data<int32_t>()[c.k * t] = 5, choice.ids.data<int32_t>()[c.k * t + 1] = t % 3 == 0 ? 7 : 4;
+        choice.weights.data<float>()[c.k * t] = 0.75f, choice.weights.data<float>()[c.k * t + 1] = 0.25f;
+      }
+    } else {
+      choice = ops::moe_route(random({T, c.E}, DType::f32, 701 + uint64_t(T), 2.0f),
+                              {.top_k = int(c.k), .renormalize = true});
+    }
+    const Tensor xg = gpu(x);
+    const ops::MoeChoice cg = on_gpu(choice);
+    auto run_with = [&](bool grouped) {
+      ops::LaunchSettings settings;
+      settings.*lever = grouped;
+      ops::set_launch_settings(settings);
+      std::vector<std::string> names;
+      for (const auto& launch : test::kernel_launches_by([&] { ops::moe_experts(xg, wg, cg); }))
+        names.push_back(launch.name);
+      const Tensor y = ops::moe_experts(xg, wg, cg).to_device(Device::cpu);
+      ops::set_launch_settings({});
+      return std::pair{names, y};
+    };
+    auto launched = [](const std::vector<std::string>& names, const char* kernel) {
+      int n = 0;
+      for (const std::string& name : names) n += name.find(kernel) != std::string::npos;
+      return n;
+    };
+    const auto [off_names, off] = run_with(false);
+    const auto [on_names, on] = run_with(true);
+    EXPECT_EQ(launched(off_names, "moe_grouped_gemm"), 2) << label;
+    EXPECT_EQ(launched(on_names, "moe_grouped_gemm"), 0) << label;
+    EXPECT_EQ(launched(on_names, "affine_gemm_kernel"), 3) << label << ": gate, up, down";
+    EXPECT_EQ(launched(on_names, "affine_grouped_input_kernel"), 1) << label;
+    EXPECT_EQ(launched(on_names, "affine_grouped_swiglu_kernel"), 1) << label;
+    EXPECT_LE(relative_error(on, off, label + ", grouped affine against WMMA"), 1e-3f);
+    EXPECT_LE(relative_error(on, ops::moe_experts(x, w, choice), label + ", grouped affine against the CPU"), 2e-2f);
+  }
+}
+
+// Lever tensor_core_affine_moe_gemm: MLX affine experts, the weights formed in
+// registers from their codes. int4 and int8 in groups of 32, 64 and 128, fused
+// and separate gate/up, every token on two experts (five of eight experts
+// empty, one with 4 tiles), and a wider shape (32 experts of 256 x 512, k = 8).
+// bf16 experts keep the WMMA GEMM, bit for bit.
 TEST_F(MoeAffineGemmGpu, GroupedAffineGemmMatchesTheWmmaGemm) {
-  struct Case {
-    std::string format;
-    int group;
-    int64_t E, f, d, k;
-    bool fused, skewed;
-    std::vector<int64_t> tokens;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<GroupedCase> cases = {
       {"int4", 64, 16, 128, 256, 4, false, false, {17, 150, 600}},
       {"int4", 32, 16, 128, 256, 4, true, false, {150}},
       {"int4", 128, 16, 128, 256, 4, false, false, {150}},
@@ -701,52 +754,8 @@ TEST_F(MoeAffineGemmGpu, GroupedAffineGemmMatchesTheWmmaGemm) {
       {"int4", 64, 8, 64, 128, 2, false, true, {200}},
       {"int4", 64, 32, 256, 512, 8, false, false, {40, 300}},
   };
-  for (const Case& c : cases) {
-    const ops::ExpertWeights w = random_experts(c.E, c.f, c.d, c.format, c.fused, c.group), wg = on_gpu(w);
-    for (int64_t T : c.tokens) {
-      const std::string label = c.format + " g" + std::to_string(c.group) + (c.fused ? " fused" : "") +
-                                (c.skewed ? " skewed" : "") + " E=" + std::to_string(c.E) + " k=" +
-                                std::to_string(c.k) + " T=" + std::to_string(T);
-      const Tensor x = random({T, c.d}, DType::f32, 700 + uint64_t(T));
-      ops::MoeChoice choice;
-      if (c.skewed) {  // every token on expert 5 and on 4 or 7: the five others empty
-        choice = {Tensor::empty({T, c.k}, DType::i32), Tensor::empty({T, c.k}, DType::f32)};
-        for (int64_t t = 0; t < T; ++t) {
-          choice.ids.data<int32_t>()[c.k * t] = 5, choice.ids.data<int32_t>()[c.k * t + 1] = t % 3 == 0 ? 7 : 4;
-          choice.weights.data<float>()[c.k * t] = 0.75f, choice.weights.data<float>()[c.k * t + 1] = 0.25f;
-        }
-      } else {
-        choice = ops::moe_route(random({T, c.E}, DType::f32, 701 + uint64_t(T), 2.0f),
-                                {.top_k = int(c.k), .renormalize = true});
-      }
-      const Tensor xg = gpu(x);
-      const ops::MoeChoice cg = on_gpu(choice);
-      auto run_with = [&](bool grouped) {
-        ops::set_launch_settings({.tensor_core_affine_moe_gemm = grouped});
-        std::vector<std::string> names;
-        for (const auto& launch : test::kernel_launches_by([&] { ops::moe_experts(xg, wg, cg); }))
-          names.push_back(launch.name);
-        const Tensor y = ops::moe_experts(xg, wg, cg).to_device(Device::cpu);
-        ops::set_launch_settings({});
-        return std::pair{names, y};
-      };
-      auto launched = [](const std::vector<std::string>& names, const char* kernel) {
-        int n = 0;
-        for (const std::string& name : names) n += name.find(kernel) != std::string::npos;
-        return n;
-      };
-      const auto [off_names, off] = run_with(false);
-      const auto [on_names, on] = run_with(true);
-      EXPECT_EQ(launched(off_names, "moe_grouped_gemm"), 2) << label;
-      EXPECT_EQ(launched(on_names, "moe_grouped_gemm"), 0) << label;
-      EXPECT_EQ(launched(on_names, "affine_gemm_kernel"), 3) << label << ": gate, up, down";
-      EXPECT_EQ(launched(on_names, "affine_grouped_input_kernel"), 1) << label;
-      EXPECT_EQ(launched(on_names, "affine_grouped_swiglu_kernel"), 1) << label;
-      EXPECT_LE(relative_error(on, off, label + ", grouped affine against WMMA"), 1e-3f);
-      EXPECT_LE(relative_error(on, ops::moe_experts(x, w, choice), label + ", grouped affine against the CPU"), 2e-2f);
-    }
-  }
-  // Experts the affine GEMM does not take keep the WMMA GEMM, with the same bits.
+  for (const GroupedCase& c : cases)
+    expect_grouped_gemm_matches_the_wmma_gemm(c, &ops::LaunchSettings::tensor_core_affine_moe_gemm);
   const ops::ExpertWeights w = random_experts(16, 128, 256, "bf16", false), wg = on_gpu(w);
   const Tensor x = gpu(random({150, 256}, DType::f32, 720));
   const ops::MoeChoice choice = on_gpu(ops::moe_route(random({150, 16}, DType::f32, 721, 2.0f), {.top_k = 4}));
@@ -755,6 +764,32 @@ TEST_F(MoeAffineGemmGpu, GroupedAffineGemmMatchesTheWmmaGemm) {
   EXPECT_EQ(test::launch_named([&] { ops::moe_experts(x, wg, choice); }, {"moe_grouped_gemm"}).name.empty(), false);
   const Tensor on = ops::moe_experts(x, wg, choice).to_device(Device::cpu);
   EXPECT_EQ(test::max_abs_diff(on, off).diff, 0.0f) << "bf16 experts";
+}
+
+// Lever tensor_core_dense_moe_gemm: bf16 experts (rows by ldmatrix from the
+// 128-byte swizzle) and FP8 ones (each value times its 128 x 128 block's scale,
+// rounded once to bf16, as the WMMA GEMM stages it), fused and separate gate/up,
+// every token on two experts, and 32 experts of 256 x 512 (k = 8). f16 experts
+// keep the WMMA GEMM, bit for bit.
+TEST_F(MoeAffineGemmGpu, GroupedGemmTakesBf16AndFp8Experts) {
+  const std::vector<GroupedCase> cases = {
+      {"bf16", 0, 16, 128, 256, 4, false, false, {17, 150, 600}},
+      {"bf16", 0, 16, 128, 256, 4, true, false, {150}},
+      {"fp8", 0, 16, 128, 256, 4, false, false, {17, 150, 600}},
+      {"fp8", 0, 16, 128, 256, 4, true, false, {150}},
+      {"bf16", 0, 8, 64, 128, 2, false, true, {200}},
+      {"fp8", 0, 32, 256, 512, 8, false, false, {40, 300}},
+  };
+  for (const GroupedCase& c : cases)
+    expect_grouped_gemm_matches_the_wmma_gemm(c, &ops::LaunchSettings::tensor_core_dense_moe_gemm);
+  const ops::ExpertWeights w = random_experts(16, 128, 256, "f16", false), wg = on_gpu(w);
+  const Tensor x = gpu(random({150, 256}, DType::f32, 730));
+  const ops::MoeChoice choice = on_gpu(ops::moe_route(random({150, 16}, DType::f32, 731, 2.0f), {.top_k = 4}));
+  const Tensor off = ops::moe_experts(x, wg, choice).to_device(Device::cpu);
+  ops::set_launch_settings({.tensor_core_affine_moe_gemm = true, .tensor_core_dense_moe_gemm = true});
+  EXPECT_EQ(test::launch_named([&] { ops::moe_experts(x, wg, choice); }, {"moe_grouped_gemm"}).name.empty(), false);
+  const Tensor on = ops::moe_experts(x, wg, choice).to_device(Device::cpu);
+  EXPECT_EQ(test::max_abs_diff(on, off).diff, 0.0f) << "f16 experts";
 }
 
 TEST_F(MoeOpsGpu, AddGatedMatchesCpu) {

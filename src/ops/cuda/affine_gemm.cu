@@ -28,6 +28,11 @@
 // tile holds pairs of one expert only, whose weight rows its codes come from
 // (GemmProblem's offsets). Each expert's weights are then read once per tile of
 // its pairs, and the MMAs past its last pair are wasted (tiles of 32-128 pairs).
+// Grouped, the kernel also takes bf16 experts and FP8 E4M3 ones with an f32
+// scale a 128 x 128 block (lever tensor_core_dense_moe_gemm): bf16 rows arrive
+// in the 128-byte swizzle and each step's fragment is one ldmatrix; FP8 values
+// sit as 8-bit codes do and are formed as scale * value rounded once to bf16,
+// the bf16 weights the WMMA grouped GEMM multiplies.
 //
 // Fragment of thread (g, q) = (lane / 4, lane % 4) of warp w in its warpgroup,
 // step s of a k-tile (16 values): rows 16 w + g and 16 w + g + 8, values
@@ -38,6 +43,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -87,7 +93,8 @@ struct GemmProblem {
   const float* bias;  // [out] or null
   float* y;           // [T, out]
   int T, in, out;
-  // Grouped (the MoE experts' prefill, lever tensor_core_affine_moe_gemm): x's
+  // Grouped (the MoE experts' prefill, levers tensor_core_affine_moe_gemm and
+  // tensor_core_dense_moe_gemm): x's
   // T rows are the (token, slot) pairs sorted by expert. Token tile blockIdx.x
   // belongs to the expert e with tile_offsets[e] <= it < tile_offsets[e + 1],
   // whose pairs are rows [offsets[e], offsets[e + 1]); its weights are the code
@@ -271,10 +278,15 @@ __device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t 
 // cover the other's fragment forming.
 // Grid (token tiles, row tiles): the blocks sharing a weight tile run together,
 // so its codes come from memory once and the other reads hit L2.
+// The weights: MLX affine codes (kBits 4 or 8, S the scales' type), bf16
+// values as stored (kBits 16), or FP8 E4M3 values with an f32 scale a 128 x 128
+// block (kBits 8, S __nv_fp8_e4m3, kGroup 128; p.n_groups the blocks of a row).
 template <int kBits, int kGroup, typename S, int kN, bool kOverlap, bool kGrouped>
 __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     affine_gemm_kernel(const __grid_constant__ GemmProblem p) {
   using L = Layout<kBits, kN>;
+  constexpr bool kBf16Values = kBits == 16, kFp8 = std::is_same_v<S, __nv_fp8_e4m3>;
+  static_assert(!kFp8 || (kBits == 8 && kGroup == 128), "FP8 weights: bytes, blocks of 128");
   constexpr int kStages = L::kStages;
   constexpr int kGroupsPerTile = kTileK / kGroup > 0 ? kTileK / kGroup : 1;  // 2, 1 or 1
   extern __shared__ uint8_t smem_raw[];
@@ -343,20 +355,26 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   };
   const int64_t scale_row[2] = {(expert_row + min(row0 + r_top, p.out - 1)) * p.n_groups,
                                 (expert_row + min(row0 + r_bottom, p.out - 1)) * p.n_groups};
+  // FP8: a block's 128 rows share a scale row (the experts start whole blocks apart).
+  const int64_t fp8_scale_row = (expert_row + row0) / 128 * p.n_groups;
   auto load_scales = [&](int kt) {
-    Scales t;
+    Scales t{};
     const int first = (k0 + kt) * kTileK / kGroup;
+    if constexpr (kFp8) {
+      t.v[0][0][0] = t.v[1][0][0] = __ldg(static_cast<const unsigned int*>(p.scales) + fp8_scale_row + first);
+    } else if constexpr (!kBf16Values) {
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr)
+      for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-      for (int j = 0; j < kGroupsPerTile; ++j)
+        for (int j = 0; j < kGroupsPerTile; ++j)
 #pragma unroll
-        for (int sb = 0; sb < 2; ++sb) {
-          const int64_t i = scale_row[rr] + first + j;
-          const void* src = sb ? p.biases : p.scales;
-          t.v[rr][sb][j] = sizeof(S) == 2 ? uint32_t(__ldg(static_cast<const unsigned short*>(src) + i))
-                                          : __ldg(static_cast<const unsigned int*>(src) + i);
-        }
+          for (int sb = 0; sb < 2; ++sb) {
+            const int64_t i = scale_row[rr] + first + j;
+            const void* src = sb ? p.biases : p.scales;
+            t.v[rr][sb][j] = sizeof(S) == 2 ? uint32_t(__ldg(static_cast<const unsigned short*>(src) + i))
+                                            : __ldg(static_cast<const unsigned int*>(src) + i);
+          }
+    }
     return t;
   };
 
@@ -374,7 +392,35 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     const uint8_t* slot = base + (kt % kStages) * L::kStageBytes;
     const uint8_t* codes[2] = {slot + L::kCodeAt + r_top * L::kCodeStride,
                                slot + L::kCodeAt + r_bottom * L::kCodeStride};
-    if constexpr (kBits == 4) {
+    if constexpr (kBf16Values) {
+      // Step s's fragment is four 8x8 matrices, (rows + 0 / + 8) x (values 16 s
+      // + 0 / + 8), one ldmatrix: lane l gives row l % 8 of matrix l / 8. The
+      // swizzle puts 16-byte chunk c of row r at c ^ (r % 8), so the 8 rows of a
+      // matrix hit distinct banks.
+      const int r = (warp / 4) * 64 + (warp % 4) * 16 + (lane / 8 % 2) * 8 + lane % 8, h = lane / 16;
+      const uint32_t row_addr = base_addr + (kt % kStages) * L::kStageBytes + L::kCodeAt + r * L::kCodeStride;
+#pragma unroll
+      for (int s = 0; s < 4; ++s) ldmatrix_x4(a[s], row_addr + (((2 * s + h) ^ (r % 8)) << 4));
+    } else if constexpr (kFp8) {
+      // As 8-bit codes: values 16 s + 2q, + 1 in half q % 2 of word 4s + q / 2,
+      // and 8 further in word 4s + 2 + q / 2. Each value is exact in f32; times
+      // the block's scale, rounded once to bf16.
+      const float scale = __uint_as_float(t.v[0][0][0]);
+      const int shift = 16 * (q % 2);
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const uint4 w4 = *reinterpret_cast<const uint4*>(codes[rr] + 16 * s);
+          const uint32_t words[2] = {(q < 2 ? w4.x : w4.y) >> shift, (q < 2 ? w4.z : w4.w) >> shift};
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float2 v =
+                __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(words[h] & 0xFFFFu), __NV_E4M3)));
+            a[s][2 * h + rr] = pack_bf16x2(v.x * scale, v.y * scale);
+          }
+        }
+    } else if constexpr (kBits == 4) {
       // Words 2q and 2q + 1 of each row: word 2q + s / 2 gives step s its pairs
       // (i, i + 4), i = 2 (s % 2) + h, of nibbles (x is permuted to match).
       uint2 words[2];
@@ -789,10 +835,25 @@ cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratc
   return dispatch != cudaSuccess ? dispatch : status;
 }
 
-bool affine_grouped_gemm_supports(const AffineArgs& w, int64_t expert_stride, int E, int64_t P, int tokens) {
-  return affine_gemm_supports(w, P) && E > 0 && expert_stride >= w.out &&
-         (int64_t(E) - 1) * expert_stride + w.out < (int64_t(1) << 31) &&  // the code map's rows as int coordinates
-         (tokens == 32 || tokens == 64 || tokens == 128);
+namespace {
+// Bits a weight value takes in the code map: 16 for bf16 values, 8 for FP8's.
+int value_bits(const AffineGroupedGemm& g) {
+  return g.kind == GroupedWeights::bf16 ? 16 : g.kind == GroupedWeights::fp8 ? 8 : g.w.bits;
+}
+}  // namespace
+
+bool affine_grouped_gemm_supports(const AffineGroupedGemm& g) {
+  const AffineArgs& w = g.w;
+  const bool shapes = g.E > 0 && g.expert_stride >= w.out && w.out > 0 && g.P > 0 && g.P < (int64_t(1) << 31) &&
+                      (w.out + kRows - 1) / kRows <= 65535 &&  // grid.y
+                      (int64_t(g.E) - 1) * g.expert_stride + w.out < (int64_t(1) << 31) &&  // the code map's rows
+                      (g.tokens == 32 || g.tokens == 64 || g.tokens == 128);
+  if (!shapes) return false;
+  if (g.kind == GroupedWeights::affine) return affine_gemm_supports(w, g.P);
+  const bool aligned = reinterpret_cast<uintptr_t>(w.packed) % 16 == 0 && encode_tiled() != nullptr;
+  if (g.kind == GroupedWeights::bf16) return aligned && w.in % kTileK == 0;
+  return aligned && w.in % kTileK == 0 && g.expert_stride % 128 == 0 && w.scales != nullptr &&
+         reinterpret_cast<uintptr_t>(w.scales) % 4 == 0;
 }
 
 cudaError_t launch_affine_grouped_input(const float* x, const int32_t* sorted_pair, int64_t k, int64_t P, int64_t in,
@@ -814,25 +875,28 @@ cudaError_t launch_affine_grouped_swiglu(const float* gate, const float* up, int
 cudaError_t launch_affine_grouped_gemm(const AffineGroupedGemm& g, cudaStream_t stream) {
   const AffineArgs& w = g.w;
   if (g.P == 0) return cudaSuccess;
-  if (!affine_grouped_gemm_supports(w, g.expert_stride, g.E, g.P, g.tokens) ||
-      reinterpret_cast<uintptr_t>(g.x_bf16) % 16)
-    return cudaErrorInvalidValue;
-  const uint64_t row_bytes = uint64_t(w.in) * w.bits / 8;
+  if (!affine_grouped_gemm_supports(g) || reinterpret_cast<uintptr_t>(g.x_bf16) % 16) return cudaErrorInvalidValue;
+  const int bits = value_bits(g);
+  const uint64_t row_bytes = uint64_t(w.in) * bits / 8;
   GemmProblem p{};
-  p.scales = w.scales, p.biases = w.biases, p.n_groups = int(w.in / w.group_size), p.splits = 1;
+  p.scales = w.scales, p.biases = w.biases, p.splits = 1;
+  p.n_groups = int(g.kind == GroupedWeights::fp8 ? (w.in + 127) / 128 : g.kind == GroupedWeights::affine ? w.in / w.group_size : 0);
   p.y = g.y, p.T = int(g.P), p.in = int(w.in), p.out = int(w.out);
   p.offsets = g.offsets, p.tile_offsets = g.tile_offsets, p.E = g.E, p.expert_stride = int(g.expert_stride);
   const uint64_t code_rows = uint64_t(g.E - 1) * uint64_t(g.expert_stride) + uint64_t(w.out);
+  // bf16 rows of 128 bytes a tile arrive in the swizzle ldmatrix reads without conflicts.
   const bool mapped =
       make_map(&p.x_map, g.x_bf16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint64_t(w.in), uint64_t(g.P),
                uint64_t(w.in) * 2, kTileK, uint32_t(g.tokens), CU_TENSOR_MAP_SWIZZLE_128B) &&
       make_map(&p.code_map, w.packed, CU_TENSOR_MAP_DATA_TYPE_UINT8, row_bytes, code_rows, row_bytes,
-               uint32_t(kTileK * w.bits / 8), kRows, CU_TENSOR_MAP_SWIZZLE_NONE);
+               uint32_t(kTileK * bits / 8), kRows, bits == 16 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE);
   if (!mapped) return cudaErrorInvalidValue;
   // A token tile for each whole tile of pairs and each expert's partial one; the blocks past
   // tile_offsets[E] end at once.
   const int64_t tiles = (g.P + g.tokens - 1) / g.tokens + g.E;
   const dim3 grid(unsigned(tiles), unsigned((w.out + kRows - 1) / kRows));
+  if (g.kind == GroupedWeights::bf16) return launch_gemm_kernel<16, 64, __nv_bfloat16, true>(g.tokens, grid, p, stream);
+  if (g.kind == GroupedWeights::fp8) return launch_gemm_kernel<8, 128, __nv_fp8_e4m3, true>(g.tokens, grid, p, stream);
   cudaError_t status = cudaSuccess;
   const cudaError_t dispatch = visit_gemm(w, [&]<int kBits, int kGroup, typename S>() {
     status = launch_gemm_kernel<kBits, kGroup, S, true>(g.tokens, grid, p, stream);

@@ -118,15 +118,22 @@ int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T, AffineGemmPlan
 cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
                                int64_t T, cudaStream_t stream, AffineGemmPlan plan = {});
 
-// The same GEMM grouped by expert (the MoE experts' prefill, lever
-// tensor_core_affine_moe_gemm): `w` is expert 0's matrix (out rows of in
-// columns), expert e's starting expert_stride rows further. x holds the P
-// (token, slot) pairs sorted by expert as bf16 rows (launch_affine_grouped_input
-// or launch_affine_grouped_swiglu, for w's bits); expert e's pairs are rows
-// [offsets[e], offsets[e + 1]) and its tiles of `tokens` rows (32, 64 or 128)
-// start at tile_offsets[e], both on the device. y [P, out] f32, sorted rows.
+// The same GEMM grouped by expert (the MoE experts' prefill, levers
+// tensor_core_affine_moe_gemm and tensor_core_dense_moe_gemm): `w` is expert
+// 0's matrix (out rows of in columns), expert e's starting expert_stride rows
+// further. Its weights are MLX affine (as above), bf16 values (`packed` the
+// values; `bits`, `scales` and the rest unused) or FP8 E4M3 values with f32
+// scales of 128 x 128 blocks (`packed` the values, `scales` [out / 128, in /
+// 128 rounded up] from expert 0's first row; expert_stride a multiple of 128).
+// x holds the P (token, slot) pairs sorted by expert as bf16 rows
+// (launch_affine_grouped_input or launch_affine_grouped_swiglu, for w's bits);
+// expert e's pairs are rows [offsets[e], offsets[e + 1]) and its tiles of
+// `tokens` rows (32, 64 or 128) start at tile_offsets[e], both on the device.
+// y [P, out] f32, sorted rows.
+enum class GroupedWeights { affine, bf16, fp8 };
 struct AffineGroupedGemm {
   AffineArgs w;
+  GroupedWeights kind = GroupedWeights::affine;
   int64_t expert_stride = 0;
   int E = 0;
   const void* x_bf16 = nullptr;  // [P, in], 16-byte aligned
@@ -136,10 +143,12 @@ struct AffineGroupedGemm {
   int tokens = 32;
   float* y = nullptr;
 };
-bool affine_grouped_gemm_supports(const AffineArgs& w, int64_t expert_stride, int E, int64_t P, int tokens);
+// Whether the kernel takes g's shapes and alignments (its pointers but x_bf16 and y).
+bool affine_grouped_gemm_supports(const AffineGroupedGemm& g);
 cudaError_t launch_affine_grouped_gemm(const AffineGroupedGemm& g, cudaStream_t stream);
 // x_bf16 [P, in]: row r is token sorted_pair[r] / k's row of x [T, in], in the
-// order the GEMM of a `bits`-bit weight reads it.
+// order the GEMM of a `bits`-bit weight reads it (4-bit codes: permuted within
+// each 64 values; 8 or 16 bits: as is).
 cudaError_t launch_affine_grouped_input(const float* x, const int32_t* sorted_pair, int64_t k, int64_t P, int64_t in,
                                         int bits, void* x_bf16, cudaStream_t stream);
 // act_bf16 [P, f] = silu(gate) * up (f32 [P, f] each), in that order.

@@ -74,6 +74,13 @@ int sm_count();
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+// Four 8x8 matrices of 16-bit values from shared memory: lane l gives the
+// address of row l % 8 of matrix l / 8 (16 bytes); r[j] is matrix j's fragment.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
 // 16 bytes, bypassing L1; zero-filled when !valid (src unread).
 __device__ __forceinline__ void copy_async_16(uint32_t dst, const void* src, bool valid = true) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)

@@ -133,6 +133,10 @@ bool affine_gemm_at_every_size();
 // dequantizes its tiles into shared memory. Off unless set.
 void set_tensor_core_affine_moe_gemm(bool on);
 bool tensor_core_affine_moe_gemm_enabled();
+// bf16 and FP8 experts' prefill on that grouped GEMM (lever
+// tensor_core_dense_moe_gemm, moe.cu); off: the WMMA grouped GEMM. Off unless set.
+void set_tensor_core_dense_moe_gemm(bool on);
+bool tensor_core_dense_moe_gemm_enabled();
 
 // y[T, out] = x'[T, in] w[out, in]^T (+ bias[out]), x' the input as `input` forms
 // it; T <= kMaxMatvecTokens, rows 16-byte aligned (in * sizeof(w) % 16 == 0).

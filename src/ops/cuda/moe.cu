@@ -1,11 +1,14 @@
 // Mixture of experts on CUDA: routing (one warp per token), decode matvecs over
 // the chosen experts' rows only, and prefill as grouped tensor-core GEMMs over
 // the (token, slot) pairs sorted by expert on the device (MLX affine experts on
-// affine_gemm.cu's kernel, lever tensor_core_affine_moe_gemm; the others on a
-// WMMA kernel here). No host round trip:
+// affine_gemm.cu's kernel, lever tensor_core_affine_moe_gemm, bf16 and FP8 ones
+// too under tensor_core_dense_moe_gemm; the others on a WMMA kernel here). No
+// host round trip:
 // every step reads the expert ids from device memory, so a CUDA graph can
 // capture a whole MoE layer.
 #include <mma.h>
+
+#include <optional>
 
 #include "ops/cuda/affine_launchers.h"
 #include "ops/cuda/common.cuh"
@@ -575,11 +578,11 @@ __global__ void add_gated_kernel(float* out, const float* y, const float* gate, 
 }
 
 // Where each prefill scratch array starts (256-byte aligned). `act`: the
-// activations [P, f] f32, or (affine grouped) the gate and up products [2][P][f];
-// x_bf16 and act_bf16, the affine grouped GEMMs' inputs (else empty).
+// activations [P, f] f32, or (on the grouped affine GEMM) the gate and up
+// products [2][P][f]; x_bf16 and act_bf16, that GEMM's inputs (else empty).
 struct PrefillScratch {
   size_t counts, offsets, tile_offsets, cursor, sorted_pair, pair_pos, act, y, x_bf16, act_bf16, total;
-  PrefillScratch(int64_t T, int64_t k, int64_t E, int64_t d, int64_t f, bool affine_grouped) {
+  PrefillScratch(int64_t T, int64_t k, int64_t E, int64_t d, int64_t f, bool tensor_core_grouped) {
     size_t at = 0;
     auto take = [&](size_t bytes) {
       const size_t start = at;
@@ -593,38 +596,49 @@ struct PrefillScratch {
     cursor = take(size_t(E) * 4);
     sorted_pair = take(size_t(P) * 4);
     pair_pos = take(size_t(P) * 4);
-    act = take(size_t(P) * size_t(f) * 4 * (affine_grouped ? 2 : 1));
+    act = take(size_t(P) * size_t(f) * 4 * (tensor_core_grouped ? 2 : 1));
     y = take(size_t(P) * size_t(d) * 4);
-    x_bf16 = take(affine_grouped ? size_t(P) * size_t(d) * 2 : 0);
-    act_bf16 = take(affine_grouped ? size_t(P) * size_t(f) * 2 : 0);
+    x_bf16 = take(tensor_core_grouped ? size_t(P) * size_t(d) * 2 : 0);
+    act_bf16 = take(tensor_core_grouped ? size_t(P) * size_t(f) * 2 : 0);
     total = at;
   }
 };
 
-// Expert 0's matrix of an MLX affine stack, as the affine GEMM takes it.
-AffineArgs affine_args_of(const ExpertMatrix& m) {
-  return {.packed = static_cast<const uint32_t*>(m.w), .scales = m.scales, .biases = m.biases, .scale_dtype = m.dtype,
-          .bits = m.bits, .group_size = m.group_size, .in = m.cols, .out = m.rows};
-}
-
-// Lever tensor_core_affine_moe_gemm: token tiles of 32, 64 or 128 pairs, by how
-// many an expert gets on average (the rows past an expert's pairs are wasted MMAs).
+// The grouped affine GEMM's token tiles: 32, 64 or 128 pairs, by how many an
+// expert gets on average (the rows past an expert's pairs are wasted MMAs).
 int grouped_tokens(int64_t P, int64_t E) {
   const int64_t experts = P < E ? P : E, average = (P + experts - 1) / experts;
   return average <= 32 ? 32 : average <= 64 ? 64 : 128;
 }
 
-// Whether the prefill takes the affine GEMMs grouped by expert: the lever on,
-// MLX affine stacks (gate and up of the same bits: they share x's image), and
-// shapes the GEMM supports.
-bool affine_grouped(const MoeExpertsArgs& a) {
-  if (!tensor_core_affine_moe_gemm_enabled() || a.gate.bits == 0 || a.up.bits != a.gate.bits || a.down.bits == 0)
-    return false;
-  const int64_t P = a.T * a.k;
-  const int tokens = grouped_tokens(P, a.n_experts), E = int(a.n_experts);
-  for (const ExpertMatrix* m : {&a.gate, &a.up, &a.down})
-    if (!affine_grouped_gemm_supports(affine_args_of(*m), m->expert_stride, E, P, tokens)) return false;
-  return true;
+// The grouped affine GEMM over expert matrix m: MLX affine stacks under lever
+// tensor_core_affine_moe_gemm, bf16 and FP8 ones under tensor_core_dense_moe_gemm;
+// nullopt for the others (f32 and f16 values, or a lever off).
+std::optional<AffineGroupedGemm> grouped_gemm_of(const ExpertMatrix& m, const MoeExpertsArgs& a) {
+  AffineGroupedGemm g{.w = {.packed = static_cast<const uint32_t*>(m.w), .scales = m.scales, .biases = m.biases,
+                            .scale_dtype = m.dtype, .bits = m.bits, .group_size = m.group_size, .in = m.cols,
+                            .out = m.rows},
+                      .expert_stride = m.expert_stride, .E = int(a.n_experts), .P = a.T * a.k,
+                      .tokens = grouped_tokens(a.T * a.k, a.n_experts)};
+  if (m.bits != 0) {
+    if (!tensor_core_affine_moe_gemm_enabled()) return std::nullopt;
+  } else if (tensor_core_dense_moe_gemm_enabled() && (m.dtype == DType::bf16 || m.dtype == DType::f8_e4m3)) {
+    g.kind = m.dtype == DType::bf16 ? GroupedWeights::bf16 : GroupedWeights::fp8;
+  } else {
+    return std::nullopt;
+  }
+  if (!affine_grouped_gemm_supports(g)) return std::nullopt;
+  return g;
+}
+
+// Bits of the grouped GEMM's input order for matrix m (4: permuted within 64s).
+int input_bits(const ExpertMatrix& m) { return m.bits == 4 ? 4 : 16; }
+
+// Whether the prefill takes the grouped affine GEMM: each matrix one it takes
+// (grouped_gemm_of), gate and up reading x in the same order (they share its image).
+bool tensor_core_grouped(const MoeExpertsArgs& a) {
+  return input_bits(a.gate) == input_bits(a.up) && grouped_gemm_of(a.gate, a) && grouped_gemm_of(a.up, a) &&
+         grouped_gemm_of(a.down, a);
 }
 
 // Gate/up (SwiGLU in its epilogue) and down as the WMMA grouped GEMMs over the
@@ -655,27 +669,27 @@ cudaError_t run_wmma_grouped(const MoeExpertsArgs& a, const PrefillScratch& s, c
 
 // Gate/up and down as the affine GEMMs grouped by expert over the sorted pairs:
 // x gathered into bf16 rows, the gate and up products, SwiGLU's product in
-// bf16, then down into y [P, d_model] (sorted rows).
-cudaError_t run_affine_grouped(const MoeExpertsArgs& a, const PrefillScratch& s, char* base, int tokens,
-                               cudaStream_t stream) {
+// bf16, then down into y [P, d_model] (sorted rows). tensor_core_grouped(a).
+cudaError_t run_tensor_core_grouped(const MoeExpertsArgs& a, const PrefillScratch& s, char* base,
+                                    cudaStream_t stream) {
   const int64_t P = a.T * a.k;
   auto ints = [&](size_t offset) { return reinterpret_cast<const int32_t*>(base + offset); };
   float* gate = reinterpret_cast<float*>(base + s.act);
   float* up = gate + P * a.d_ff;
   void* x_bf16 = base + s.x_bf16;
   void* act_bf16 = base + s.act_bf16;
+  auto run = [&](const ExpertMatrix& m, const void* x, float* y) {
+    AffineGroupedGemm g = *grouped_gemm_of(m, a);
+    g.x_bf16 = x, g.offsets = ints(s.offsets), g.tile_offsets = ints(s.tile_offsets), g.y = y;
+    return launch_affine_grouped_gemm(g, stream);
+  };
   cudaError_t err =
-      launch_affine_grouped_input(a.x, ints(s.sorted_pair), a.k, P, a.d_model, a.gate.bits, x_bf16, stream);
-  AffineGroupedGemm g{.w = affine_args_of(a.gate), .expert_stride = a.gate.expert_stride, .E = int(a.n_experts),
-                      .x_bf16 = x_bf16, .P = P, .offsets = ints(s.offsets), .tile_offsets = ints(s.tile_offsets),
-                      .tokens = tokens, .y = gate};
-  if (err == cudaSuccess) err = launch_affine_grouped_gemm(g, stream);
-  g.w = affine_args_of(a.up), g.expert_stride = a.up.expert_stride, g.y = up;
-  if (err == cudaSuccess) err = launch_affine_grouped_gemm(g, stream);
-  if (err == cudaSuccess) err = launch_affine_grouped_swiglu(gate, up, P, a.d_ff, a.down.bits, act_bf16, stream);
-  g.w = affine_args_of(a.down), g.expert_stride = a.down.expert_stride, g.x_bf16 = act_bf16;
-  g.y = reinterpret_cast<float*>(base + s.y);
-  if (err == cudaSuccess) err = launch_affine_grouped_gemm(g, stream);
+      launch_affine_grouped_input(a.x, ints(s.sorted_pair), a.k, P, a.d_model, input_bits(a.gate), x_bf16, stream);
+  if (err == cudaSuccess) err = run(a.gate, x_bf16, gate);
+  if (err == cudaSuccess) err = run(a.up, x_bf16, up);
+  if (err == cudaSuccess)
+    err = launch_affine_grouped_swiglu(gate, up, P, a.d_ff, input_bits(a.down), act_bf16, stream);
+  if (err == cudaSuccess) err = run(a.down, act_bf16, reinterpret_cast<float*>(base + s.y));
   return err;
 }
 
@@ -721,11 +735,11 @@ cudaError_t launch_moe_experts_decode(const MoeExpertsArgs& a, float* act, cudaS
 }
 
 size_t moe_prefill_scratch_bytes(const MoeExpertsArgs& a) {
-  return PrefillScratch(a.T, a.k, a.n_experts, a.d_model, a.d_ff, affine_grouped(a)).total;
+  return PrefillScratch(a.T, a.k, a.n_experts, a.d_model, a.d_ff, tensor_core_grouped(a)).total;
 }
 
 cudaError_t launch_moe_experts_prefill(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream) {
-  const bool grouped = affine_grouped(a);
+  const bool grouped = tensor_core_grouped(a);
   const PrefillScratch s(a.T, a.k, a.n_experts, a.d_model, a.d_ff, grouped);
   char* base = static_cast<char*>(scratch);
   auto ints = [&](size_t offset) { return reinterpret_cast<int32_t*>(base + offset); };
@@ -739,7 +753,7 @@ cudaError_t launch_moe_experts_prefill(const MoeExpertsArgs& a, void* scratch, c
                 ints(s.offsets), ints(s.tile_offsets), ints(s.cursor));
   launch_kernel(moe_scatter_kernel, dim3(blocks), dim3(256), 0, stream, a.ids, P, ints(s.cursor), ints(s.sorted_pair),
                 ints(s.pair_pos));
-  cudaError_t err = grouped ? run_affine_grouped(a, s, base, tile, stream) : run_wmma_grouped(a, s, base, stream);
+  cudaError_t err = grouped ? run_tensor_core_grouped(a, s, base, stream) : run_wmma_grouped(a, s, base, stream);
   if (err != cudaSuccess) return err;
   return launch_kernel(moe_combine_kernel, dim3(grid_for(a.T * a.d_model)), dim3(256), 0, stream,
                        y, static_cast<const int32_t*>(ints(s.pair_pos)), a.weights, a.out, a.T, a.k,

@@ -120,7 +120,8 @@ cudaError_t launch_moe_experts_fp8_mma(const MoeExpertsArgs& a, void* scratch, c
 // expert's weights are read once per tile of 64 of its rows, and a combine in
 // slot order. Scratch sizes from moe_prefill_scratch_bytes.
 // Under lever tensor_core_affine_moe_gemm, MLX affine experts take the
-// dequantizing affine GEMM grouped by expert instead (affine_launchers.h).
+// dequantizing affine GEMM grouped by expert instead (affine_launchers.h), and
+// under tensor_core_dense_moe_gemm bf16 and FP8 experts take it too.
 size_t moe_prefill_scratch_bytes(const MoeExpertsArgs& a);
 cudaError_t launch_moe_experts_prefill(const MoeExpertsArgs& a, void* scratch, cudaStream_t stream);
 
