@@ -211,15 +211,10 @@ TEST(Levers, TensorCoreAffineMoeGemmIsACudaLever) {
                             &Levers::tensor_core_affine_moe_gemm, &LoadOptions::tensor_core_affine_moe_gemm);
 }
 
-// tensor_core_dense_moe_gemm: off (not yet measured), a CUDA lever switched by its variable.
-TEST(Levers, TensorCoreDenseMoeGemmIsAnOffCudaLever) {
-  EXPECT_FALSE(Levers{}.tensor_core_dense_moe_gemm);
-  EXPECT_FALSE(Levers::all_off().tensor_core_dense_moe_gemm);
-  ScopedEnv env("MERERUN_TENSOR_CORE_DENSE_MOE_GEMM", "1");
-  const Levers levers = Levers::from_env();
-  EXPECT_TRUE(levers.load_options(Device::cuda).tensor_core_dense_moe_gemm);
-  EXPECT_FALSE(levers.load_options(Device::cpu).tensor_core_dense_moe_gemm);
-  EXPECT_NE(levers.describe(Device::cuda).find("tensor_core_dense_moe_gemm=on"), std::string::npos);
+// tensor_core_dense_moe_gemm: on by default, a CUDA lever switched by its variable.
+TEST(Levers, TensorCoreDenseMoeGemmIsACudaLever) {
+  expect_default_cuda_lever("MERERUN_TENSOR_CORE_DENSE_MOE_GEMM", "tensor_core_dense_moe_gemm",
+                            &Levers::tensor_core_dense_moe_gemm, &LoadOptions::tensor_core_dense_moe_gemm);
 }
 
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in

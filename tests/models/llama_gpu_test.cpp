@@ -522,7 +522,8 @@ TEST(MoeGpu, GroupedAffineGemmMovesOnlyTheSumsOrderOnTheQwen3_30B_A3B_Shape) {
     expect_grouped_gemm_moves_only_the_sums_order(&LoadOptions::tensor_core_affine_moe_gemm, quant);
 }
 
-// Lever tensor_core_dense_moe_gemm, random bf16 and fp8 (128 x 128 blocks).
+// Lever tensor_core_dense_moe_gemm, random bf16 and fp8 (128 x 128 blocks)
+// (H100: both bit-identical).
 TEST(MoeGpu, GroupedDenseGemmMovesOnlyTheSumsOrderOnTheQwen3_30B_A3B_Shape) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
   for (const char* quant : {"bf16", "fp8"})
