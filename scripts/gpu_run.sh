@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks on a GPU machine from binaries built elsewhere
 # (the device machine of our workplace has no Debian packages): .devrun/ holds
 # bin.tar.xz (mere, mere_gpu_tests) and libs.tar.xz (libfmt, libpcre2, ICU). Logs go to $OUT.
-# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [timeline] [moe] [lineup] [quant] [quant_moe] [kv] [tc_matvec] [affine_gemm] [hang]; MERE_DEVRUN names the pack
+# Usage: scripts/gpu_run.sh [tests] [bench] [levers] [decode_ab] [profile] [timeline] [moe] [moe_prefill] [profile_prefill] [lineup] [quant] [quant_moe] [kv] [tc_matvec] [affine_gemm] [hang]; MERE_DEVRUN names the pack
 # (default .devrun), GTEST_FILTER picks tests.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -91,6 +91,32 @@ for what in "${@:-tests bench}"; do
       [ -n "${MERE_MOE_FUSED_AB:-}" ] && for q in bf16 int8; do
         MERERUN_PSI_FUSED_MOE=1 "$m" bench --device cuda --shape qwen3-30b-a3b --quant $q -p 512,4096 -n 128 -r 3 2>&1 |
           tee -a "$out/moe.log"
+      done ;;
+    moe_prefill)  # the Qwen3-30B-A3B experts' prefill and batched decode, each format's grouped-GEMM
+      # lever (tensor_core_affine_moe_gemm, tensor_core_dense_moe_gemm) off and on twice in one binary
+      m="$bin/mere"
+      for q in int4 int8 bf16 fp8; do
+        var=MERERUN_TENSOR_CORE_AFFINE_MOE_GEMM
+        case $q in bf16|fp8) var=MERERUN_TENSOR_CORE_DENSE_MOE_GEMM ;; esac
+        for v in 0 1 0 1; do
+          echo "== $q $var=$v" | tee -a "$out/moe_prefill.log"
+          env $var=$v timeout 100 "$m" bench --device cuda --shape qwen3-30b-a3b --quant $q -p 128,512,2048 -n 0 -r 3 \
+            2>&1 | tee -a "$out/moe_prefill.log" | grep -E '^\| qwen'
+        done
+        for v in 0 1; do
+          env $var=$v timeout 100 "$m" bench --device cuda --shape qwen3-30b-a3b --quant $q -p 0 -n 32 --batch 1,24,64 \
+            -r 2 2>&1 | tee -a "$out/moe_prefill.log" | grep -E '^\| qwen'
+        done
+      done ;;
+    profile_prefill)  # per-kernel time and DRAM bytes of a 2,048-token qwen3-30b-a3b prefill (int4, bf16);
+      # the bench's warm-up and timed prefill both count, and its weight fill (fill_random*) is not the prefill's
+      m="$bin/mere"
+      for q in int4 bf16; do
+        ncu --clock-control none --kernel-name-base function \
+          --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size --csv --page raw \
+          "$m" bench --device cuda --shape qwen3-30b-a3b --quant $q -p 2048 -n 0 -r 1 > "$out/ncu_prefill_$q.csv" \
+          2> "$out/ncu_prefill_$q.err"
+        python3 "$root/scripts/ncu_summary.py" "$out/ncu_prefill_$q.csv" 2>&1 | head -24 | tee -a "$out/profile_prefill.log"
       done ;;
     profile_moe)  # per-kernel time and DRAM bytes of qwen3-30b-a3b int8 decode steps (eager)
       m="$bin/mere"
