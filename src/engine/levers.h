@@ -226,6 +226,11 @@ struct Levers {
   // Default: Qwen3-30B-A3B (H100) bf16 pp512 +59%, pp2048 +73%, fp8 +49% /
   // +70%, batched decode of 24-64 sequences x1.7-2.1 (docs/levers.md).
   bool tensor_core_dense_moe_gemm = true;
+  // FP8 (128 x 128 block) prefill of up to 384 tokens, and batches of 9+
+  // sequences, on that GEMM: each value times its block's scale rounded once
+  // to bf16 in registers. Off: a bf16 copy of every weight each call (3 bytes a
+  // weight more), then the dense GEMM; the same bf16 weights. Off until measured.
+  bool tensor_core_fp8_gemm = false;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves
   // both. Off: measured no faster (Qwen3-30B-A3B shape, H200), bit-identical.
@@ -324,6 +329,7 @@ struct Levers {
                   .tensor_core_affine_gemm = LeverMode::off,
                   .tensor_core_affine_moe_gemm = false,
                   .tensor_core_dense_moe_gemm = false,
+                  .tensor_core_fp8_gemm = false,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false,
                   .cpu_direct_matvec = false,

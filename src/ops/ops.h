@@ -117,6 +117,8 @@ struct LaunchSettings {
   bool tensor_core_affine_moe_gemm = false;
   // Lever tensor_core_dense_moe_gemm: bf16 and FP8 experts' prefill on that grouped GEMM.
   bool tensor_core_dense_moe_gemm = false;
+  // Lever tensor_core_fp8_gemm: FP8 prefill up to 384 tokens on that GEMM, the weights formed in registers.
+  bool tensor_core_fp8_gemm = false;
 };
 void set_launch_settings(const LaunchSettings& settings);
 

@@ -217,6 +217,17 @@ TEST(Levers, TensorCoreDenseMoeGemmIsACudaLever) {
                             &Levers::tensor_core_dense_moe_gemm, &LoadOptions::tensor_core_dense_moe_gemm);
 }
 
+// tensor_core_fp8_gemm: off (not yet measured), a CUDA lever switched by its variable.
+TEST(Levers, TensorCoreFp8GemmIsAnOffCudaLever) {
+  EXPECT_FALSE(Levers{}.tensor_core_fp8_gemm);
+  EXPECT_FALSE(Levers::all_off().tensor_core_fp8_gemm);
+  ScopedEnv env("MERERUN_TENSOR_CORE_FP8_GEMM", "1");
+  const Levers levers = Levers::from_env();
+  EXPECT_TRUE(levers.load_options(Device::cuda).tensor_core_fp8_gemm);
+  EXPECT_FALSE(levers.load_options(Device::cpu).tensor_core_fp8_gemm);
+  EXPECT_NE(levers.describe(Device::cuda).find("tensor_core_fp8_gemm=on"), std::string::npos);
+}
+
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in
 // effect only with the tensor-core experts it routes in.
 TEST(Levers, RoutingInExpertsIsACudaLeverOfTheTensorCoreExperts) {

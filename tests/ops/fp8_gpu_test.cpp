@@ -16,6 +16,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -147,6 +148,57 @@ TEST_F(Fp8Gpu, DequantizedCopyEqualsTheCpu) {
       EXPECT_EQ(std::memcmp(host.raw(), want.raw(), want.size_bytes()), 0)
           << c.out << "x" << c.in << " " << dtype_name(dt);
     }
+}
+
+// Lever tensor_core_fp8_gemm: prefill of 9-384 tokens on the GEMM that forms
+// the bf16 weights in registers (each value times its block's scale, rounded
+// once, the bf16 copy's values) against that copy and the dense GEMM: the same
+// operands, so only the order of the f32 sums moves (1e-3), and within the
+// copy's distance of the f32 reference. Rows off the 128-row tiles (130, 304),
+// a last scale block of 16 columns (1040), split k-tiles (few row tiles),
+// every token tile (9 to 384 tokens), a bias; with the lever on no copy is made.
+// Past 384 tokens, or in not a multiple of 64, the copy stays.
+TEST_F(Fp8Gpu, TensorCoreGemmMatchesTheBf16Copy) {
+  struct Case { int64_t out, in; };
+  for (Case c : {Case{130, 1040}, Case{256, 512}, Case{304, 4096}, Case{1024, 2048}})
+    for (int64_t T : {9, 16, 33, 100, 384})
+      for (bool with_bias : {false, true}) {
+        const Weight w(random_fp8(c.out, c.in, 128, uint64_t(c.out * 1000 + c.in)));
+        const Weight wd = w.to_device(Device::cuda);
+        const Tensor x = gpu(random_activations(T, c.in, uint64_t(T * 7 + c.in)));
+        Tensor b;
+        if (with_bias) {
+          b = Tensor::empty({c.out}, DType::f32);
+          ops::fill_random(b, uint64_t(c.out), 0.5f);
+          b = gpu(b);
+        }
+        const std::string label = fmt::format("T={} {}x{}{}", T, c.out, c.in, with_bias ? " bias" : "");
+        const Tensor copy = ops::linear(x, wd, b);
+        ops::set_launch_settings({.tensor_core_fp8_gemm = true});
+        const auto launches = test::kernel_launches_by([&] { ops::linear(x, wd, b); });
+        const Tensor got = ops::linear(x, wd, b);
+        ops::set_launch_settings({});
+        auto launched = [&](const char* name) {
+          return std::any_of(launches.begin(), launches.end(),
+                             [&](const auto& l) { return l.name.find(name) != std::string::npos; });
+        };
+        EXPECT_TRUE(launched("affine_gemm_kernel")) << label;
+        EXPECT_FALSE(launched("fp8_dequantize")) << label;
+        EXPECT_LE(relative_error(got, copy, label + ", against the bf16 copy"), 1e-3f);
+        const Tensor want = ops::linear(random_activations(T, c.in, uint64_t(T * 7 + c.in)),
+                                        w.dequantize(DType::f32), with_bias ? b.to_device(Device::cpu) : Tensor());
+        EXPECT_LE(relative_error(got, want, label + ", against the f32 reference"),
+                  std::max(2e-2f, 2 * relative_error(copy, want, label + ", the copy against it")));
+      }
+  // Past the token limit, and where in is not a multiple of 64, the copy stays.
+  for (auto [T, out, in] : {std::tuple<int64_t, int64_t, int64_t>{385, 256, 512}, {100, 130, 1000}}) {
+    const Weight wd = Weight(random_fp8(out, in, 128, 9)).to_device(Device::cuda);
+    const Tensor x = gpu(random_activations(T, in, 10));
+    ops::set_launch_settings({.tensor_core_fp8_gemm = true});
+    EXPECT_FALSE(test::launch_named([&] { ops::linear(x, wd, Tensor()); }, {"fp8_dequantize"}).name.empty())
+        << T << " tokens, " << in << " columns";
+    ops::set_launch_settings({});
+  }
 }
 
 // Lever tensor_core_fp8_matvec: the tensor-core matvec (x as two f16 per token

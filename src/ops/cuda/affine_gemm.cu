@@ -51,6 +51,7 @@
 
 #include "ops/cuda/affine_launchers.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/fp8_launchers.h"
 
 namespace mere::cuda {
 namespace {
@@ -818,9 +819,12 @@ int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T, AffineGemmPlan
   return scratch_layout(w, T, plan_for(w, T, plan)).bytes;
 }
 
-cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
-                               int64_t T, cudaStream_t stream, AffineGemmPlan hint) {
-  if (!affine_gemm_supports(w, T) || reinterpret_cast<uintptr_t>(scratch) % 16) return cudaErrorInvalidValue;
+namespace {
+// The GEMM over MLX affine codes (fp8 false) or FP8 values (w as fp8_args
+// makes it), the shapes checked by the caller.
+cudaError_t run_gemm(const AffineArgs& w, bool fp8, const float* x, void* scratch, const float* bias, float* y,
+                     int64_t T, cudaStream_t stream, AffineGemmPlan hint) {
+  if (reinterpret_cast<uintptr_t>(scratch) % 16) return cudaErrorInvalidValue;
   if ((hint.tokens != 0 && hint.tokens != 32 && hint.tokens != 64 && hint.tokens != 128 && hint.tokens != 256) ||
       hint.splits < 0 || hint.splits > kMaxSplits || hint.splits > w.in / kTileK)
     return cudaErrorInvalidValue;
@@ -837,7 +841,8 @@ cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratc
   const int n = plan.tokens;
   const uint64_t row_bytes = uint64_t(w.in) * w.bits / 8;
   GemmProblem p{};
-  p.scales = w.scales, p.biases = w.biases, p.n_groups = int(w.in / w.group_size), p.splits = plan.splits;
+  p.scales = w.scales, p.biases = w.biases, p.splits = plan.splits;
+  p.n_groups = int(fp8 ? (w.in + 127) / 128 : w.in / w.group_size);  // FP8: the scale blocks of a row
   p.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + layout.partials_at), p.counters = counters;
   p.bias = bias, p.y = y, p.T = int(T), p.in = int(w.in), p.out = int(w.out);
   const bool mapped =
@@ -846,11 +851,43 @@ cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratc
       make_map(&p.code_map, w.packed, CU_TENSOR_MAP_DATA_TYPE_UINT8, row_bytes, uint64_t(w.out), row_bytes,
                uint32_t(kTileK * w.bits / 8), kRows, CU_TENSOR_MAP_SWIZZLE_NONE);
   if (!mapped) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned((T + n - 1) / n), unsigned((w.out + kRows - 1) / kRows), unsigned(plan.splits));
+  if (fp8) return launch_gemm_kernel<8, 128, __nv_fp8_e4m3, false>(n, grid, p, stream);
   const cudaError_t dispatch = visit_gemm(w, [&]<int kBits, int kGroup, typename S>() {
-    const dim3 grid(unsigned((T + n - 1) / n), unsigned((w.out + kRows - 1) / kRows), unsigned(plan.splits));
     status = launch_gemm_kernel<kBits, kGroup, S, false>(n, grid, p, stream);
   });
   return dispatch != cudaSuccess ? dispatch : status;
+}
+
+// An FP8 weight as the GEMM takes it: its values as 8-bit codes, its block scales.
+AffineArgs fp8_args(const Fp8WeightView& w) {
+  return {.packed = reinterpret_cast<const uint32_t*>(w.values), .scales = w.scale_inv, .biases = nullptr,
+          .scale_dtype = DType::f32, .bits = 8, .group_size = 128, .in = w.in, .out = w.out};
+}
+}  // namespace
+
+cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
+                               int64_t T, cudaStream_t stream, AffineGemmPlan hint) {
+  if (!affine_gemm_supports(w, T)) return cudaErrorInvalidValue;
+  return run_gemm(w, false, x, scratch, bias, y, T, stream, hint);
+}
+
+bool fp8_dequantizing_gemm_supports(const Fp8WeightView& w, int64_t T) {
+  return w.block == 128 && w.scale_cols == (w.in + 127) / 128 && T > 0 && T < (int64_t(1) << 31) && w.out > 0 &&
+         (w.out + kRows - 1) / kRows <= 65535 && w.in % kTileK == 0 &&
+         reinterpret_cast<uintptr_t>(w.values) % 16 == 0 && w.scale_inv != nullptr &&
+         reinterpret_cast<uintptr_t>(w.scale_inv) % 4 == 0 && encode_tiled() != nullptr;
+}
+
+int64_t fp8_dequantizing_gemm_scratch_bytes(const Fp8WeightView& w, int64_t T, AffineGemmPlan plan) {
+  const AffineArgs a = fp8_args(w);
+  return scratch_layout(a, T, plan_for(a, T, plan)).bytes;
+}
+
+cudaError_t launch_fp8_dequantizing_gemm(const Fp8WeightView& w, const float* x, void* scratch, const float* bias,
+                                         float* y, int64_t T, cudaStream_t stream, AffineGemmPlan plan) {
+  if (!fp8_dequantizing_gemm_supports(w, T)) return cudaErrorInvalidValue;
+  return run_gemm(fp8_args(w), true, x, scratch, bias, y, T, stream, plan);
 }
 
 namespace {

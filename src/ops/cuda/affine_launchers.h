@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/cuda/fp8_launchers.h"
 #include "ops/cuda/mma_input.h"
 
 namespace mere::cuda {
@@ -117,6 +118,16 @@ bool affine_gemm_supports(const AffineArgs& w, int64_t T);
 int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T, AffineGemmPlan plan = {});
 cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
                                int64_t T, cudaStream_t stream, AffineGemmPlan plan = {});
+
+// FP8 E4M3 weights with f32 scales of 128 x 128 blocks on the same GEMM (lever
+// tensor_core_fp8_gemm): each value times its block's scale, rounded once to
+// bf16 in registers, the weights launch_fp8_dequantize's bf16 copy holds for
+// the dense GEMM; x rounded to bf16, f32 sums. Needs blocks of 128, in a
+// multiple of 64, 16-byte aligned values. Scratch and plan as above.
+bool fp8_dequantizing_gemm_supports(const Fp8WeightView& w, int64_t T);
+int64_t fp8_dequantizing_gemm_scratch_bytes(const Fp8WeightView& w, int64_t T, AffineGemmPlan plan = {});
+cudaError_t launch_fp8_dequantizing_gemm(const Fp8WeightView& w, const float* x, void* scratch, const float* bias,
+                                         float* y, int64_t T, cudaStream_t stream, AffineGemmPlan plan = {});
 
 // The same GEMM grouped by expert (the MoE experts' prefill, levers
 // tensor_core_affine_moe_gemm and tensor_core_dense_moe_gemm): `w` is expert

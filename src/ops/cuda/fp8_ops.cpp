@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "core/cuda_check.h"
+#include "ops/cuda/affine_launchers.h"
 #include "ops/cuda/cublaslt.h"
 #include "ops/cuda/fp8_launchers.h"
 #include "ops/cuda/launchers.h"
@@ -27,6 +28,9 @@ namespace {
 using namespace mere::cuda;
 
 cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
+
+// Lever tensor_core_fp8_gemm's prompt limit: the affine GEMM's (not yet measured for FP8).
+constexpr int64_t kMaxFp8GemmTokens = 384;
 
 // Lever tensor_core_fp8_matvec takes 2-8 tokens, and one token of a matrix of
 // kMinTensorCoreWeightsAtOneToken or more (all of Llama-3-8B's: +8% at batch 1;
@@ -204,6 +208,16 @@ void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor&
   }
   if (fp8_activation_gemm_enabled() && fp8_gemm(x, w, out)) {
     if (b) MERE_CUDA(launch_add_bias(out.data<float>(), b, T, out.dim(1), stream()));
+    return;
+  }
+  // Lever tensor_core_fp8_gemm: the GEMM that forms the bf16 weights in
+  // registers, up to kMaxFp8GemmTokens (the bf16 copy below costs every call
+  // 3 bytes a weight more, which short prompts and batches of 9+ feel most).
+  const Fp8WeightView v = view_of(w);
+  if (tensor_core_fp8_gemm_enabled() && T <= kMaxFp8GemmTokens && fp8_dequantizing_gemm_supports(v, T) &&
+      reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0) {
+    Tensor scratch = Tensor::empty({fp8_dequantizing_gemm_scratch_bytes(v, T)}, DType::u8, Device::cuda);
+    MERE_CUDA(launch_fp8_dequantizing_gemm(v, x.data<float>(), scratch.raw(), b, out.data<float>(), T, stream()));
     return;
   }
   Tensor dense = Tensor::empty(w.values.shape(), DType::bf16, Device::cuda);

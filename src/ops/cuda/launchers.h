@@ -137,6 +137,11 @@ bool tensor_core_affine_moe_gemm_enabled();
 // tensor_core_dense_moe_gemm, moe.cu); off: the WMMA grouped GEMM. Off unless set.
 void set_tensor_core_dense_moe_gemm(bool on);
 bool tensor_core_dense_moe_gemm_enabled();
+// FP8 prefill of up to 384 tokens on that GEMM, the bf16 weights formed in
+// registers (lever tensor_core_fp8_gemm, fp8_ops.cpp); off: a bf16 copy of the
+// weight, then the dense GEMM. Off unless set.
+void set_tensor_core_fp8_gemm(bool on);
+bool tensor_core_fp8_gemm_enabled();
 
 // y[T, out] = x'[T, in] w[out, in]^T (+ bias[out]), x' the input as `input` forms
 // it; T <= kMaxMatvecTokens, rows 16-byte aligned (in * sizeof(w) % 16 == 0).
