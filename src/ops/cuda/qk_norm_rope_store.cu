@@ -30,6 +30,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                               const __grid_constant__ KvTables tables) {
   allow_next_kernel();
   __shared__ float staged[kWarps][kMaxAttentionHeadDim];
+  __shared__ float angle_sin[kMaxRopeHalf], angle_cos[kMaxRopeHalf];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarps + warp, t = blockIdx.y;
   const int n_rows = n_heads + 2 * n_kv_heads;
@@ -41,9 +42,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int i = 0; i < kMaxPerLane; ++i)
     norm_w[i] = norm && lane + 32 * i < head_dim ? to_float(norm[lane + 32 * i]) : 0.0f;
   wait_for_previous_kernel();
-  if (row >= n_rows) return;
   const bool per_sequence = tables.rows_are_sequences;
   const int64_t pos = int64_t(*start_pos) + (per_sequence ? 0 : t);
+  // The block's rows share their token, so its rotation's sin and cos are
+  // computed once a block: each lane of each q and k row computing its own
+  // took 99 us at a 2,048-token chunk of Qwen3-30B-A3B, compute-bound.
+  for (int m = threadIdx.x; m < rope.half; m += blockDim.x) rope_angle(rope, m, pos, angle_sin[m], angle_cos[m]);
+  __syncthreads();
+  if (row >= n_rows) return;
   const int64_t cache_pos = is_q ? 0 : paged_row(tables.table[per_sequence ? t : 0], pos);  // k, v: the storage row
   const int head = is_q ? row : is_v ? row - n_heads - n_kv_heads : row - n_heads;
   const float* src = is_q ? q + (int64_t(t) * n_heads + head) * head_dim
@@ -77,7 +83,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     return;
   }
   norm_and_rotate_row(
-      e, norm != nullptr, norm_w, eps, rope, [&](int m, float& s, float& c) { rope_angle(rope, m, pos, s, c); },
+      e, norm != nullptr, norm_w, eps, rope, [&](int m, float& s, float& c) { s = angle_sin[m], c = angle_cos[m]; },
       head_dim, staged[warp], lane);
   if (is_q) {
     float* q_row = q + (int64_t(t) * n_heads + head) * head_dim;
