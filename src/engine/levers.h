@@ -226,6 +226,12 @@ struct Levers {
   // Default: Qwen3-30B-A3B (H100) bf16 pp512 +59%, pp2048 +73%, fp8 +49% /
   // +70%, batched decode of 24-64 sequences x1.7-2.1 (docs/levers.md).
   bool tensor_core_dense_moe_gemm = true;
+  // The grouped GEMMs' gate and up (MoE experts' prefill, either lever above)
+  // as one launch: a block takes 64 columns of gate (warpgroup 0) and of up
+  // (warpgroup 1) against its token tile, and its epilogue writes silu(gate) *
+  // up in bf16 for down. Off: two launches into f32 products, then the SwiGLU
+  // kernel; the same sums, so the same bits. Off until measured.
+  bool grouped_swiglu_epilogue = false;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves
   // both. Off: measured no faster (Qwen3-30B-A3B shape, H200), bit-identical.
@@ -324,6 +330,7 @@ struct Levers {
                   .tensor_core_affine_gemm = LeverMode::off,
                   .tensor_core_affine_moe_gemm = false,
                   .tensor_core_dense_moe_gemm = false,
+                  .grouped_swiglu_epilogue = false,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false,
                   .cpu_direct_matvec = false,

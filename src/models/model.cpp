@@ -46,7 +46,8 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                             .tensor_core_affine_gemm = o.tensor_core_affine_gemm != LeverMode::off,
                             .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on,
                             .tensor_core_affine_moe_gemm = o.tensor_core_affine_moe_gemm,
-                            .tensor_core_dense_moe_gemm = o.tensor_core_dense_moe_gemm});
+                            .tensor_core_dense_moe_gemm = o.tensor_core_dense_moe_gemm,
+                            .grouped_swiglu_epilogue = o.grouped_swiglu_epilogue});
 }
 
 bool ModelInfo::folds_step(int64_t T) const {

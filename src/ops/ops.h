@@ -117,6 +117,8 @@ struct LaunchSettings {
   bool tensor_core_affine_moe_gemm = false;
   // Lever tensor_core_dense_moe_gemm: bf16 and FP8 experts' prefill on that grouped GEMM.
   bool tensor_core_dense_moe_gemm = false;
+  // Lever grouped_swiglu_epilogue: those grouped GEMMs' gate and up in one launch, SwiGLU in its epilogue.
+  bool grouped_swiglu_epilogue = false;
 };
 void set_launch_settings(const LaunchSettings& settings);
 
