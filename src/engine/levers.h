@@ -231,6 +231,12 @@ struct Levers {
   // to bf16 in registers. Off: a bf16 copy of every weight each call (3 bytes a
   // weight more), then the dense GEMM; the same bf16 weights. Off until measured.
   bool tensor_core_fp8_gemm = false;
+  // The grouped GEMMs' gate and up (MoE experts' prefill, either lever above)
+  // as one launch: a block takes 64 columns of gate (warpgroup 0) and of up
+  // (warpgroup 1) against its token tile, and its epilogue writes silu(gate) *
+  // up in bf16 for down. Off: two launches into f32 products, then the SwiGLU
+  // kernel; the same sums, so the same bits. Off until measured.
+  bool grouped_swiglu_epilogue = false;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves
   // both. Off: measured no faster (Qwen3-30B-A3B shape, H200), bit-identical.
@@ -330,6 +336,7 @@ struct Levers {
                   .tensor_core_affine_moe_gemm = false,
                   .tensor_core_dense_moe_gemm = false,
                   .tensor_core_fp8_gemm = false,
+                  .grouped_swiglu_epilogue = false,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false,
                   .cpu_direct_matvec = false,

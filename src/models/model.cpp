@@ -47,7 +47,8 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                             .affine_gemm_at_every_size = o.tensor_core_affine_gemm == LeverMode::on,
                             .tensor_core_affine_moe_gemm = o.tensor_core_affine_moe_gemm,
                             .tensor_core_dense_moe_gemm = o.tensor_core_dense_moe_gemm,
-                            .tensor_core_fp8_gemm = o.tensor_core_fp8_gemm});
+                            .tensor_core_fp8_gemm = o.tensor_core_fp8_gemm,
+                            .grouped_swiglu_epilogue = o.grouped_swiglu_epilogue});
 }
 
 bool ModelInfo::folds_step(int64_t T) const {

@@ -81,6 +81,8 @@ struct LoadOptions {
   bool tensor_core_dense_moe_gemm = false;
   // FP8 prefill up to 384 tokens on the dequantizing GEMM (lever tensor_core_fp8_gemm).
   bool tensor_core_fp8_gemm = false;
+  // Those grouped GEMMs' gate and up in one launch (lever grouped_swiglu_epilogue).
+  bool grouped_swiglu_epilogue = false;
   // MoE experts' gate and up stacked into one matrix per expert (lever fused_moe_gate_up).
   bool fuse_moe_gate_up = false;
   // CPU decode matvecs on the stored weights in registers (lever cpu_direct_matvec).

@@ -119,6 +119,8 @@ struct LaunchSettings {
   bool tensor_core_dense_moe_gemm = false;
   // Lever tensor_core_fp8_gemm: FP8 prefill up to 384 tokens on that GEMM, the weights formed in registers.
   bool tensor_core_fp8_gemm = false;
+  // Lever grouped_swiglu_epilogue: those grouped GEMMs' gate and up in one launch, SwiGLU in its epilogue.
+  bool grouped_swiglu_epilogue = false;
 };
 void set_launch_settings(const LaunchSettings& settings);
 

@@ -228,6 +228,17 @@ TEST(Levers, TensorCoreFp8GemmIsAnOffCudaLever) {
   EXPECT_NE(levers.describe(Device::cuda).find("tensor_core_fp8_gemm=on"), std::string::npos);
 }
 
+// grouped_swiglu_epilogue: off (not yet measured), a CUDA lever switched by its variable.
+TEST(Levers, GroupedSwigluEpilogueIsAnOffCudaLever) {
+  EXPECT_FALSE(Levers{}.grouped_swiglu_epilogue);
+  EXPECT_FALSE(Levers::all_off().grouped_swiglu_epilogue);
+  ScopedEnv env("MERERUN_GROUPED_SWIGLU_EPILOGUE", "1");
+  const Levers levers = Levers::from_env();
+  EXPECT_TRUE(levers.load_options(Device::cuda).grouped_swiglu_epilogue);
+  EXPECT_FALSE(levers.load_options(Device::cpu).grouped_swiglu_epilogue);
+  EXPECT_NE(levers.describe(Device::cuda).find("grouped_swiglu_epilogue=on"), std::string::npos);
+}
+
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in
 // effect only with the tensor-core experts it routes in.
 TEST(Levers, RoutingInExpertsIsACudaLeverOfTheTensorCoreExperts) {

@@ -689,7 +689,8 @@ struct GroupedCase {
 };
 
 // Runs case c with `lever` of the launch settings off and on: the lever's
-// kernels in place of the WMMA GEMM's, within 1e-3 of it and 2e-2 of the CPU.
+// kernels in place of the WMMA GEMM's, within 1e-3 of it and 2e-2 of the CPU;
+// and with grouped_swiglu_epilogue too: one launch fewer, the same bits.
 void expect_grouped_gemm_matches_the_wmma_gemm(const GroupedCase& c, bool ops::LaunchSettings::*lever) {
   const ops::ExpertWeights w = random_experts(c.E, c.f, c.d, c.format, c.fused, c.group), wg = on_gpu(w);
   for (int64_t T : c.tokens) {
@@ -710,9 +711,10 @@ void expect_grouped_gemm_matches_the_wmma_gemm(const GroupedCase& c, bool ops::L
     }
     const Tensor xg = gpu(x);
     const ops::MoeChoice cg = on_gpu(choice);
-    auto run_with = [&](bool grouped) {
+    auto run_with = [&](bool grouped, bool swiglu_epilogue = false) {
       ops::LaunchSettings settings;
       settings.*lever = grouped;
+      settings.grouped_swiglu_epilogue = swiglu_epilogue;
       ops::set_launch_settings(settings);
       std::vector<std::string> names;
       for (const auto& launch : test::kernel_launches_by([&] { ops::moe_experts(xg, wg, cg); }))
@@ -734,6 +736,11 @@ void expect_grouped_gemm_matches_the_wmma_gemm(const GroupedCase& c, bool ops::L
     EXPECT_EQ(launched(on_names, "affine_grouped_input_kernel"), 1) << label;
     EXPECT_EQ(launched(on_names, "affine_grouped_swiglu_kernel"), 1) << label;
     EXPECT_LE(relative_error(on, off, label + ", grouped affine against WMMA"), 1e-3f);
+    // Lever grouped_swiglu_epilogue: gate and up in one launch, the same sums, so the same bits.
+    const auto [fused_names, fused] = run_with(true, true);
+    EXPECT_EQ(launched(fused_names, "affine_gemm_kernel"), 2) << label << ": gate/up with SwiGLU, down";
+    EXPECT_EQ(launched(fused_names, "affine_grouped_swiglu_kernel"), 0) << label;
+    EXPECT_EQ(test::max_abs_diff(fused, on).diff, 0.0f) << label << ", SwiGLU in the gate/up epilogue";
     EXPECT_LE(relative_error(on, ops::moe_experts(x, w, choice), label + ", grouped affine against the CPU"), 2e-2f);
   }
 }

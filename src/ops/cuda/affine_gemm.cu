@@ -105,6 +105,16 @@ struct GemmProblem {
   const int32_t* tile_offsets;
   int E;
   int expert_stride;
+  // SwiGLU in the epilogue (grouped): the code map holds gate's rows and up_map
+  // up's (boxes of 64 rows each); a block takes 64 columns of both, warpgroup 0
+  // gate's and warpgroup 1 up's, and writes silu(gate) * up as bf16 into act
+  // [T, out] in the order the down GEMM reads it (act_permute: 4-bit codes).
+  CUtensorMap up_map;
+  const void* up_scales;
+  const void* up_biases;
+  int up_expert_stride;
+  __nv_bfloat16* act;
+  int act_permute;
 };
 
 // Box (c0, c1) of a map (c0 the inner coordinate) into shared memory; its bytes
@@ -273,6 +283,24 @@ __device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t 
   return d;
 }
 
+// Where the GEMM's bf16 input takes element i of a row from: each 64-value
+// tile of a 4-bit weight's input is permuted so that value 16 s + 8 h + 2 q + e
+// sits where thread q's fragment takes it: x[64 t + 8 (2q + s / 2) + 2 (s % 2) + h + 4 e].
+__device__ __forceinline__ int64_t input_source(int64_t i, int permute) {
+  if (!permute) return i;
+  const int l = int(i % kTileK), s = l / 16, h = l / 8 % 2, q = l / 2 % 4, e = l % 2;
+  return i - l + 8 * (2 * q + s / 2) + 2 * (s % 2) + h + 4 * e;
+}
+
+// Where column o of a row lands in that order: input_source's inverse (o = 8
+// (2q + s / 2) + 4 e + 2 (s % 2) + h within its tile lands at 16 s + 8 h + 2 q + e).
+__device__ __forceinline__ int64_t input_position(int64_t o, int permute) {
+  if (!permute) return o;
+  const int c = int(o % kTileK), a = c / 8, e = c / 4 % 2, b = c / 2 % 2, h = c % 2;
+  const int q = a / 2, s = 2 * (a % 2) + b;
+  return o - c + 16 * s + 8 * h + 2 * q + e;
+}
+
 // Block: two warpgroups of 64 rows. Tiles stream into a ring of slots by TMA;
 // full[slot] completes when a tile's bytes have landed, empty[slot] when both
 // warpgroups' MMAs on it are done, so the warpgroups run apart and one's MMAs
@@ -282,9 +310,10 @@ __device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t 
 // The weights: MLX affine codes (kBits 4 or 8, S the scales' type), bf16
 // values as stored (kBits 16), or FP8 E4M3 values with an f32 scale a 128 x 128
 // block (kBits 8, S __nv_fp8_e4m3, kGroup 128; p.n_groups the blocks of a row).
-template <int kBits, int kGroup, typename S, int kN, bool kOverlap, bool kGrouped>
+template <int kBits, int kGroup, typename S, int kN, bool kOverlap, bool kGrouped, bool kSwiGlu = false>
 __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     affine_gemm_kernel(const __grid_constant__ GemmProblem p) {
+  static_assert(!kSwiGlu || kGrouped, "SwiGLU's epilogue is the grouped gate/up's");
   using L = Layout<kBits, kN>;
   constexpr bool kBf16Values = kBits == 16, kFp8 = std::is_same_v<S, __nv_fp8_e4m3>;
   static_assert(!kFp8 || (kBits == 8 && kGroup == 128), "FP8 weights: bytes, blocks of 128");
@@ -297,7 +326,8 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   const uint32_t full_bar = base_addr + kStages * L::kStageBytes, empty_bar = full_bar + 8 * kStages;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int row0 = blockIdx.y * kRows;
+  // The block's first weight row (with SwiGLU: its first column of gate and of up).
+  const int row0 = blockIdx.y * (kSwiGlu ? kRows / 2 : kRows);
   // Split-K: block z of p.splits takes its share of the k-tiles; kt counts them from k0.
   const int all_tiles = p.in / kTileK, k0 = int(blockIdx.z) * all_tiles / p.splits;
   const int n_tiles = (int(blockIdx.z) + 1) * all_tiles / p.splits - k0;
@@ -313,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   // The block's first token row, the rows past its own (n_end on), and where
   // its expert's weight rows start in the code map (grouped), else 0.
   int n0 = blockIdx.x * kN, n_end = p.T;
-  int64_t expert_row = 0;
+  int64_t expert_row = 0, up_expert_row = 0;
   if constexpr (kGrouped) {
     const int tile = blockIdx.x;
     if (tile >= p.tile_offsets[p.E]) return;  // the grid has a tile for every expert's partial one
@@ -321,6 +351,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     n0 = p.offsets[e] + (tile - p.tile_offsets[e]) * kN;
     n_end = p.offsets[e + 1];
     expert_row = int64_t(e) * p.expert_stride;
+    if constexpr (kSwiGlu) up_expert_row = int64_t(e) * p.up_expert_stride;
   }
 
   // Thread 0 issues each tile's two loads (x and codes): tiles 0 to kStages - 3 first, then
@@ -333,7 +364,13 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     const uint32_t at = base_addr + slot * L::kStageBytes, bar = full_bar + 8 * slot;
     barrier_expect(bar, L::kTileBytes);
     tma_load(at, &p.x_map, (k0 + kt) * kTileK, n0, bar);
-    tma_load(at + L::kCodeAt, &p.code_map, (k0 + kt) * L::kCodeBytes, int(expert_row) + row0, bar);
+    if constexpr (kSwiGlu) {  // gate's 64 rows, then up's
+      tma_load(at + L::kCodeAt, &p.code_map, (k0 + kt) * L::kCodeBytes, int(expert_row) + row0, bar);
+      tma_load(at + L::kCodeAt + kRows / 2 * L::kCodeStride, &p.up_map, (k0 + kt) * L::kCodeBytes,
+               int(up_expert_row) + row0, bar);
+    } else {
+      tma_load(at + L::kCodeAt, &p.code_map, (k0 + kt) * L::kCodeBytes, int(expert_row) + row0, bar);
+    }
   };
   if (tid == 0)
     for (int kt = 0; kt < kAhead && kt < n_tiles; ++kt) load(kt);
@@ -354,15 +391,22 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   struct Scales {
     uint32_t v[2][2][kGroupsPerTile];
   };
-  const int64_t scale_row[2] = {(expert_row + min(row0 + r_top, p.out - 1)) * p.n_groups,
-                                (expert_row + min(row0 + r_bottom, p.out - 1)) * p.n_groups};
-  // FP8: a block's 128 rows share a scale row (the experts start whole blocks apart).
-  const int64_t fp8_scale_row = (expert_row + row0) / 128 * p.n_groups;
+  // With SwiGLU, warpgroup 1's rows are up's: its scales, biases and expert rows.
+  const bool up_rows = kSwiGlu && warp >= 4;
+  const void* scales = up_rows ? p.up_scales : p.scales;
+  const void* biases = up_rows ? p.up_biases : p.biases;
+  const int64_t my_expert_row = up_rows ? up_expert_row : expert_row;
+  const int r_matrix = kSwiGlu ? r_top % 64 : r_top;  // r_top's row of its matrix, from row0
+  const int64_t scale_row[2] = {(my_expert_row + min(row0 + r_matrix, p.out - 1)) * p.n_groups,
+                                (my_expert_row + min(row0 + r_matrix + 8, p.out - 1)) * p.n_groups};
+  // FP8: a block's rows share a scale row (the experts start whole blocks
+  // apart, and 64 rows from a multiple of 64 lie in one block).
+  const int64_t fp8_scale_row = (my_expert_row + row0) / 128 * p.n_groups;
   auto load_scales = [&](int kt) {
     Scales t{};
     const int first = (k0 + kt) * kTileK / kGroup;
     if constexpr (kFp8) {
-      t.v[0][0][0] = t.v[1][0][0] = __ldg(static_cast<const unsigned int*>(p.scales) + fp8_scale_row + first);
+      t.v[0][0][0] = t.v[1][0][0] = __ldg(static_cast<const unsigned int*>(scales) + fp8_scale_row + first);
     } else if constexpr (!kBf16Values) {
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr)
@@ -371,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
 #pragma unroll
           for (int sb = 0; sb < 2; ++sb) {
             const int64_t i = scale_row[rr] + first + j;
-            const void* src = sb ? p.biases : p.scales;
+            const void* src = sb ? biases : scales;
             t.v[rr][sb][j] = sizeof(S) == 2 ? uint32_t(__ldg(static_cast<const unsigned short*>(src) + i))
                                             : __ldg(static_cast<const unsigned int*>(src) + i);
           }
@@ -545,6 +589,32 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   }
   fence_accumulators(acc);
 
+  if constexpr (kSwiGlu) {
+    // Warpgroup 1 hands its up sums to warpgroup 0 through the ring, which
+    // every MMA and load is done with: sum i of its thread w at [i][w], where
+    // thread w of warpgroup 0 holds gate's sum of the same row and token.
+    float* handed = reinterpret_cast<float*>(base);
+    const int w = tid % 128;
+    __syncthreads();
+    if (warp >= 4) {
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) handed[i * 128 + w] = acc[i];
+    }
+    __syncthreads();
+    if (warp >= 4) return;
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int t = n0 + 8 * j + 2 * q + i % 2, o = row0 + (i < 2 ? r_top : r_bottom);
+        if (t >= n_end || o >= p.out) continue;
+        const float g = acc[4 * j + i], u = handed[(4 * j + i) * 128 + w];
+        // silu(gate) * up in f32, as affine_grouped_swiglu_kernel forms it.
+        p.act[int64_t(t) * p.out + input_position(o, p.act_permute)] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+      }
+    return;
+  }
+
   // acc[4j + i]: row r_top (i < 2) or r_bottom, token n0 + 8j + 2q + i % 2.
   const int o_top = row0 + r_top, o_bottom = row0 + r_bottom;
   const float bias_top = p.bias && o_top < p.out ? p.bias[o_top] : 0.0f;
@@ -618,14 +688,6 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   }
 }
 
-// Where the GEMM's bf16 input takes element i of a row from: each 64-value
-// tile of a 4-bit weight's input is permuted so that value 16 s + 8 h + 2 q + e
-// sits where thread q's fragment takes it: x[64 t + 8 (2q + s / 2) + 2 (s % 2) + h + 4 e].
-__device__ __forceinline__ int64_t input_source(int64_t i, int permute) {
-  if (!permute) return i;
-  const int l = int(i % kTileK), s = l / 16, h = l / 8 % 2, q = l / 2 % 4, e = l % 2;
-  return i - l + 8 * (2 * q + s / 2) + 2 * (s % 2) + h + 4 * e;
-}
 
 // x [T, in] f32 -> bf16 (input_source's order). It also zeroes the GEMM's
 // split counters (n_counters of them).
@@ -777,7 +839,7 @@ bool make_map(CUtensorMap* map, const void* base, CUtensorMapDataType dtype, uin
 // groups of 128 (+18-27%, bf16 and f16 scales; the plain loop ran them 20%
 // slower than groups of 64). Level or 1-4% slower: int4 f16 g32, int4 g32 or
 // f16 at 64 tokens, int8 g32 and g64; 7-15% slower at 256-token blocks.
-template <int kBits, int kGroup, typename S, bool kGrouped>
+template <int kBits, int kGroup, typename S, bool kGrouped, bool kSwiGlu = false>
 cudaError_t launch_gemm_kernel(int tokens, dim3 grid, const GemmProblem& p, cudaStream_t stream) {
   cudaError_t status = cudaSuccess;
   auto run = [&]<int kN>() {
@@ -785,7 +847,7 @@ cudaError_t launch_gemm_kernel(int tokens, dim3 grid, const GemmProblem& p, cuda
     constexpr bool kOverlap = sizeof(S) == 2 && ((kBits == 4 && kN == 32 && (kBf16 || kGroup >= 64)) ||
                                                  (kBits == 4 && kN == 64 && kBf16 && kGroup >= 64) ||
                                                  (kBits == 8 && kN == 32 && kGroup == 128));
-    auto* kernel = affine_gemm_kernel<kBits, kGroup, S, kN, kOverlap, kGrouped>;
+    auto* kernel = affine_gemm_kernel<kBits, kGroup, S, kN, kOverlap, kGrouped, kSwiGlu>;
     constexpr int bytes = Layout<kBits, kN>::kSharedBytes;
     // Once per kernel (one GPU a process): more than the default 48 KB of shared memory.
     static const cudaError_t allowed = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
@@ -929,36 +991,74 @@ cudaError_t launch_affine_grouped_swiglu(const float* gate, const float* up, int
                        int(bits == 4), static_cast<__nv_bfloat16*>(act_bf16));
 }
 
-cudaError_t launch_affine_grouped_gemm(const AffineGroupedGemm& g, cudaStream_t stream) {
+namespace {
+// The grouped problem of g (its maps with boxes of box_rows weight rows) and its grid.
+bool grouped_problem(const AffineGroupedGemm& g, int box_rows, GemmProblem& p, CUtensorMap& code_map) {
   const AffineArgs& w = g.w;
-  if (g.P == 0) return cudaSuccess;
-  if (!affine_grouped_gemm_supports(g) || reinterpret_cast<uintptr_t>(g.x_bf16) % 16) return cudaErrorInvalidValue;
   const int bits = value_bits(g);
   const uint64_t row_bytes = uint64_t(w.in) * bits / 8;
-  GemmProblem p{};
   p.scales = w.scales, p.biases = w.biases, p.splits = 1;
   p.n_groups = int(g.kind == GroupedWeights::fp8 ? (w.in + 127) / 128 : g.kind == GroupedWeights::affine ? w.in / w.group_size : 0);
   p.y = g.y, p.T = int(g.P), p.in = int(w.in), p.out = int(w.out);
   p.offsets = g.offsets, p.tile_offsets = g.tile_offsets, p.E = g.E, p.expert_stride = int(g.expert_stride);
   const uint64_t code_rows = uint64_t(g.E - 1) * uint64_t(g.expert_stride) + uint64_t(w.out);
   // bf16 rows of 128 bytes a tile arrive in the swizzle ldmatrix reads without conflicts.
-  const bool mapped =
-      make_map(&p.x_map, g.x_bf16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint64_t(w.in), uint64_t(g.P),
-               uint64_t(w.in) * 2, kTileK, uint32_t(g.tokens), CU_TENSOR_MAP_SWIZZLE_128B) &&
-      make_map(&p.code_map, w.packed, CU_TENSOR_MAP_DATA_TYPE_UINT8, row_bytes, code_rows, row_bytes,
-               uint32_t(kTileK * bits / 8), kRows, bits == 16 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE);
-  if (!mapped) return cudaErrorInvalidValue;
-  // A token tile for each whole tile of pairs and each expert's partial one; the blocks past
-  // tile_offsets[E] end at once.
-  const int64_t tiles = (g.P + g.tokens - 1) / g.tokens + g.E;
-  const dim3 grid(unsigned(tiles), unsigned((w.out + kRows - 1) / kRows));
-  if (g.kind == GroupedWeights::bf16) return launch_gemm_kernel<16, 64, __nv_bfloat16, true>(g.tokens, grid, p, stream);
-  if (g.kind == GroupedWeights::fp8) return launch_gemm_kernel<8, 128, __nv_fp8_e4m3, true>(g.tokens, grid, p, stream);
+  return make_map(&p.x_map, g.x_bf16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint64_t(w.in), uint64_t(g.P),
+                  uint64_t(w.in) * 2, kTileK, uint32_t(g.tokens), CU_TENSOR_MAP_SWIZZLE_128B) &&
+         make_map(&code_map, w.packed, CU_TENSOR_MAP_DATA_TYPE_UINT8, row_bytes, code_rows, row_bytes,
+                  uint32_t(kTileK * bits / 8), uint32_t(box_rows),
+                  bits == 16 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
+// A token tile for each whole tile of pairs and each expert's partial one; the blocks past
+// tile_offsets[E] end at once.
+unsigned grouped_tiles(const AffineGroupedGemm& g) { return unsigned((g.P + g.tokens - 1) / g.tokens + g.E); }
+
+// Calls fn.template operator()<kBits, kGroup, S>() for g's weights.
+template <typename Fn>
+cudaError_t visit_grouped(const AffineGroupedGemm& g, Fn&& fn) {
+  if (g.kind == GroupedWeights::bf16) return fn.template operator()<16, 64, __nv_bfloat16>();
+  if (g.kind == GroupedWeights::fp8) return fn.template operator()<8, 128, __nv_fp8_e4m3>();
   cudaError_t status = cudaSuccess;
-  const cudaError_t dispatch = visit_gemm(w, [&]<int kBits, int kGroup, typename S>() {
-    status = launch_gemm_kernel<kBits, kGroup, S, true>(g.tokens, grid, p, stream);
+  const cudaError_t dispatch = visit_gemm(g.w, [&]<int kBits, int kGroup, typename S>() {
+    status = fn.template operator()<kBits, kGroup, S>();
   });
   return dispatch != cudaSuccess ? dispatch : status;
+}
+}  // namespace
+
+cudaError_t launch_affine_grouped_gemm(const AffineGroupedGemm& g, cudaStream_t stream) {
+  if (g.P == 0) return cudaSuccess;
+  if (!affine_grouped_gemm_supports(g) || reinterpret_cast<uintptr_t>(g.x_bf16) % 16) return cudaErrorInvalidValue;
+  GemmProblem p{};
+  if (!grouped_problem(g, kRows, p, p.code_map)) return cudaErrorInvalidValue;
+  const dim3 grid(grouped_tiles(g), unsigned((g.w.out + kRows - 1) / kRows));
+  return visit_grouped(g, [&]<int kBits, int kGroup, typename S>() {
+    return launch_gemm_kernel<kBits, kGroup, S, true>(g.tokens, grid, p, stream);
+  });
+}
+
+bool affine_grouped_swiglu_gemm_supports(const AffineGroupedGemm& gate, const AffineGroupedGemm& up) {
+  const AffineArgs &a = gate.w, &b = up.w;
+  return affine_grouped_gemm_supports(gate) && affine_grouped_gemm_supports(up) && gate.kind == up.kind &&
+         a.bits == b.bits && a.group_size == b.group_size && a.scale_dtype == b.scale_dtype && a.in == b.in &&
+         a.out == b.out && a.out % (kRows / 2) == 0 && gate.E == up.E && gate.P == up.P && gate.tokens == up.tokens;
+}
+
+cudaError_t launch_affine_grouped_swiglu_gemm(const AffineGroupedGemm& gate, const AffineGroupedGemm& up,
+                                              int down_bits, void* act_bf16, cudaStream_t stream) {
+  if (gate.P == 0) return cudaSuccess;
+  if (!affine_grouped_swiglu_gemm_supports(gate, up) || reinterpret_cast<uintptr_t>(gate.x_bf16) % 16)
+    return cudaErrorInvalidValue;
+  GemmProblem p{}, q{};
+  if (!grouped_problem(gate, kRows / 2, p, p.code_map) || !grouped_problem(up, kRows / 2, q, p.up_map))
+    return cudaErrorInvalidValue;
+  p.up_scales = up.w.scales, p.up_biases = up.w.biases, p.up_expert_stride = int(up.expert_stride);
+  p.act = static_cast<__nv_bfloat16*>(act_bf16), p.act_permute = int(down_bits == 4), p.y = nullptr;
+  const dim3 grid(grouped_tiles(gate), unsigned(gate.w.out / (kRows / 2)));
+  return visit_grouped(gate, [&]<int kBits, int kGroup, typename S>() {
+    return launch_gemm_kernel<kBits, kGroup, S, true, true>(gate.tokens, grid, p, stream);
+  });
 }
 
 }  // namespace mere::cuda

@@ -157,6 +157,14 @@ struct AffineGroupedGemm {
 // Whether the kernel takes g's shapes and alignments (its pointers but x_bf16 and y).
 bool affine_grouped_gemm_supports(const AffineGroupedGemm& g);
 cudaError_t launch_affine_grouped_gemm(const AffineGroupedGemm& g, cudaStream_t stream);
+// Gate and up in one launch with SwiGLU in its epilogue: act_bf16 [P, out] =
+// silu(x gate^T) * (x up^T), rounded to bf16 in the order the down GEMM of
+// down_bits reads it (launch_affine_grouped_swiglu's values, without the f32
+// products). gate and up alike but for their weights and y (unused); out a
+// multiple of 64.
+bool affine_grouped_swiglu_gemm_supports(const AffineGroupedGemm& gate, const AffineGroupedGemm& up);
+cudaError_t launch_affine_grouped_swiglu_gemm(const AffineGroupedGemm& gate, const AffineGroupedGemm& up,
+                                              int down_bits, void* act_bf16, cudaStream_t stream);
 // x_bf16 [P, in]: row r is token sorted_pair[r] / k's row of x [T, in], in the
 // order the GEMM of a `bits`-bit weight reads it (4-bit codes: permuted within
 // each 64 values; 8 or 16 bits: as is).

@@ -142,6 +142,11 @@ bool tensor_core_dense_moe_gemm_enabled();
 // weight, then the dense GEMM. Off unless set.
 void set_tensor_core_fp8_gemm(bool on);
 bool tensor_core_fp8_gemm_enabled();
+// Those grouped GEMMs' gate and up as one launch with SwiGLU in its epilogue
+// (lever grouped_swiglu_epilogue, moe.cu); off: two launches into f32 and the
+// SwiGLU kernel. Off unless set.
+void set_grouped_swiglu_epilogue(bool on);
+bool grouped_swiglu_epilogue_enabled();
 
 // y[T, out] = x'[T, in] w[out, in]^T (+ bias[out]), x' the input as `input` forms
 // it; T <= kMaxMatvecTokens, rows 16-byte aligned (in * sizeof(w) % 16 == 0).

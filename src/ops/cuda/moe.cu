@@ -685,10 +685,18 @@ cudaError_t run_tensor_core_grouped(const MoeExpertsArgs& a, const PrefillScratc
   };
   cudaError_t err =
       launch_affine_grouped_input(a.x, ints(s.sorted_pair), a.k, P, a.d_model, input_bits(a.gate), x_bf16, stream);
-  if (err == cudaSuccess) err = run(a.gate, x_bf16, gate);
-  if (err == cudaSuccess) err = run(a.up, x_bf16, up);
-  if (err == cudaSuccess)
-    err = launch_affine_grouped_swiglu(gate, up, P, a.d_ff, input_bits(a.down), act_bf16, stream);
+  AffineGroupedGemm g = *grouped_gemm_of(a.gate, a), u = *grouped_gemm_of(a.up, a);
+  g.x_bf16 = u.x_bf16 = x_bf16, g.offsets = u.offsets = ints(s.offsets);
+  g.tile_offsets = u.tile_offsets = ints(s.tile_offsets);
+  // Lever grouped_swiglu_epilogue: gate and up as one launch, SwiGLU in its epilogue.
+  if (grouped_swiglu_epilogue_enabled() && affine_grouped_swiglu_gemm_supports(g, u)) {
+    if (err == cudaSuccess) err = launch_affine_grouped_swiglu_gemm(g, u, input_bits(a.down), act_bf16, stream);
+  } else {
+    if (err == cudaSuccess) err = run(a.gate, x_bf16, gate);
+    if (err == cudaSuccess) err = run(a.up, x_bf16, up);
+    if (err == cudaSuccess)
+      err = launch_affine_grouped_swiglu(gate, up, P, a.d_ff, input_bits(a.down), act_bf16, stream);
+  }
   if (err == cudaSuccess) err = run(a.down, act_bf16, reinterpret_cast<float*>(base + s.y));
   return err;
 }
