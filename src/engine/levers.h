@@ -228,8 +228,9 @@ struct Levers {
   bool tensor_core_dense_moe_gemm = true;
   // FP8 (128 x 128 block) prefill of up to 384 tokens, and batches of 9+
   // sequences, on that GEMM: each value times its block's scale rounded once
-  // to bf16 in registers. Off: a bf16 copy of every weight each call (3 bytes a
-  // weight more), then the dense GEMM; the same bf16 weights. Off until measured.
+  // to bf16 in registers. Off: a bf16 copy of every weight each call (5 bytes
+  // of traffic a weight against the values' 1), then the dense GEMM; the same
+  // bf16 weights. Off until measured.
   bool tensor_core_fp8_gemm = false;
   // The grouped GEMMs' gate and up (MoE experts' prefill, either lever above)
   // as one launch: a block takes 64 columns of gate (warpgroup 0) and of up

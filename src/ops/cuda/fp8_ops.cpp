@@ -211,8 +211,9 @@ void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor&
     return;
   }
   // Lever tensor_core_fp8_gemm: the GEMM that forms the bf16 weights in
-  // registers, up to kMaxFp8GemmTokens (the bf16 copy below costs every call
-  // 3 bytes a weight more, which short prompts and batches of 9+ feel most).
+  // registers, up to kMaxFp8GemmTokens (the bf16 copy below costs every call 5
+  // bytes of traffic a weight against 1, which short prompts and batches of 9+
+  // feel most).
   const Fp8WeightView v = view_of(w);
   if (tensor_core_fp8_gemm_enabled() && T <= kMaxFp8GemmTokens && fp8_dequantizing_gemm_supports(v, T) &&
       reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0) {
