@@ -3,8 +3,8 @@
 // tensor_core_kv_attention, tensor_core_attention, tensor_core_affine_matvec,
 // int16_activation_matvec, sixteen_token_matvec, sixteen_token_experts, tensor_core_fp8_matvec,
 // tensor_core_moe_matvec, routing_in_experts, tensor_core_affine_gemm, tensor_core_affine_moe_gemm,
-// tensor_core_dense_moe_gemm, rope_in_attention and wide_attention_blocks), the decode step's key count and its promise that the
-// cache rows before its position are final, and device queries.
+// tensor_core_dense_moe_gemm, rope_in_attention and wide_attention_blocks), the decode step's key
+// count and its promise that the cache rows before its position are final, and device queries.
 #include <algorithm>
 
 #include "ops/cuda/common.cuh"
