@@ -745,6 +745,21 @@ void expect_grouped_gemm_matches_the_wmma_gemm(const GroupedCase& c, bool ops::L
   }
 }
 
+// Experts in `format` that the grouped affine GEMM does not take keep the WMMA
+// GEMM under `settings`, with the same bits as without them (150 tokens, k = 4
+// of 16 experts of 128 x 256, random inputs from `seed`).
+void expect_the_wmma_gemm_kept(const std::string& format, const ops::LaunchSettings& settings, uint64_t seed) {
+  const ops::ExpertWeights w = random_experts(16, 128, 256, format, false), wg = on_gpu(w);
+  const Tensor x = gpu(random({150, 256}, DType::f32, seed));
+  const ops::MoeChoice choice = on_gpu(ops::moe_route(random({150, 16}, DType::f32, seed + 1, 2.0f), {.top_k = 4}));
+  const Tensor off = ops::moe_experts(x, wg, choice).to_device(Device::cpu);
+  ops::set_launch_settings(settings);
+  EXPECT_EQ(test::launch_named([&] { ops::moe_experts(x, wg, choice); }, {"moe_grouped_gemm"}).name.empty(), false);
+  const Tensor on = ops::moe_experts(x, wg, choice).to_device(Device::cpu);
+  ops::set_launch_settings({});
+  EXPECT_EQ(test::max_abs_diff(on, off).diff, 0.0f) << format << " experts";
+}
+
 // Lever tensor_core_affine_moe_gemm: MLX affine experts, the weights formed in
 // registers from their codes. int4 and int8 in groups of 32, 64 and 128, fused
 // and separate gate/up, every token on two experts (five of eight experts
@@ -763,14 +778,7 @@ TEST_F(MoeAffineGemmGpu, GroupedAffineGemmMatchesTheWmmaGemm) {
   };
   for (const GroupedCase& c : cases)
     expect_grouped_gemm_matches_the_wmma_gemm(c, &ops::LaunchSettings::tensor_core_affine_moe_gemm);
-  const ops::ExpertWeights w = random_experts(16, 128, 256, "bf16", false), wg = on_gpu(w);
-  const Tensor x = gpu(random({150, 256}, DType::f32, 720));
-  const ops::MoeChoice choice = on_gpu(ops::moe_route(random({150, 16}, DType::f32, 721, 2.0f), {.top_k = 4}));
-  const Tensor off = ops::moe_experts(x, wg, choice).to_device(Device::cpu);
-  ops::set_launch_settings({.tensor_core_affine_moe_gemm = true});
-  EXPECT_EQ(test::launch_named([&] { ops::moe_experts(x, wg, choice); }, {"moe_grouped_gemm"}).name.empty(), false);
-  const Tensor on = ops::moe_experts(x, wg, choice).to_device(Device::cpu);
-  EXPECT_EQ(test::max_abs_diff(on, off).diff, 0.0f) << "bf16 experts";
+  expect_the_wmma_gemm_kept("bf16", {.tensor_core_affine_moe_gemm = true}, 720);
 }
 
 // Lever tensor_core_dense_moe_gemm: bf16 experts (rows by ldmatrix from the
@@ -790,14 +798,7 @@ TEST_F(MoeAffineGemmGpu, GroupedGemmTakesBf16AndFp8Experts) {
   };
   for (const GroupedCase& c : cases)
     expect_grouped_gemm_matches_the_wmma_gemm(c, &ops::LaunchSettings::tensor_core_dense_moe_gemm);
-  const ops::ExpertWeights w = random_experts(16, 128, 256, "f16", false), wg = on_gpu(w);
-  const Tensor x = gpu(random({150, 256}, DType::f32, 730));
-  const ops::MoeChoice choice = on_gpu(ops::moe_route(random({150, 16}, DType::f32, 731, 2.0f), {.top_k = 4}));
-  const Tensor off = ops::moe_experts(x, wg, choice).to_device(Device::cpu);
-  ops::set_launch_settings({.tensor_core_affine_moe_gemm = true, .tensor_core_dense_moe_gemm = true});
-  EXPECT_EQ(test::launch_named([&] { ops::moe_experts(x, wg, choice); }, {"moe_grouped_gemm"}).name.empty(), false);
-  const Tensor on = ops::moe_experts(x, wg, choice).to_device(Device::cpu);
-  EXPECT_EQ(test::max_abs_diff(on, off).diff, 0.0f) << "f16 experts";
+  expect_the_wmma_gemm_kept("f16", {.tensor_core_affine_moe_gemm = true, .tensor_core_dense_moe_gemm = true}, 730);
 }
 
 TEST_F(MoeOpsGpu, AddGatedMatchesCpu) {

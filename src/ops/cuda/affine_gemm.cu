@@ -432,6 +432,22 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
         sc[rr][j] = scale_value<S>(t.v[rr][0][j]), bi[rr][j] = scale_value<S>(t.v[rr][1][j]);
   };
 
+  // 8-bit values (int8 codes, FP8) of a tile, rows `codes`: step s's values
+  // 16 s + 2q, + 1 are half q % 2 of word 4s + q / 2, and 8 further of word 4s
+  // + 2 + q / 2. fn(s, rr, h, pair) forms a[s][2h + rr] from pair's low 16 bits.
+  auto each_byte_pair = [&](const uint8_t* const (&codes)[2], auto&& fn) {
+    const int shift = 16 * (q % 2);
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const uint4 w4 = *reinterpret_cast<const uint4*>(codes[rr] + 16 * s);
+        const uint32_t words[2] = {(q < 2 ? w4.x : w4.y) >> shift, (q < 2 ? w4.z : w4.w) >> shift};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) fn(s, rr, h, words[h]);
+      }
+  };
+
   // The weight fragments of tile kt for this thread, formed from the slot.
   auto form = [&](int kt, const Scales& t, uint32_t (&a)[4][4]) {
     const uint8_t* slot = base + (kt % kStages) * L::kStageBytes;
@@ -447,24 +463,14 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
 #pragma unroll
       for (int s = 0; s < 4; ++s) ldmatrix_x4(a[s], row_addr + (((2 * s + h) ^ (r % 8)) << 4));
     } else if constexpr (kFp8) {
-      // As 8-bit codes: values 16 s + 2q, + 1 in half q % 2 of word 4s + q / 2,
-      // and 8 further in word 4s + 2 + q / 2. Each value is exact in f32; times
-      // the block's scale, rounded once to bf16.
+      // Laid out as 8-bit codes. Each value is exact in f32; times the block's
+      // scale, rounded once to bf16.
       const float scale = __uint_as_float(t.v[0][0][0]);
-      const int shift = 16 * (q % 2);
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const uint4 w4 = *reinterpret_cast<const uint4*>(codes[rr] + 16 * s);
-          const uint32_t words[2] = {(q < 2 ? w4.x : w4.y) >> shift, (q < 2 ? w4.z : w4.w) >> shift};
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float2 v =
-                __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(words[h] & 0xFFFFu), __NV_E4M3)));
-            a[s][2 * h + rr] = pack_bf16x2(v.x * scale, v.y * scale);
-          }
-        }
+      each_byte_pair(codes, [&](int s, int rr, int h, uint32_t pair) {
+        const float2 v =
+            __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair & 0xFFFFu), __NV_E4M3)));
+        a[s][2 * h + rr] = pack_bf16x2(v.x * scale, v.y * scale);
+      });
     } else if constexpr (kBits == 4) {
       // Words 2q and 2q + 1 of each row: word 2q + s / 2 gives step s its pairs
       // (i, i + 4), i = 2 (s % 2) + h, of nibbles (x is permuted to match).
@@ -511,26 +517,14 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
             }
       }
     } else {
-      // Step s: values 16 s + 2q, + 1 in half q % 2 of word 4s + q / 2, and 8 further in word 4s + 2 + q / 2.
       float sc[2][kGroupsPerTile], bi[2][kGroupsPerTile];
       as_floats(t, sc, bi);
-      const int shift = 16 * (q % 2);
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
+      each_byte_pair(codes, [&](int s, int rr, int h, uint32_t pair) {
         const int j = kGroupsPerTile == 2 ? s / 2 : 0;
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const uint4 w4 = *reinterpret_cast<const uint4*>(codes[rr] + 16 * s);
-          const uint32_t words[2] = {(q < 2 ? w4.x : w4.y) >> shift, (q < 2 ? w4.z : w4.w) >> shift};
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float c0 = __uint_as_float(__byte_perm(words[h], kMagic, 0x7440));
-            const float c1 = __uint_as_float(__byte_perm(words[h], kMagic, 0x7441));
-            a[s][2 * h + rr] = pack_bf16x2(fmaf(sc[rr][j], c0 - kTwo23, bi[rr][j]),
-                                           fmaf(sc[rr][j], c1 - kTwo23, bi[rr][j]));
-          }
-        }
-      }
+        const float c0 = __uint_as_float(__byte_perm(pair, kMagic, 0x7440));
+        const float c1 = __uint_as_float(__byte_perm(pair, kMagic, 0x7441));
+        a[s][2 * h + rr] = pack_bf16x2(fmaf(sc[rr][j], c0 - kTwo23, bi[rr][j]), fmaf(sc[rr][j], c1 - kTwo23, bi[rr][j]));
+      });
     }
   };
 
