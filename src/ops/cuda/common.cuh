@@ -165,5 +165,12 @@ __device__ __forceinline__ int expert_of_tile(const int32_t* tile_offsets, int E
 
 inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 inline int grid_for(int64_t n) { return ceil_div(n, 256) < 1056 ? (ceil_div(n, 256) > 0 ? ceil_div(n, 256) : 1) : 1056; }
+// Row kernels (a row of n values, per_thread a thread): grid.x the rows, grid.y
+// enough blocks of kRowThreads for a row, so one short row still spreads over
+// several SMs. rows < 2^31.
+constexpr int kRowThreads = 256;
+inline dim3 row_grid(int64_t rows, int64_t n, int per_thread) {
+  return dim3(unsigned(rows), unsigned(ceil_div(ceil_div(n, per_thread), kRowThreads)));
+}
 
 }  // namespace mere::cuda

@@ -66,16 +66,25 @@ __global__ void silu_mul_halves_kernel(const float* gate_up, float* out, int64_t
   }
 }
 
-// Every part in one launch: a thread a column of x, read in order.
-__global__ void split_columns_kernel(const float* x, int64_t T, int64_t n, const __grid_constant__ ColumnParts parts) {
+// Every part in one launch: blockIdx.x a row of x, kWidth columns a thread (4
+// as one 16-byte copy where every part's width allows). One column a thread,
+// with a 64-bit division each, took 42 us a layer for Qwen3-30B-A3B's q/k/v of
+// a 2,048-token chunk.
+template <int kWidth>
+__global__ void split_columns_kernel(const float* x, int64_t n, const __grid_constant__ ColumnParts parts) {
   allow_next_kernel();
   wait_for_previous_kernel();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / n, c = i - t * n;
+  const int64_t t = blockIdx.x;
+  const int64_t c = kWidth * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x);
+  if (c < n) {
     int p = 0;
     while (c >= parts.end[p]) ++p;
     const int64_t begin = p ? parts.end[p - 1] : 0;
-    parts.dst[p][t * (parts.end[p] - begin) + c - begin] = x[i];
+    float* dst = parts.dst[p] + t * (parts.end[p] - begin) + c - begin;
+    if constexpr (kWidth == 4)
+      *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(x + t * n + c);
+    else
+      *dst = x[t * n + c];
   }
 }
 
@@ -110,8 +119,14 @@ cudaError_t launch_silu_mul_halves(const float* gate_up, float* out, int64_t T, 
 cudaError_t launch_split_columns(const float* x, int64_t T, int64_t n, const ColumnParts& parts, cudaStream_t stream) {
   if (parts.count < 1 || parts.count > ColumnParts::kMax || parts.end[parts.count - 1] != n)
     return cudaErrorInvalidValue;
-  launch_kernel(split_columns_kernel, grid_for(T * n), 256, 0, stream, x, T, n, parts);
-  return cudaGetLastError();
+  if (T == 0) return cudaSuccess;
+  if (T >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
+  bool wide = reinterpret_cast<uintptr_t>(x) % 16 == 0 && n % 4 == 0;
+  for (int p = 0; p < parts.count; ++p)
+    wide = wide && parts.end[p] % 4 == 0 && reinterpret_cast<uintptr_t>(parts.dst[p]) % 16 == 0;
+  const dim3 grid = row_grid(T, n, wide ? 4 : 1);
+  return launch_kernel(wide ? split_columns_kernel<4> : split_columns_kernel<1>, grid, dim3(kRowThreads), 0, stream, x,
+                       n, parts);
 }
 
 cudaError_t launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {

@@ -557,17 +557,36 @@ __global__ void __launch_bounds__(128) moe_grouped_gemm(const GemmArgs g) {
     }
 }
 
-// out[t] = sum_s weight[t, s] * y[pos(t, s)], slots in order.
+// out[t] = sum_s weight[t, s] * y[pos(t, s)], slots in order: blockIdx.x a
+// token, 4 columns a thread (one 16-byte load a slot). One value a thread, with
+// a 64-bit division each, took 67 us a layer at Qwen3-30B-A3B's 2,048-token
+// chunk for 150 MB of traffic.
 __global__ void moe_combine_kernel(const float* y, const int32_t* pair_pos, const float* weights, float* out,
-                                   int64_t T, int64_t k, int64_t d) {
+                                   int64_t k, int64_t d) {
   allow_next_kernel();
   wait_for_previous_kernel();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * d; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / d, c = i % d;
-    float s = 0;
-    for (int64_t j = 0; j < k; ++j) s += weights[t * k + j] * y[int64_t(pair_pos[t * k + j]) * d + c];
-    out[i] = s;
+  const int64_t t = blockIdx.x;
+  const int64_t c = 4 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x);
+  if (c >= d) return;
+  float4 s = {0, 0, 0, 0};
+  for (int64_t j = 0; j < k; ++j) {
+    const float w = weights[t * k + j];
+    const float4 v = *reinterpret_cast<const float4*>(y + int64_t(pair_pos[t * k + j]) * d + c);
+    s.x += w * v.x;
+    s.y += w * v.y;
+    s.z += w * v.z;
+    s.w += w * v.w;
   }
+  *reinterpret_cast<float4*>(out + t * d + c) = s;
+}
+
+// d is a multiple of 32 (moe_experts checks), y 256-byte aligned scratch.
+cudaError_t launch_moe_combine(const float* y, const int32_t* pair_pos, const float* weights, float* out, int64_t T,
+                               int64_t k, int64_t d, cudaStream_t stream) {
+  if (T == 0 || d == 0) return cudaSuccess;
+  if (T >= (int64_t(1) << 31) || d % 4 || reinterpret_cast<uintptr_t>(out) % 16) return cudaErrorInvalidValue;
+  return launch_kernel(moe_combine_kernel, row_grid(T, d, 4), dim3(kRowThreads), 0, stream, y, pair_pos, weights, out,
+                       k, d);
 }
 
 __global__ void add_gated_kernel(float* out, const float* y, const float* gate, int64_t T, int64_t d) {
@@ -763,9 +782,8 @@ cudaError_t launch_moe_experts_prefill(const MoeExpertsArgs& a, void* scratch, c
                 ints(s.pair_pos));
   cudaError_t err = grouped ? run_tensor_core_grouped(a, s, base, stream) : run_wmma_grouped(a, s, base, stream);
   if (err != cudaSuccess) return err;
-  return launch_kernel(moe_combine_kernel, dim3(grid_for(a.T * a.d_model)), dim3(256), 0, stream,
-                       y, static_cast<const int32_t*>(ints(s.pair_pos)), a.weights, a.out, a.T, a.k,
-                       a.d_model);
+  return launch_moe_combine(y, static_cast<const int32_t*>(ints(s.pair_pos)), a.weights, a.out, a.T, a.k, a.d_model,
+                            stream);
 }
 
 cudaError_t launch_add_gated(float* out, const float* y, const float* gate, int64_t T, int64_t d,
