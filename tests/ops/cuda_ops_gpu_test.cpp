@@ -98,15 +98,27 @@ TEST_F(CudaOps, ElementwiseEmbedAndConvert) {
   Tensor table = random({100, 96}, DType::bf16, 4);
   std::vector<int32_t> ids = {5, 99, 0, 5};
   EXPECT_EQ(relative_error(ops::embed(gpu(table), ids), ops::embed(table, ids), "embed bf16"), 0.0f);
-  Tensor dst = Tensor::empty({5, 333}, DType::bf16, Device::cuda), dst_cpu = Tensor::empty({5, 333}, DType::bf16);
-  ops::convert_into(gpu(g), dst);
-  ops::convert_into(g, dst_cpu);
-  EXPECT_EQ(relative_error(dst, dst_cpu, "convert f32 -> bf16"), 0.0f);
+  // Eight values a thread where the count allows (6 x 400), one a thread where not (5 x 333); both ways.
+  for (const Tensor& src : {g, random({6, 400}, DType::f32, 5, 4.0f)})
+    for (DType dt : {DType::bf16, DType::f16}) {
+      const std::string label = fmt::format("convert {} values f32 <-> {}", src.numel(), dtype_name(dt));
+      Tensor dst = Tensor::empty(src.shape(), dt, Device::cuda), dst_cpu = Tensor::empty(src.shape(), dt);
+      ops::convert_into(gpu(src), dst);
+      ops::convert_into(src, dst_cpu);
+      EXPECT_EQ(relative_error(dst, dst_cpu, label), 0.0f);
+      Tensor back = Tensor::empty(src.shape(), DType::f32, Device::cuda);
+      Tensor back_cpu = Tensor::empty(src.shape(), DType::f32);
+      ops::convert_into(dst, back);
+      ops::convert_into(dst_cpu, back_cpu);
+      EXPECT_EQ(relative_error(back, back_cpu, label + " and back"), 0.0f);
+    }
 }
 
 TEST_F(CudaOps, FusedHelpersMatchTheCpu) {
   Tensor gu = random({5, 2 * 300}, DType::f32, 11, 3.0f);
   EXPECT_LE(relative_error(ops::silu_mul_halves(gpu(gu)), ops::silu_mul_halves(gu), "silu_mul_halves"), 1e-6f);
+  const Tensor odd = random({3, 2 * 301}, DType::f32, 15, 3.0f);  // halves of 301: one column a thread
+  EXPECT_LE(relative_error(ops::silu_mul_halves(gpu(odd)), ops::silu_mul_halves(odd), "silu_mul_halves f=301"), 1e-6f);
   // A fused qkv's three parts (or up to four) in one launch, exact copies.
   const Tensor gu_gpu = gpu(gu);
   for (const std::vector<int64_t>& widths : {std::vector<int64_t>{128, 64, 408}, {600}, {1, 3, 500, 96}}) {
