@@ -58,6 +58,10 @@ Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const W
                        const Tensor& bias = Tensor());
 // h += linear(x, w, bias).
 void linear_add(Tensor& h, const Tensor& x, const Weight& w, const Tensor& bias = Tensor());
+// linear(silu_mul_halves(gate_up), w, bias). On the GPU, a prefill through dense
+// bf16/f16 weights forms the activations in the weight's dtype at once (the
+// values linear would convert them to), not in f32 first.
+Tensor swiglu_linear(const Tensor& gate_up, const Weight& w, const Tensor& bias = Tensor());
 // h += linear(silu_mul_halves(gate_up), w, bias).
 void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const Tensor& bias = Tensor());
 // Whether w's decode matvec of T rows (1 to kMaxFusedRows) runs on the tensor

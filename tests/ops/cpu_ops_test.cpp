@@ -166,6 +166,9 @@ TEST(CpuOps, FusedHelpersMatchTheirCompositions) {
   Tensor y = ops::silu_mul_halves(gu);
   Tensor g = Tensor::from_floats({1, -2, 0.5f, 6}, {2, 2}), u = Tensor::from_floats({3, 4, -1, 2}, {2, 2});
   EXPECT_EQ(test::max_abs_diff(y, ops::silu_mul(g, u)).diff, 0.0f);
+  const Tensor down = Tensor::from_floats({1, 2, -1, 0.5f, 0, 3}, {3, 2});
+  EXPECT_EQ(test::max_abs_diff(ops::swiglu_linear(gu, down), ops::linear(y, down)).diff, 0.0f);
+  EXPECT_THROW(ops::swiglu_linear(gu, Tensor::from_floats({1, 2, 3}, {1, 3})), Error);  // 3 columns for halves of 2
 
   auto parts = ops::split_columns(gu, {1, 3});
   EXPECT_EQ(parts[1].shape(), (Shape{2, 3}));

@@ -186,6 +186,29 @@ TEST_F(CudaOps, FusedNormMatvecMatchesTheComposition) {
     }
 }
 
+// A prefill's swiglu_linear through bf16/f16 weights forms the GEMM's input in
+// the weight's dtype at once: the same bits as silu_mul_halves then linear (which
+// converts the f32 activations), one kernel fewer; decode rows take the matvec.
+TEST_F(CudaOps, SwigluLinearFormsTheGemmInputInTheWeightsDtype) {
+  const int64_t f = 264, out = 96;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (int64_t T : {3, 40})
+      for (bool with_bias : {false, true}) {
+        const std::string label = fmt::format("{} T={}{}", dtype_name(dt), T, with_bias ? " bias" : "");
+        const Tensor gate_up = random({T, 2 * f}, DType::f32, 31, 3.0f), w = random({out, f}, dt, 32, 0.1f);
+        const Tensor b = with_bias ? gpu(random({out}, DType::f32, 33)) : Tensor();
+        const Tensor gu = gpu(gate_up), wg = gpu(w);
+        const Tensor got = ops::swiglu_linear(gu, wg, b);
+        const Tensor composed = ops::linear(ops::silu_mul_halves(gu), wg, b);
+        EXPECT_EQ(test::max_abs_diff(got.to_device(Device::cpu), composed.to_device(Device::cpu)).diff, 0.0f) << label;
+        const Tensor want = ops::linear(ops::silu_mul_halves(gate_up), w, with_bias ? b.to_device(Device::cpu) : Tensor());
+        EXPECT_LE(relative_error(got, want, "swiglu_linear " + label), T > 8 ? 1e-2f : 1e-5f);
+        const size_t fused = test::kernels_launched_by([&] { ops::swiglu_linear(gu, wg, b); });
+        const size_t plain = test::kernels_launched_by([&] { ops::linear(ops::silu_mul_halves(gu), wg, b); });
+        EXPECT_EQ(fused + (T > 8 ? 1 : 0), plain) << label;
+      }
+}
+
 // The fused epilogue against the CPU composition (rms_norm, rope, rope, store, store).
 TEST_F(CudaOps, QkNormRopeStoreMatchesTheComposition) {
   struct Case { int64_t T, heads, kv_heads, head_dim; bool norm, interleaved; };

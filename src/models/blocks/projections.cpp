@@ -76,9 +76,8 @@ void GatedMlp::fuse() {
 }
 
 Tensor GatedMlp::apply(const Tensor& x) const {
-  Tensor hidden = gate_up.defined() ? ops::silu_mul_halves(ops::linear(x, gate_up, gate_up_bias))
-                                    : ops::silu_mul(ops::linear(x, gate, gate_bias), ops::linear(x, up, up_bias));
-  return ops::linear(hidden, down, down_bias);
+  if (gate_up.defined()) return ops::swiglu_linear(ops::linear(x, gate_up, gate_up_bias), down, down_bias);
+  return ops::linear(ops::silu_mul(ops::linear(x, gate, gate_bias), ops::linear(x, up, up_bias)), down, down_bias);
 }
 
 void GatedMlp::add_normed(Tensor& h, const Tensor& norm_w, float eps) const {

@@ -221,6 +221,19 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
   if (b) MERE_CUDA(launch_add_bias(out.data<float>(), b, T, n_out, stream()));
 }
 
+bool swiglu_linear(const Tensor& gate_up, const Tensor& w, const Tensor& bias, Tensor& out) {
+  const int64_t T = gate_up.dim(0);
+  if (w.dtype() != DType::bf16 && w.dtype() != DType::f16) return false;
+  if (matvec_applies(T, gate_up, w)) return false;
+  // The GEMM's input formed in the weight's dtype: what silu_mul_halves then
+  // linear's conversion store, without the f32 activations between them.
+  Tensor act = Tensor::empty({T, w.dim(1)}, w.dtype(), Device::cuda);
+  silu_mul_halves(gate_up, act);
+  gemm(act, w, out);
+  if (bias.defined()) MERE_CUDA(launch_add_bias(out.data<float>(), bias.data<float>(), T, w.dim(0), stream()));
+  return true;
+}
+
 void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
   MERE_CUDA(launch_silu_mul(gate.data<float>(), up.data<float>(), out.data<float>(), gate.numel(), stream()));
 }
@@ -230,7 +243,7 @@ void add_inplace(Tensor& h, const Tensor& x) {
 }
 
 void silu_mul_halves(const Tensor& gate_up, Tensor& out) {
-  MERE_CUDA(launch_silu_mul_halves(gate_up.data<float>(), out.data<float>(), out.dim(0), out.dim(1), stream()));
+  MERE_CUDA(launch_silu_mul_halves(gate_up.data<float>(), out.raw(), out.dtype(), out.dim(0), out.dim(1), stream()));
 }
 
 void split_columns(const Tensor& x, std::vector<Tensor>& parts) {
@@ -654,6 +667,7 @@ void qk_norm_rope_store(Tensor&, const Tensor&, const Tensor&, const Tensor&, co
 bool rms_norm_linear(const Tensor&, const Tensor&, float, const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 bool linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 bool swiglu_linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+bool swiglu_linear(const Tensor&, const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
 void set_launch_settings(const LaunchSettings&) {}  // nothing launches
 void set_decode_keys(int64_t) {}
 void set_cached_rows_final(bool) {}

@@ -22,6 +22,9 @@ bool rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Ten
                      Tensor& out);
 bool linear_add(Tensor& h, const Tensor& x, const Tensor& w, const Tensor& bias);
 bool swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Tensor& w, const Tensor& bias);
+// The prefill's swiglu_linear (ops.h): false where the decode matvec applies or
+// w is not bf16/f16 (the GEMM takes f32 x as it is).
+bool swiglu_linear(const Tensor& gate_up, const Tensor& w, const Tensor& bias, Tensor& out);
 void advance_position(Tensor& pos, int32_t by);
 void advance_position(Tensor& pos, int32_t by, const Tensor& tokens, int32_t* host_ring, int64_t slots);
 void set_launch_settings(const LaunchSettings& settings);

@@ -57,11 +57,13 @@ __global__ void convert_kernel(const Src* src, Dst* dst, int64_t n) {
     dst[i] = from_float<Dst>(to_float(src[i]));
 }
 
-// Eight values moved as one (16 or 32 bytes: vector loads and stores).
-template <typename T>
-struct alignas(8 * sizeof(T)) Eight {
-  T v[8];
+// N values moved as one (8 to 32 bytes: vector loads and stores).
+template <typename T, int N>
+struct alignas(N * sizeof(T)) Values {
+  T v[N];
 };
+template <typename T>
+using Eight = Values<T, 8>;
 
 // convert_kernel eight values a thread where n and the pointers allow: an
 // element a thread moved a prefill's f32 -> bf16 activations (24 MB) at half
@@ -80,30 +82,22 @@ __global__ void convert_eights_kernel(const Eight<Src>* src, Eight<Dst>* dst, in
   }
 }
 
-// out[t, j] = silu(gate_up[t, j]) * gate_up[t, f + j]: blockIdx.x a row,
-// kWidth columns a thread (4 as 16-byte loads and stores where f allows).
-template <int kWidth>
-__global__ void silu_mul_halves_kernel(const float* gate_up, float* out, int64_t f) {
+// out[t, j] = silu(gate_up[t, j]) * gate_up[t, f + j] in f32, stored as Out:
+// blockIdx.x a row, kWidth columns a thread (4 as one vector load of each half
+// where f allows).
+template <typename Out, int kWidth>
+__global__ void silu_mul_halves_kernel(const float* gate_up, Out* out, int64_t f) {
   allow_next_kernel();
   wait_for_previous_kernel();
   const int64_t t = blockIdx.x;
   const int64_t j = kWidth * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x);
   if (j >= f) return;
-  const float* gate = gate_up + t * 2 * f + j;
-  float g[kWidth], u[kWidth], y[kWidth];
-  if constexpr (kWidth == 4) {
-    *reinterpret_cast<float4*>(g) = *reinterpret_cast<const float4*>(gate);
-    *reinterpret_cast<float4*>(u) = *reinterpret_cast<const float4*>(gate + f);
-  } else {
-    g[0] = gate[0];
-    u[0] = gate[f];
-  }
+  const auto g = *reinterpret_cast<const Values<float, kWidth>*>(gate_up + t * 2 * f + j);
+  const auto u = *reinterpret_cast<const Values<float, kWidth>*>(gate_up + t * 2 * f + f + j);
+  Values<Out, kWidth> y;
 #pragma unroll
-  for (int i = 0; i < kWidth; ++i) y[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
-  if constexpr (kWidth == 4)
-    *reinterpret_cast<float4*>(out + t * f + j) = *reinterpret_cast<const float4*>(y);
-  else
-    out[t * f + j] = y[0];
+  for (int i = 0; i < kWidth; ++i) y.v[i] = from_float<Out>(g.v[i] / (1.0f + __expf(-g.v[i])) * u.v[i]);
+  *reinterpret_cast<Values<Out, kWidth>*>(out + t * f + j) = y;
 }
 
 // Every part in one launch: blockIdx.x a row of x, kWidth columns a thread (4
@@ -151,13 +145,16 @@ cudaError_t launch_store_rows(const float* src, void* dst, DType dst_dtype, cons
   });
 }
 
-cudaError_t launch_silu_mul_halves(const float* gate_up, float* out, int64_t T, int64_t f, cudaStream_t stream) {
+cudaError_t launch_silu_mul_halves(const float* gate_up, void* out, DType out_dtype, int64_t T, int64_t f,
+                                   cudaStream_t stream) {
   if (T == 0 || f == 0) return cudaSuccess;
   if (T >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
-  const bool wide =
-      f % 4 == 0 && reinterpret_cast<uintptr_t>(gate_up) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  return launch_kernel(wide ? silu_mul_halves_kernel<4> : silu_mul_halves_kernel<1>, row_grid(T, f, wide ? 4 : 1),
-                       dim3(kRowThreads), 0, stream, gate_up, out, f);
+  return visit_float(out_dtype, [&]<typename O>() {
+    const bool wide = f % 4 == 0 && reinterpret_cast<uintptr_t>(gate_up) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(out) % (4 * sizeof(O)) == 0;
+    launch_kernel(wide ? silu_mul_halves_kernel<O, 4> : silu_mul_halves_kernel<O, 1>, row_grid(T, f, wide ? 4 : 1),
+                  dim3(kRowThreads), 0, stream, gate_up, static_cast<O*>(out), f);
+  });
 }
 
 cudaError_t launch_split_columns(const float* x, int64_t T, int64_t n, const ColumnParts& parts, cudaStream_t stream) {

@@ -186,7 +186,9 @@ cudaError_t launch_add_bias(float* y, const float* bias, int64_t rows, int64_t c
 cudaError_t launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 cudaError_t launch_add(float* h, const float* x, int64_t n, cudaStream_t stream);
 // gate_up [T, 2f] -> out [T, f] = silu(gate) * up.
-cudaError_t launch_silu_mul_halves(const float* gate_up, float* out, int64_t T, int64_t f, cudaStream_t stream);
+// out [T, f] (f32, bf16 or f16) = silu(gate_up[:, :f]) * gate_up[:, f:], formed in f32.
+cudaError_t launch_silu_mul_halves(const float* gate_up, void* out, DType out_dtype, int64_t T, int64_t f,
+                                   cudaStream_t stream);
 // x [T, n] cut into column blocks: part p, columns [end[p - 1], end[p]) (from
 // 0; end[count - 1] == n), into dst[p] [T, its width]; 4-byte elements, one launch.
 struct ColumnParts {
