@@ -619,6 +619,32 @@ TEST_F(Fp8Gpu, FoldedModelMatchesTheComposition) {
   EXPECT_GE(composed_kernels, folded_kernels + size_t(3 * layers));
 }
 
+// Lever tensor_core_fp8_gemm on a model: a Qwen3-0.6B-shaped FP8 model's prefill
+// of 9-384 tokens takes the dequantizing GEMM (the same bf16 operands as the
+// copy, summed in another order: the op test above checks the launches), within
+// 1e-2 of the largest logit of the copy's.
+TEST_F(Fp8Gpu, TensorCoreGemmPrefillFollowsTheCopyOnAModel) {
+  const RandomQuant fp8 = RandomQuant::parse("fp8");
+  auto model = random_model("qwen3-0.6b", Device::cuda, Levers{}.load_options(Device::cuda), 1, fp8);
+  for (int64_t T : {9, 100, 384}) {
+    std::vector<int32_t> prompt;
+    for (int64_t i = 0; i < T; ++i) prompt.push_back(int32_t((97 * i + 5) % model->info().vocab));
+    auto prefill = [&](bool lever) {
+      ops::set_launch_settings({.tensor_core_fp8_gemm = lever});
+      auto state = model->make_state(T + 1);
+      Tensor logits = model->forward(prompt, *state, true).to_device(Device::cpu);
+      ops::set_launch_settings({});
+      return logits;
+    };
+    const Tensor copy = prefill(false), gemm = prefill(true);
+    const float rel = test::max_abs_diff(gemm, copy).diff / test::max_abs(copy);
+    std::printf("[ gpu      ] qwen3-0.6b fp8, a %lld-token prefill on the dequantizing GEMM vs the bf16 copy: logits "
+                "rel diff %.3g\n", (long long)T, rel);
+    EXPECT_GT(rel, 0.0f) << T << " tokens: the lever took no matmul (the sums' order would move)";
+    EXPECT_LE(rel, 1e-2f) << T << " tokens";
+  }
+}
+
 // ---- speed ---------------------------------------------------------------------
 
 // Mean milliseconds per call over `reps` calls (call(i) launches, returns the
