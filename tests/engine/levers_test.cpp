@@ -217,26 +217,16 @@ TEST(Levers, TensorCoreDenseMoeGemmIsACudaLever) {
                             &Levers::tensor_core_dense_moe_gemm, &LoadOptions::tensor_core_dense_moe_gemm);
 }
 
-// tensor_core_fp8_gemm: off (not yet measured), a CUDA lever switched by its variable.
-TEST(Levers, TensorCoreFp8GemmIsAnOffCudaLever) {
-  EXPECT_FALSE(Levers{}.tensor_core_fp8_gemm);
-  EXPECT_FALSE(Levers::all_off().tensor_core_fp8_gemm);
-  ScopedEnv env("MERERUN_TENSOR_CORE_FP8_GEMM", "1");
-  const Levers levers = Levers::from_env();
-  EXPECT_TRUE(levers.load_options(Device::cuda).tensor_core_fp8_gemm);
-  EXPECT_FALSE(levers.load_options(Device::cpu).tensor_core_fp8_gemm);
-  EXPECT_NE(levers.describe(Device::cuda).find("tensor_core_fp8_gemm=on"), std::string::npos);
+// tensor_core_fp8_gemm: on by default, a CUDA lever switched by its variable.
+TEST(Levers, TensorCoreFp8GemmIsACudaLever) {
+  expect_default_cuda_lever("MERERUN_TENSOR_CORE_FP8_GEMM", "tensor_core_fp8_gemm", &Levers::tensor_core_fp8_gemm,
+                            &LoadOptions::tensor_core_fp8_gemm);
 }
 
-// grouped_swiglu_epilogue: off (not yet measured), a CUDA lever switched by its variable.
-TEST(Levers, GroupedSwigluEpilogueIsAnOffCudaLever) {
-  EXPECT_FALSE(Levers{}.grouped_swiglu_epilogue);
-  EXPECT_FALSE(Levers::all_off().grouped_swiglu_epilogue);
-  ScopedEnv env("MERERUN_GROUPED_SWIGLU_EPILOGUE", "1");
-  const Levers levers = Levers::from_env();
-  EXPECT_TRUE(levers.load_options(Device::cuda).grouped_swiglu_epilogue);
-  EXPECT_FALSE(levers.load_options(Device::cpu).grouped_swiglu_epilogue);
-  EXPECT_NE(levers.describe(Device::cuda).find("grouped_swiglu_epilogue=on"), std::string::npos);
+// grouped_swiglu_epilogue: on by default, a CUDA lever switched by its variable.
+TEST(Levers, GroupedSwigluEpilogueIsACudaLever) {
+  expect_default_cuda_lever("MERERUN_GROUPED_SWIGLU_EPILOGUE", "grouped_swiglu_epilogue",
+                            &Levers::grouped_swiglu_epilogue, &LoadOptions::grouped_swiglu_epilogue);
 }
 
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in

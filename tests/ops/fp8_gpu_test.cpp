@@ -625,18 +625,19 @@ TEST_F(Fp8Gpu, FoldedModelMatchesTheComposition) {
 // 1e-2 of the largest logit of the copy's.
 TEST_F(Fp8Gpu, TensorCoreGemmPrefillFollowsTheCopyOnAModel) {
   const RandomQuant fp8 = RandomQuant::parse("fp8");
-  auto model = random_model("qwen3-0.6b", Device::cuda, Levers{}.load_options(Device::cuda), 1, fp8);
+  Levers on, off;  // the model applies its own launch settings each forward
+  on.tensor_core_fp8_gemm = true;
+  off.tensor_core_fp8_gemm = false;
+  auto gemm_model = random_model("qwen3-0.6b", Device::cuda, on.load_options(Device::cuda), 1, fp8);
+  auto copy_model = random_model("qwen3-0.6b", Device::cuda, off.load_options(Device::cuda), 1, fp8);
   for (int64_t T : {9, 100, 384}) {
     std::vector<int32_t> prompt;
-    for (int64_t i = 0; i < T; ++i) prompt.push_back(int32_t((97 * i + 5) % model->info().vocab));
-    auto prefill = [&](bool lever) {
-      ops::set_launch_settings({.tensor_core_fp8_gemm = lever});
-      auto state = model->make_state(T + 1);
-      Tensor logits = model->forward(prompt, *state, true).to_device(Device::cpu);
-      ops::set_launch_settings({});
-      return logits;
+    for (int64_t i = 0; i < T; ++i) prompt.push_back(int32_t((97 * i + 5) % gemm_model->info().vocab));
+    auto prefill = [&](const Model& model) {
+      auto state = model.make_state(T + 1);
+      return model.forward(prompt, *state, true).to_device(Device::cpu);
     };
-    const Tensor copy = prefill(false), gemm = prefill(true);
+    const Tensor copy = prefill(*copy_model), gemm = prefill(*gemm_model);
     const float rel = test::max_abs_diff(gemm, copy).diff / test::max_abs(copy);
     std::printf("[ gpu      ] qwen3-0.6b fp8, a %lld-token prefill on the dequantizing GEMM vs the bf16 copy: logits "
                 "rel diff %.3g\n", (long long)T, rel);
