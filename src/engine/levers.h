@@ -226,7 +226,7 @@ struct Levers {
   // Default: Qwen3-30B-A3B (H100) bf16 pp512 +59%, pp2048 +73%, fp8 +49% /
   // +70%, batched decode of 24-64 sequences x1.7-2.1 (docs/levers.md).
   bool tensor_core_dense_moe_gemm = true;
-  // FP8 (128 x 128 block) prefill of up to 384 tokens, and batches of 9+
+  // FP8 (128 x 128 block) prefill of up to 256 tokens, and batches of 9-256
   // sequences, on that GEMM: each value times its block's scale rounded once
   // to bf16 in registers. Off: a bf16 copy of every weight each call (5 bytes
   // of traffic a weight against the values' 1), then the dense GEMM; the same

@@ -121,7 +121,7 @@ struct LaunchSettings {
   bool tensor_core_affine_moe_gemm = false;
   // Lever tensor_core_dense_moe_gemm: bf16 and FP8 experts' prefill on that grouped GEMM.
   bool tensor_core_dense_moe_gemm = false;
-  // Lever tensor_core_fp8_gemm: FP8 prefill up to 384 tokens on that GEMM, the weights formed in registers.
+  // Lever tensor_core_fp8_gemm: FP8 prefill up to 256 tokens on that GEMM, the weights formed in registers.
   bool tensor_core_fp8_gemm = false;
   // Lever grouped_swiglu_epilogue: those grouped GEMMs' gate and up in one launch, SwiGLU in its epilogue.
   bool grouped_swiglu_epilogue = false;

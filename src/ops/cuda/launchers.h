@@ -137,7 +137,7 @@ bool tensor_core_affine_moe_gemm_enabled();
 // tensor_core_dense_moe_gemm, moe.cu); off: the WMMA grouped GEMM. Off unless set.
 void set_tensor_core_dense_moe_gemm(bool on);
 bool tensor_core_dense_moe_gemm_enabled();
-// FP8 prefill of up to 384 tokens on that GEMM, the bf16 weights formed in
+// FP8 prefill of up to 256 tokens on that GEMM, the bf16 weights formed in
 // registers (lever tensor_core_fp8_gemm, fp8_ops.cpp); off: a bf16 copy of the
 // weight, then the dense GEMM. Off unless set.
 void set_tensor_core_fp8_gemm(bool on);
