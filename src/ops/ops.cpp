@@ -179,8 +179,8 @@ Tensor swiglu_linear(const Tensor& gate_up, const Weight& w, const Tensor& bias)
   MERE_CHECK(gate_up.rank() == 2 && gate_up.dim(1) == 2 * w.cols(),
              "swiglu_linear: linear of swiglu({}) by [{}, {}] does not fit", shape_str(gate_up.shape()), w.rows(),
              w.cols());
-  const bool bias_fits =
-      !bias.defined() || (bias.shape() == Shape{w.rows()} && bias.dtype() == DType::f32 && bias.device() == Device::cuda);
+  const bool bias_fits = !bias.defined() || (bias.shape() == Shape{w.rows()} && bias.dtype() == DType::f32 &&
+                                             bias.device() == Device::cuda);
   if (gate_up.device() == Device::cuda && gate_up.dtype() == DType::f32 && w.is_dense() &&
       w.device() == Device::cuda && bias_fits) {
     Tensor out = Tensor::empty({gate_up.dim(0), w.rows()}, DType::f32, Device::cuda);

@@ -201,7 +201,8 @@ TEST_F(CudaOps, SwigluLinearFormsTheGemmInputInTheWeightsDtype) {
         const Tensor got = ops::swiglu_linear(gu, wg, b);
         const Tensor composed = ops::linear(ops::silu_mul_halves(gu), wg, b);
         EXPECT_EQ(test::max_abs_diff(got.to_device(Device::cpu), composed.to_device(Device::cpu)).diff, 0.0f) << label;
-        const Tensor want = ops::linear(ops::silu_mul_halves(gate_up), w, with_bias ? b.to_device(Device::cpu) : Tensor());
+        const Tensor b_cpu = with_bias ? b.to_device(Device::cpu) : Tensor();
+        const Tensor want = ops::linear(ops::silu_mul_halves(gate_up), w, b_cpu);
         EXPECT_LE(relative_error(got, want, "swiglu_linear " + label), T > 8 ? 1e-2f : 1e-5f);
         const size_t fused = test::kernels_launched_by([&] { ops::swiglu_linear(gu, wg, b); });
         const size_t plain = test::kernels_launched_by([&] { ops::linear(ops::silu_mul_halves(gu), wg, b); });
