@@ -79,7 +79,7 @@ struct LoadOptions {
   bool tensor_core_affine_moe_gemm = false;
   // bf16 and FP8 MoE experts' prefill on that grouped GEMM (lever tensor_core_dense_moe_gemm).
   bool tensor_core_dense_moe_gemm = false;
-  // FP8 prefill up to 384 tokens on the dequantizing GEMM (lever tensor_core_fp8_gemm).
+  // FP8 prefill up to 256 tokens on the dequantizing GEMM (lever tensor_core_fp8_gemm).
   bool tensor_core_fp8_gemm = false;
   // Those grouped GEMMs' gate and up in one launch (lever grouped_swiglu_epilogue).
   bool grouped_swiglu_epilogue = false;
