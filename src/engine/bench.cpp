@@ -76,7 +76,11 @@ std::string layout_levers(const ModelInfo& info) {
   // auto shows what the model decided at load.
   const std::string fold = o.fuse_norm_matvec == LeverMode::automatic
                                ? std::string("auto(") + on(info.folds_step(1)) + ", batches " +
-                                     on(info.folds_step(2)) + (info.fold_wide_batches ? ", 9-16 on" : "") + ")"
+                                     on(info.folds_step(2)) + (info.fold_wide_batches ? ", 9-16 on" : "") +
+                                     (info.fold_long_steps_to
+                                          ? ", 17-" + std::to_string(info.fold_long_steps_to) + " on"
+                                          : "") +
+                                     ")"
                                : std::string(lever_mode_name(o.fuse_norm_matvec));
   return std::string("fused_projections=") + on(o.fuse_projections) + " fused_rope_store=" + on(o.fuse_rope_store) +
          (o.rope_in_attention ? " rope_in_attention=on" : "") +
@@ -103,6 +107,7 @@ std::string layout_levers(const ModelInfo& info) {
          (o.tensor_core_dense_moe_gemm ? " tensor_core_dense_moe_gemm=on" : "") +
          (o.tensor_core_fp8_gemm ? " tensor_core_fp8_gemm=on" : "") +
          (o.grouped_swiglu_epilogue ? " grouped_swiglu_epilogue=on" : "") +
+         (o.formed_gemm_input ? " formed_gemm_input=on" : "") +
          (o.tensor_core_affine_gemm != LeverMode::off
               ? std::string(" tensor_core_affine_gemm=") + lever_mode_name(o.tensor_core_affine_gemm)
               : "") +

@@ -240,6 +240,13 @@ struct Levers {
   // kernel; the same sums, so the same bits. Default: Qwen3-30B-A3B (H100)
   // int4 pp2048 +4.8%, bf16 +6.6%, 24-64 sequences +3-4.5% (docs/levers.md).
   bool grouped_swiglu_epilogue = true;
+  // The dequantizing GEMM (MLX affine prefill of up to 384 tokens and batches
+  // of 17-384 sequences; FP8 under tensor_core_fp8_gemm) forms its bf16 input
+  // from RMSNorm(h) or SwiGLU(gate_up) itself and adds its product into the
+  // residual: a layer's two RMSNorms, its SwiGLU and its two adds are no
+  // kernels of their own, nor their f32 tensors. Off: those kernels around the
+  // GEMM; each value formed as they form it, so the same bits.
+  bool formed_gemm_input = true;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves
   // both. Off: measured no faster (Qwen3-30B-A3B shape, H200), bit-identical.
@@ -340,6 +347,7 @@ struct Levers {
                   .tensor_core_dense_moe_gemm = false,
                   .tensor_core_fp8_gemm = false,
                   .grouped_swiglu_epilogue = false,
+                  .formed_gemm_input = false,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false,
                   .cpu_direct_matvec = false,

@@ -74,8 +74,10 @@ namespace {
 
 // Lever fused_norm_matvec, auto: a step folds its norms where every layer
 // matrix's matvec of its rows runs on the tensor cores (MLX affine or FP8) in its
-// fused form, whose prepare kernel forms the input (ModelInfo::decide_folding);
-// elsewhere the forms compose kernels and cost more than they save (docs/levers.md).
+// fused form, whose prepare kernel forms the input, and from 17 rows where every
+// one is a dequantizing GEMM that forms its input (lever formed_gemm_input;
+// ModelInfo::decide_folding); elsewhere the forms compose kernels and cost more
+// than they save (docs/levers.md).
 std::vector<const Weight*> fused_form_weights(const std::vector<LlamaLayer>& layers) {
   std::vector<const Weight*> out;
   for (const LlamaLayer& l : layers) {
@@ -126,7 +128,7 @@ Llama::Llama(const ConfigJson& config, const Checkpoint& checkpoint, Device devi
   info_.weight_bytes = checkpoint.size_bytes();
   info_.weights = layers_.empty() ? tok_embed_.describe() : layers_.front().attn.o.describe();
   info_.n_params = logical_param_count(checkpoint, quant);
-  info_.decide_folding(options.fuse_norm_matvec, options, fused_form_weights(layers_));
+  info_.decide_folding(options.fuse_norm_matvec, options, fused_form_weights(layers_), true);
 }
 
 uint64_t Llama::decode_bytes(int64_t context, KvCacheMode kv_mode) const {

@@ -48,15 +48,21 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                             .tensor_core_affine_moe_gemm = o.tensor_core_affine_moe_gemm,
                             .tensor_core_dense_moe_gemm = o.tensor_core_dense_moe_gemm,
                             .tensor_core_fp8_gemm = o.tensor_core_fp8_gemm,
-                            .grouped_swiglu_epilogue = o.grouped_swiglu_epilogue});
+                            .grouped_swiglu_epilogue = o.grouped_swiglu_epilogue,
+                            .formed_gemm_input = o.formed_gemm_input});
 }
+
+// The longest step decide_folding looks at (a prefill chunk's rows).
+constexpr int64_t kMaxFoldedRows = 4096;
 
 bool ModelInfo::folds_step(int64_t T) const {
   if (T == 1) return fold_one_row;
-  return T <= ops::kMaxFusedRows ? fold_batches : T <= ops::kMaxWideFusedRows && fold_wide_batches;
+  if (T <= ops::kMaxFusedRows) return fold_batches;
+  return T <= ops::kMaxWideFusedRows ? fold_wide_batches : T <= fold_long_steps_to;
 }
 
-void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused) {
+void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused,
+                               bool long_steps) {
   // What the CUDA kernels take depends on their levers' settings (uneven_row_cuts:
   // which rows fit): this model's, not those of the last model that ran.
   if (device == Device::cuda) apply_launch_settings(o, device);
@@ -76,6 +82,18 @@ void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<c
   // lever sixteen_token_matvec: folding_pays); else they would compose kernels
   // that add_rms_norm joins.
   fold_wide_batches = (on || automatic) && pays_from_to(ops::kMaxFusedRows + 1, ops::kMaxWideFusedRows);
+  // From 17 rows, as far as every fused form stays one GEMM (the affine GEMM
+  // takes up to 384 tokens, FP8's 256; past that the copy and cuBLAS compose).
+  fold_long_steps_to = 0;
+  if ((on || automatic) && long_steps && o.formed_gemm_input && !fused.empty()) {
+    auto formed = [&](int64_t T) {
+      return std::all_of(fused.begin(), fused.end(),
+                         [&](const Weight* w) { return !w->defined() || ops::gemm_forms_input(*w, T); });
+    };
+    int64_t T = ops::kMaxWideFusedRows + 1;
+    while (T <= kMaxFoldedRows && formed(T)) ++T;
+    fold_long_steps_to = T - 1 > ops::kMaxWideFusedRows ? T - 1 : 0;
+  }
 }
 
 bool folding_pays(const Weight& w, const LoadOptions& o, int64_t T) {

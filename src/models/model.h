@@ -83,6 +83,8 @@ struct LoadOptions {
   bool tensor_core_fp8_gemm = false;
   // Those grouped GEMMs' gate and up in one launch (lever grouped_swiglu_epilogue).
   bool grouped_swiglu_epilogue = false;
+  // The dequantizing GEMM forms RMSNorm / SwiGLU inputs and adds into h (lever formed_gemm_input).
+  bool formed_gemm_input = false;
   // MoE experts' gate and up stacked into one matrix per expert (lever fused_moe_gate_up).
   bool fuse_moe_gate_up = false;
   // CPU decode matvecs on the stored weights in registers (lever cpu_direct_matvec).
@@ -131,12 +133,19 @@ struct ModelInfo {
   bool fold_one_row = false;
   bool fold_batches = false;
   bool fold_wide_batches = false;  // 9 to ops::kMaxWideFusedRows rows (lever sixteen_token_matvec)
+  // Longer steps (a prefill, a batch past 16) up to this many rows, where every
+  // fused form is one dequantizing GEMM that forms its input (lever
+  // formed_gemm_input); 0: none.
+  int64_t fold_long_steps_to = 0;
   bool folds_step(int64_t T) const;  // a step of T rows
   // Sets them from the lever's mode (after `device` is set: on CUDA it applies
   // `o`'s launch settings); auto folds a step of T rows where
   // folding_pays(w, o, T) for every matrix a folded step runs in its fused form
-  // (`fused`; none: no fold).
-  void decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused);
+  // (`fused`; none: no fold). Longer steps fold only for a model whose folded
+  // step is all fused forms (long_steps: no kernel that the composed step
+  // would have joined with another), where ops::gemm_forms_input for every one.
+  void decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused,
+                      bool long_steps = false);
   int64_t vocab = 0;
   int64_t max_positions = 0;
   int64_t n_params = 0;

@@ -181,10 +181,20 @@ Tensor swiglu_linear(const Tensor& gate_up, const Weight& w, const Tensor& bias)
              w.cols());
   const bool bias_fits = !bias.defined() || (bias.shape() == Shape{w.rows()} && bias.dtype() == DType::f32 &&
                                              bias.device() == Device::cuda);
-  if (gate_up.device() == Device::cuda && gate_up.dtype() == DType::f32 && w.is_dense() &&
-      w.device() == Device::cuda && bias_fits) {
+  if (gate_up.device() == Device::cuda && gate_up.dtype() == DType::f32 && w.device() == Device::cuda && bias_fits) {
     Tensor out = Tensor::empty({gate_up.dim(0), w.rows()}, DType::f32, Device::cuda);
-    if (cuda::swiglu_linear(gate_up, w.dense(), bias, out)) return out;
+    switch (w.kind()) {
+      case Weight::Kind::dense:
+        if (cuda::swiglu_linear(gate_up, w.dense(), bias, out)) return out;
+        break;
+      case Weight::Kind::affine:
+        if (cuda::affine_swiglu_linear(gate_up, w.affine(), bias, out)) return out;
+        break;
+      case Weight::Kind::fp8:
+        if (cuda::fp8_swiglu_linear(gate_up, w.fp8(), bias, out)) return out;
+        break;
+      default: break;
+    }
   }
   return linear(silu_mul_halves(gate_up), w, bias);
 }

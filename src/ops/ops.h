@@ -60,7 +60,8 @@ Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const W
 void linear_add(Tensor& h, const Tensor& x, const Weight& w, const Tensor& bias = Tensor());
 // linear(silu_mul_halves(gate_up), w, bias). On the GPU, a prefill through dense
 // bf16/f16 weights forms the activations in the weight's dtype at once (the
-// values linear would convert them to), not in f32 first.
+// values linear would convert them to), not in f32 first; through MLX affine or
+// FP8 weights on the dequantizing GEMM, that GEMM forms them (gemm_forms_input).
 Tensor swiglu_linear(const Tensor& gate_up, const Weight& w, const Tensor& bias = Tensor());
 // h += linear(silu_mul_halves(gate_up), w, bias).
 void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const Tensor& bias = Tensor());
@@ -72,6 +73,11 @@ void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const 
 // that would run anyway, so smaller affine matrices pay at one row (FP8 ones
 // measured no gain).
 bool matvec_on_tensor_cores(const Weight& w, int64_t T, bool formed_input = false);
+// Whether the fused forms above take T rows of w (past the decode matvecs') on
+// the dequantizing GEMM that forms their input itself, as the levers stand
+// (formed_gemm_input, with tensor_core_affine_gemm for an MLX affine weight
+// or tensor_core_fp8_gemm for an FP8 one): single kernels there too.
+bool gemm_forms_input(const Weight& w, int64_t T);
 
 // pos (i32 [1], on any device) += by; on the GPU a kernel, so a CUDA graph's
 // step can move its own position on.
@@ -125,6 +131,8 @@ struct LaunchSettings {
   bool tensor_core_fp8_gemm = false;
   // Lever grouped_swiglu_epilogue: those grouped GEMMs' gate and up in one launch, SwiGLU in its epilogue.
   bool grouped_swiglu_epilogue = false;
+  // Lever formed_gemm_input: the dequantizing GEMM forms RMSNorm / SwiGLU inputs and adds into the residual itself.
+  bool formed_gemm_input = false;
 };
 void set_launch_settings(const LaunchSettings& settings);
 

@@ -25,6 +25,12 @@ bool matvec_on_tensor_cores(const Weight& w, int64_t T, bool formed_input) {
   return w.kind() == Weight::Kind::affine && cuda::affine_matvec_on_tensor_cores(w.affine(), w.cols(), T, formed_input);
 }
 
+bool gemm_forms_input(const Weight& w, int64_t T) {
+  if (w.device() != Device::cuda) return false;
+  if (w.kind() == Weight::Kind::fp8) return cuda::fp8_gemm_forms_input(w.fp8(), T);
+  return w.kind() == Weight::Kind::affine && cuda::affine_gemm_forms_input(w.affine(), w.cols(), T);
+}
+
 void quantized_embed(const Weight& w, const Tensor& ids, Tensor& out) {
   const int32_t vocab = int32_t(w.rows());
   if (ids.device() == Device::cuda) {

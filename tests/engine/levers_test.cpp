@@ -229,6 +229,12 @@ TEST(Levers, GroupedSwigluEpilogueIsACudaLever) {
                             &Levers::grouped_swiglu_epilogue, &LoadOptions::grouped_swiglu_epilogue);
 }
 
+// formed_gemm_input: on by default, a CUDA lever switched by its variable.
+TEST(Levers, FormedGemmInputIsACudaLever) {
+  expect_default_cuda_lever("MERERUN_FORMED_GEMM_INPUT", "formed_gemm_input", &Levers::formed_gemm_input,
+                            &LoadOptions::formed_gemm_input);
+}
+
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in
 // effect only with the tensor-core experts it routes in.
 TEST(Levers, RoutingInExpertsIsACudaLeverOfTheTensorCoreExperts) {

@@ -437,6 +437,7 @@ TEST(LlamaGpu, SixteenSequencesDecodeWhatTheyDecodeInBatchesOfEight) {
   LoadOptions on = Levers{}.load_options(Device::cuda), off = on;
   on.sixteen_token_matvec = true;
   off.sixteen_token_matvec = false;
+  on.formed_gemm_input = off.formed_gemm_input = false;  // 17 rows and more: the next test
   const nlohmann::json four_layers = {{"num_hidden_layers", 4}};
   for (const char* quant : {"int4", "int8"}) {
     auto model = random_model("llama3-8b", Device::cuda, on, 1, RandomQuant::parse(quant), four_layers);
@@ -451,6 +452,59 @@ TEST(LlamaGpu, SixteenSequencesDecodeWhatTheyDecodeInBatchesOfEight) {
     const std::string label = std::string(quant) + ", 16 sequences against two batches of 8";
     EXPECT_LE(test::relative_error(got, want, label), 1e-3f) << label;
     for (int64_t t = 0; t < 16; ++t) EXPECT_EQ(argmax_row(got, t), argmax_row(want, t)) << label << " row " << t;
+  }
+}
+
+// Lever formed_gemm_input on the Llama-3-8B shape (random int4 and int8, two
+// layers) and Qwen3-0.6B's in FP8: steps from 17 rows up to the dequantizing
+// GEMM's limit (384 tokens affine, 256 FP8) fold, each fused form one GEMM that
+// forms its input (RMSNorm, SwiGLU) and adds into the residual. Every value is
+// formed as the composed kernels form it, so prefills give the same logits bit
+// for bit, with at least three kernels a layer fewer (two add_rms_norms and the
+// SwiGLU). Without the lever, those steps compose.
+TEST(LlamaShapesGpu, FormedGemmInputFoldsPrefillsWithTheSameLogits) {
+  if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
+  const nlohmann::json two_layers = {{"num_hidden_layers", 2}};
+  for (const std::string quant : {"int4", "int8", "fp8"}) {
+    const bool fp8 = quant == "fp8";
+    const char* shape = fp8 ? "qwen3-0.6b" : "llama3-8b";
+    LoadOptions on = Levers{}.load_options(Device::cuda), off = on;
+    on.formed_gemm_input = true;
+    off.formed_gemm_input = false;
+    auto folded = random_model(shape, Device::cuda, on, 1, RandomQuant::parse(quant), two_layers);
+    auto composed = random_model(shape, Device::cuda, off, 1, RandomQuant::parse(quant), two_layers);
+    const int64_t longest = fp8 ? 256 : 384;
+    EXPECT_EQ(folded->info().fold_long_steps_to, longest) << quant;
+    EXPECT_TRUE(folded->info().folds_step(17)) << quant;
+    EXPECT_FALSE(folded->info().folds_step(longest + 1)) << quant;
+    EXPECT_EQ(composed->info().fold_long_steps_to, 0) << quant;
+    for (int64_t T : {int64_t(17), int64_t(100), longest}) {
+      std::vector<int32_t> prompt;
+      for (int64_t i = 0; i < T; ++i) prompt.push_back(int32_t((97 * i + 5) % folded->info().vocab));
+      auto prefill = [&](const Model& model) {
+        auto state = model.make_state(T + 1);
+        return model.forward(prompt, *state, true).to_device(Device::cpu);
+      };
+      EXPECT_EQ(test::max_abs_diff(prefill(*folded), prefill(*composed)).diff, 0.0f) << quant << ", " << T << " tokens";
+    }
+    // The kernels of a 100-token prefill, counted in a capture after a warm-up run.
+    auto kernels_of_a_prefill = [&](const Model& model) {
+      const int64_t T = 100;
+      Tensor ids = Tensor::empty({T}, DType::i32), pos = Tensor::empty({1}, DType::i32);
+      for (int64_t i = 0; i < T; ++i) ids.data<int32_t>()[i] = int32_t((31 * i + 7) % model.info().vocab);
+      pos.data<int32_t>()[0] = 0;
+      auto state = model.make_state(T + 1);
+      state->reserve(T);
+      const Tensor ids_dev = ids.to_device(Device::cuda), pos_dev = pos.to_device(Device::cuda);
+      SeqState* states[] = {state.get()};
+      model.run(ids_dev, pos_dev, states, false);
+      device_synchronize();
+      return test::kernels_launched_by([&] { model.run(ids_dev, pos_dev, states, false); });
+    };
+    const size_t folded_kernels = kernels_of_a_prefill(*folded), composed_kernels = kernels_of_a_prefill(*composed);
+    std::printf("[ gpu      ] %s %s, a 100-token prefill: %zu kernels folded, %zu composed (2 layers)\n", shape,
+                quant.c_str(), folded_kernels, composed_kernels);
+    EXPECT_GE(composed_kernels, folded_kernels + 3 * 2) << quant;
   }
 }
 

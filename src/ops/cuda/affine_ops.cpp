@@ -108,6 +108,38 @@ bool tensor_core_linear(const AffineArgs& a, int64_t T, AffineMmaInput input, co
   return true;
 }
 
+// Whether the GEMM that dequantizes its tiles takes T tokens (lever
+// tensor_core_affine_gemm, where it pays).
+bool gemm_takes(const AffineArgs& a, int64_t T) {
+  return tensor_core_affine_gemm_enabled() && (affine_gemm_at_every_size() || affine_gemm_pays(a, T)) &&
+         affine_gemm_supports(a, T);
+}
+
+// Lever formed_gemm_input: past the decode matvecs' tokens, the GEMM forms a
+// fused form's input (RMSNorm, SwiGLU) itself and adds into h, where the
+// caller would otherwise run those kernels around the same GEMM.
+bool gemm_forms_input(const AffineArgs& a, int64_t T) {
+  return formed_gemm_input_enabled() && T > kMaxMatvecTokens && gemm_takes(a, T);
+}
+
+// The GEMM with x formed as `input` says, into y (added into it with
+// accumulate); false, with nothing run, where it does not take them.
+bool gemm_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& input, const Tensor& bias, float* y,
+                 bool accumulate) {
+  if (!gemm_takes(a, T) || !aligned16(input.x)) return false;
+  MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
+             dtype_name(bias.dtype()));
+  Tensor scratch = Tensor::empty({affine_gemm_scratch_bytes(a, T, {}, accumulate)}, DType::u8, Device::cuda);
+  MERE_CUDA(launch_affine_gemm(a, input, scratch.raw(), bias.defined() ? bias.data<float>() : nullptr, y, T, stream(),
+                               {}, accumulate));
+  return true;
+}
+
+bool formed_gemm_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& input, const Tensor& bias, float* y,
+                        bool accumulate) {
+  return gemm_forms_input(a, T) && gemm_linear(a, T, input, bias, y, accumulate);
+}
+
 // The raw form without affine_args' checks: a query answers no where they
 // would fail (the kernel's own checks refuse those shapes and dtypes).
 AffineArgs raw_args(const AffineWeight& w, int64_t in) {
@@ -129,6 +161,8 @@ bool affine_linear_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T)
   return takes_tensor_cores(raw_args(w, in), T, false);
 }
 
+bool affine_gemm_forms_input(const AffineWeight& w, int64_t in, int64_t T) { return gemm_forms_input(raw_args(w, in), T); }
+
 bool affine_cuda_core_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w,
                                       const Tensor& bias, Tensor& out, bool allow_after_wait) {
   const AffineArgs a = affine_args(w, h.dim(1), "rms_norm_linear");
@@ -149,20 +183,30 @@ bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, co
   if (nd != DType::f32 && nd != DType::f16 && nd != DType::bf16) return false;
   const AffineMmaInput input{.kind = AffineMmaInput::Kind::rms_normed, .x = h.data<float>(), .norm_w = norm_w.raw(),
                              .norm_dtype = nd, .eps = eps};
-  return tensor_core_linear(affine_args(w, h.dim(1), "rms_norm_linear"), h.dim(0), input, bias, out.data<float>(),
-                            false, true) ||
-         affine_cuda_core_rms_norm_linear(h, norm_w, eps, w, bias, out, false);
+  const AffineArgs a = affine_args(w, h.dim(1), "rms_norm_linear");
+  return tensor_core_linear(a, h.dim(0), input, bias, out.data<float>(), false, true) ||
+         affine_cuda_core_rms_norm_linear(h, norm_w, eps, w, bias, out, false) ||
+         formed_gemm_linear(a, h.dim(0), input, bias, out.data<float>(), false);
 }
 
 bool affine_linear_add(Tensor& h, const Tensor& x, const AffineWeight& w, const Tensor& bias) {
-  return tensor_core_linear(affine_args(w, x.dim(1), "linear_add"), x.dim(0), AffineMmaInput{.x = x.data<float>()},
-                            bias, h.data<float>(), true, false);
+  const AffineArgs a = affine_args(w, x.dim(1), "linear_add");
+  const AffineMmaInput input{.x = x.data<float>()};
+  return tensor_core_linear(a, x.dim(0), input, bias, h.data<float>(), true, false) ||
+         formed_gemm_linear(a, x.dim(0), input, bias, h.data<float>(), true);
 }
 
 bool affine_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const AffineWeight& w, const Tensor& bias) {
+  const AffineArgs a = affine_args(w, gate_up.dim(1) / 2, "swiglu_linear_add");
   const AffineMmaInput input{.kind = AffineMmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
-  return tensor_core_linear(affine_args(w, gate_up.dim(1) / 2, "swiglu_linear_add"), gate_up.dim(0), input, bias,
-                            h.data<float>(), true, true);
+  return tensor_core_linear(a, gate_up.dim(0), input, bias, h.data<float>(), true, true) ||
+         formed_gemm_linear(a, gate_up.dim(0), input, bias, h.data<float>(), true);
+}
+
+bool affine_swiglu_linear(const Tensor& gate_up, const AffineWeight& w, const Tensor& bias, Tensor& out) {
+  const AffineMmaInput input{.kind = AffineMmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
+  return formed_gemm_linear(affine_args(w, gate_up.dim(1) / 2, "swiglu_linear"), gate_up.dim(0), input, bias,
+                            out.data<float>(), false);
 }
 
 bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const AffineWeight& w, const Tensor& bias) {
@@ -195,13 +239,7 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
                                    out.data<float>(), T, stream()));
     return;
   }
-  if (tensor_core_affine_gemm_enabled() && (affine_gemm_at_every_size() || affine_gemm_pays(a, T)) &&
-      affine_gemm_supports(a, T) && aligned16(x.raw())) {
-    Tensor scratch = Tensor::empty({affine_gemm_scratch_bytes(a, T)}, DType::u8, Device::cuda);
-    MERE_CUDA(launch_affine_gemm(a, x.data<float>(), scratch.raw(), bias.defined() ? bias.data<float>() : nullptr,
-                                 out.data<float>(), T, stream()));
-    return;
-  }
+  if (gemm_linear(a, T, AffineMmaInput{.x = x.data<float>()}, bias, out.data<float>(), false)) return;
   // Prefill (or an x view off 16-byte alignment): a bf16 copy of the weight, then the dense path.
   Tensor dense = Tensor::empty({a.out, a.in}, DType::bf16, Device::cuda);
   MERE_CUDA(launch_affine_dequantize(a, dense.raw(), DType::bf16, stream()));
@@ -232,9 +270,11 @@ bool affine_cuda_core_rms_norm_linear(const Tensor&, const Tensor&, float, const
 }
 bool affine_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
 bool affine_swiglu_linear_add(Tensor&, const Tensor&, const AffineWeight&, const Tensor&) { return false; }
+bool affine_swiglu_linear(const Tensor&, const AffineWeight&, const Tensor&, Tensor&) { return false; }
 bool affine_attention_linear_add(Tensor&, const AttentionSplits&, const AffineWeight&, const Tensor&) { return false; }
 bool affine_matvec_on_tensor_cores(const AffineWeight&, int64_t, int64_t, bool) { return false; }
 bool affine_linear_on_tensor_cores(const AffineWeight&, int64_t, int64_t) { return false; }
+bool affine_gemm_forms_input(const AffineWeight&, int64_t, int64_t) { return false; }
 
 }  // namespace mere::ops::cuda
 

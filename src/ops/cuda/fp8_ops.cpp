@@ -180,6 +180,40 @@ bool tensor_core_linear(const Fp8Weight& w, int64_t T, const MmaInput& input, co
   return true;
 }
 
+// Lever tensor_core_fp8_gemm: the GEMM that forms the bf16 weights in
+// registers, 9 to kMaxFp8GemmTokens tokens (the bf16 copy costs every call 5
+// bytes of traffic a weight against 1, which short prompts and batches of 9+
+// feel most), with x formed as `input` says, into y (added into it with
+// accumulate); false, with nothing run, where it does not apply.
+bool gemm_takes(const Fp8WeightView& v, int64_t T) {
+  return tensor_core_fp8_gemm_enabled() && T > kMaxFp8MatvecTokens && T <= kMaxFp8GemmTokens &&
+         fp8_dequantizing_gemm_supports(v, T);
+}
+
+bool gemm_linear(const Fp8Weight& w, int64_t T, const MmaInput& input, const Tensor& bias, float* y,
+                 bool accumulate) {
+  const Fp8WeightView v = view_of(w);
+  if (!gemm_takes(v, T) || reinterpret_cast<uintptr_t>(input.x) % 16 != 0) return false;
+  MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
+             dtype_name(bias.dtype()));
+  Tensor scratch = Tensor::empty({fp8_dequantizing_gemm_scratch_bytes(v, T, {}, accumulate)}, DType::u8, Device::cuda);
+  MERE_CUDA(launch_fp8_dequantizing_gemm(v, input, scratch.raw(), bias.defined() ? bias.data<float>() : nullptr, y, T,
+                                         stream(), {}, accumulate));
+  return true;
+}
+
+// Lever formed_gemm_input: the GEMM forms a fused form's input (RMSNorm,
+// SwiGLU) itself and adds into h, where the plain path would take the same
+// GEMM (not under fp8_activation_gemm, whose cuBLASLt GEMM runs first).
+bool gemm_forms_input(const Fp8WeightView& v, int64_t T) {
+  return formed_gemm_input_enabled() && !fp8_activation_gemm_enabled() && gemm_takes(v, T);
+}
+
+bool formed_gemm_linear(const Fp8Weight& w, int64_t T, const MmaInput& input, const Tensor& bias, float* y,
+                        bool accumulate) {
+  return gemm_forms_input(view_of(w), T) && gemm_linear(w, T, input, bias, y, accumulate);
+}
+
 }  // namespace
 }  // namespace mere::ops::cuda
 
@@ -212,17 +246,7 @@ void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor&
     if (b) MERE_CUDA(launch_add_bias(out.data<float>(), b, T, out.dim(1), stream()));
     return;
   }
-  // Lever tensor_core_fp8_gemm: the GEMM that forms the bf16 weights in
-  // registers, up to kMaxFp8GemmTokens (the bf16 copy below costs every call 5
-  // bytes of traffic a weight against 1, which short prompts and batches of 9+
-  // feel most).
-  const Fp8WeightView v = view_of(w);
-  if (tensor_core_fp8_gemm_enabled() && T <= kMaxFp8GemmTokens && fp8_dequantizing_gemm_supports(v, T) &&
-      reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0) {
-    Tensor scratch = Tensor::empty({fp8_dequantizing_gemm_scratch_bytes(v, T)}, DType::u8, Device::cuda);
-    MERE_CUDA(launch_fp8_dequantizing_gemm(v, x.data<float>(), scratch.raw(), b, out.data<float>(), T, stream()));
-    return;
-  }
+  if (gemm_linear(w, T, MmaInput{.x = x.data<float>()}, bias, out.data<float>(), false)) return;
   Tensor dense = Tensor::empty(w.values.shape(), DType::bf16, Device::cuda);
   MERE_CUDA(launch_fp8_dequantize(view_of(w), dense.raw(), DType::bf16, stream()));
   linear(x, dense, bias, out);
@@ -240,16 +264,25 @@ bool fp8_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const
   if (nd != DType::f32 && nd != DType::f16 && nd != DType::bf16) return false;
   const MmaInput input{.kind = MmaInput::Kind::rms_normed, .x = h.data<float>(), .norm_w = norm_w.raw(),
                        .norm_dtype = nd, .eps = eps};
-  return tensor_core_linear(w, h.dim(0), input, bias, out.data<float>(), false);
+  return tensor_core_linear(w, h.dim(0), input, bias, out.data<float>(), false) ||
+         formed_gemm_linear(w, h.dim(0), input, bias, out.data<float>(), false);
 }
 
 bool fp8_linear_add(Tensor& h, const Tensor& x, const Fp8Weight& w, const Tensor& bias) {
-  return tensor_core_linear(w, x.dim(0), MmaInput{.x = x.data<float>()}, bias, h.data<float>(), true);
+  const MmaInput input{.x = x.data<float>()};
+  return tensor_core_linear(w, x.dim(0), input, bias, h.data<float>(), true) ||
+         formed_gemm_linear(w, x.dim(0), input, bias, h.data<float>(), true);
 }
 
 bool fp8_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Fp8Weight& w, const Tensor& bias) {
   const MmaInput input{.kind = MmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
-  return tensor_core_linear(w, gate_up.dim(0), input, bias, h.data<float>(), true);
+  return tensor_core_linear(w, gate_up.dim(0), input, bias, h.data<float>(), true) ||
+         formed_gemm_linear(w, gate_up.dim(0), input, bias, h.data<float>(), true);
+}
+
+bool fp8_swiglu_linear(const Tensor& gate_up, const Fp8Weight& w, const Tensor& bias, Tensor& out) {
+  const MmaInput input{.kind = MmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
+  return formed_gemm_linear(w, gate_up.dim(0), input, bias, out.data<float>(), false);
 }
 
 bool fp8_attention_linear_add(Tensor& h, const AttentionSplits& splits, const Fp8Weight& w, const Tensor& bias) {
@@ -266,6 +299,8 @@ bool fp8_attention_linear_add(Tensor& h, const AttentionSplits& splits, const Fp
 
 bool fp8_matvec_on_tensor_cores(const Fp8Weight& w, int64_t T) { return tensor_cores_take(view_of(w), T); }
 
+bool fp8_gemm_forms_input(const Fp8Weight& w, int64_t T) { return gemm_forms_input(view_of(w), T); }
+
 }  // namespace mere::ops::cuda
 
 #else  // no CUDA backend: unreachable, since no tensor can live on the GPU
@@ -279,8 +314,10 @@ void fp8_embed(const Fp8Weight&, const Tensor&, Tensor&) { fail("this binary was
 bool fp8_rms_norm_linear(const Tensor&, const Tensor&, float, const Fp8Weight&, const Tensor&, Tensor&) { return false; }
 bool fp8_linear_add(Tensor&, const Tensor&, const Fp8Weight&, const Tensor&) { return false; }
 bool fp8_swiglu_linear_add(Tensor&, const Tensor&, const Fp8Weight&, const Tensor&) { return false; }
+bool fp8_swiglu_linear(const Tensor&, const Fp8Weight&, const Tensor&, Tensor&) { return false; }
 bool fp8_attention_linear_add(Tensor&, const AttentionSplits&, const Fp8Weight&, const Tensor&) { return false; }
 bool fp8_matvec_on_tensor_cores(const Fp8Weight&, int64_t) { return false; }
+bool fp8_gemm_forms_input(const Fp8Weight&, int64_t) { return false; }
 
 }  // namespace mere::ops::cuda
 

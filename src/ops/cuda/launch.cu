@@ -3,7 +3,8 @@
 // tensor_core_kv_attention, tensor_core_attention, tensor_core_affine_matvec,
 // int16_activation_matvec, sixteen_token_matvec, sixteen_token_experts, tensor_core_fp8_matvec,
 // tensor_core_moe_matvec, routing_in_experts, tensor_core_affine_gemm, tensor_core_affine_moe_gemm,
-// tensor_core_dense_moe_gemm, tensor_core_fp8_gemm, grouped_swiglu_epilogue, rope_in_attention and
+// tensor_core_dense_moe_gemm, tensor_core_fp8_gemm, grouped_swiglu_epilogue, formed_gemm_input,
+// rope_in_attention and
 // wide_attention_blocks), the decode step's key count and its promise that the cache rows before its
 // position are final, and device queries.
 #include <algorithm>
@@ -32,6 +33,7 @@ bool tensor_core_affine_moe_gemm = false;
 bool tensor_core_dense_moe_gemm = false;
 bool tensor_core_fp8_gemm = false;
 bool grouped_swiglu_epilogue = false;
+bool formed_gemm_input = false;
 bool rope_in_attention = false;
 bool wide_attention_blocks = false;
 bool cluster_attention_merge = false;
@@ -99,6 +101,8 @@ bool tensor_core_fp8_gemm_enabled() { return tensor_core_fp8_gemm; }
 void set_tensor_core_fp8_gemm(bool on) { tensor_core_fp8_gemm = on; }
 bool grouped_swiglu_epilogue_enabled() { return grouped_swiglu_epilogue; }
 void set_grouped_swiglu_epilogue(bool on) { grouped_swiglu_epilogue = on; }
+bool formed_gemm_input_enabled() { return formed_gemm_input; }
+void set_formed_gemm_input(bool on) { formed_gemm_input = on; }
 
 int device_attribute(cudaDeviceAttr attribute) {
   int device = 0, value = 0;

@@ -147,6 +147,12 @@ bool tensor_core_fp8_gemm_enabled();
 // SwiGLU kernel. Off unless set.
 void set_grouped_swiglu_epilogue(bool on);
 bool grouped_swiglu_epilogue_enabled();
+// The dequantizing GEMM (MLX affine prefill, FP8 under tensor_core_fp8_gemm)
+// forms its input from RMSNorm or SwiGLU itself and adds into the residual
+// (lever formed_gemm_input, affine_ops.cpp and fp8_ops.cpp); off: the norm,
+// SwiGLU and add kernels around it. Off unless set.
+void set_formed_gemm_input(bool on);
+bool formed_gemm_input_enabled();
 
 // y[T, out] = x'[T, in] w[out, in]^T (+ bias[out]), x' the input as `input` forms
 // it; T <= kMaxMatvecTokens, rows 16-byte aligned (in * sizeof(w) % 16 == 0).
