@@ -240,12 +240,14 @@ struct Levers {
   // kernel; the same sums, so the same bits. Default: Qwen3-30B-A3B (H100)
   // int4 pp2048 +4.8%, bf16 +6.6%, 24-64 sequences +3-4.5% (docs/levers.md).
   bool grouped_swiglu_epilogue = true;
-  // The dequantizing GEMM (MLX affine prefill of up to 384 tokens and batches
-  // of 17-384 sequences; FP8 under tensor_core_fp8_gemm) forms its bf16 input
-  // from RMSNorm(h) or SwiGLU(gate_up) itself and adds its product into the
-  // residual: a layer's two RMSNorms, its SwiGLU and its two adds are no
-  // kernels of their own, nor their f32 tensors. Off: those kernels around the
-  // GEMM; each value formed as they form it, so the same bits.
+  // Steps of 17 rows or more (prefill, batches past 16 sequences) fold their
+  // norms as decode steps do: each fused form's input, RMSNorm(h) or
+  // SwiGLU(gate_up), is formed in bf16 on its way into the GEMM that linear
+  // runs (the dequantizing GEMM of MLX affine and FP8 weights, cuBLAS on bf16
+  // weights or the bf16 copy), and that GEMM adds into the residual: no
+  // add_rms_norm, SwiGLU or conversion kernels, nor their f32 tensors. Off:
+  // those kernels around the GEMM; each value formed as they form it and the
+  // same sums, so the same bits (the dense family; MoE steps compose).
   bool formed_gemm_input = true;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves

@@ -1,6 +1,7 @@
 #include "models/model.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "ops/ops.h"
 
@@ -52,7 +53,9 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                             .formed_gemm_input = o.formed_gemm_input});
 }
 
-// The longest step decide_folding looks at (a prefill chunk's rows).
+// The longest step decide_folding looks at: where every fused form is one GEMM
+// at every row count up to it, it is so at any (no GEMM's choice has a limit
+// past it), and every longer step folds too.
 constexpr int64_t kMaxFoldedRows = 4096;
 
 bool ModelInfo::folds_step(int64_t T) const {
@@ -82,8 +85,7 @@ void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<c
   // lever sixteen_token_matvec: folding_pays); else they would compose kernels
   // that add_rms_norm joins.
   fold_wide_batches = (on || automatic) && pays_from_to(ops::kMaxFusedRows + 1, ops::kMaxWideFusedRows);
-  // From 17 rows, as far as every fused form stays one GEMM (the affine GEMM
-  // takes up to 384 tokens, FP8's 256; past that the copy and cuBLAS compose).
+  // From 17 rows, as far as every fused form stays one GEMM with its input formed.
   fold_long_steps_to = 0;
   if ((on || automatic) && long_steps && o.formed_gemm_input && !fused.empty()) {
     auto formed = [&](int64_t T) {
@@ -92,7 +94,9 @@ void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<c
     };
     int64_t T = ops::kMaxWideFusedRows + 1;
     while (T <= kMaxFoldedRows && formed(T)) ++T;
-    fold_long_steps_to = T - 1 > ops::kMaxWideFusedRows ? T - 1 : 0;
+    fold_long_steps_to = T > kMaxFoldedRows                ? std::numeric_limits<int64_t>::max()
+                         : T - 1 > ops::kMaxWideFusedRows ? T - 1
+                                                          : 0;
   }
 }
 

@@ -134,8 +134,8 @@ struct ModelInfo {
   bool fold_batches = false;
   bool fold_wide_batches = false;  // 9 to ops::kMaxWideFusedRows rows (lever sixteen_token_matvec)
   // Longer steps (a prefill, a batch past 16) up to this many rows, where every
-  // fused form is one dequantizing GEMM that forms its input (lever
-  // formed_gemm_input); 0: none.
+  // fused form forms its input on the way into its GEMM (lever
+  // formed_gemm_input); 0: none, int64_t's largest: every one.
   int64_t fold_long_steps_to = 0;
   bool folds_step(int64_t T) const;  // a step of T rows
   // Sets them from the lever's mode (after `device` is set: on CUDA it applies

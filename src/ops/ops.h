@@ -73,10 +73,12 @@ void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const 
 // that would run anyway, so smaller affine matrices pay at one row (FP8 ones
 // measured no gain).
 bool matvec_on_tensor_cores(const Weight& w, int64_t T, bool formed_input = false);
-// Whether the fused forms above take T rows of w (past the decode matvecs') on
-// the dequantizing GEMM that forms their input itself, as the levers stand
-// (formed_gemm_input, with tensor_core_affine_gemm for an MLX affine weight
-// or tensor_core_fp8_gemm for an FP8 one): single kernels there too.
+// Whether the fused forms above take T rows of w (past the decode matvecs') with
+// their input formed on the way into the GEMM that linear runs, which adds into
+// h (lever formed_gemm_input, as the levers stand): one kernel for the input and
+// one GEMM, as linear's own conversion and GEMM are. bf16/f16 weights (cuBLAS),
+// MLX affine ones (the dequantizing GEMM, or cuBLAS on the bf16 copy past its
+// tokens) and FP8 ones (likewise, unless fp8_activation_gemm).
 bool gemm_forms_input(const Weight& w, int64_t T);
 
 // pos (i32 [1], on any device) += by; on the GPU a kernel, so a CUDA graph's

@@ -1,5 +1,6 @@
 #include "ops/quantized_ops.h"
 
+#include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
 
 namespace mere::ops {
@@ -27,6 +28,7 @@ bool matvec_on_tensor_cores(const Weight& w, int64_t T, bool formed_input) {
 
 bool gemm_forms_input(const Weight& w, int64_t T) {
   if (w.device() != Device::cuda) return false;
+  if (w.is_dense()) return cuda::dense_gemm_forms_input(w.dense(), T);
   if (w.kind() == Weight::Kind::fp8) return cuda::fp8_gemm_forms_input(w.fp8(), T);
   return w.kind() == Weight::Kind::affine && cuda::affine_gemm_forms_input(w.affine(), w.cols(), T);
 }

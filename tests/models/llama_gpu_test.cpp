@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -456,29 +457,32 @@ TEST(LlamaGpu, SixteenSequencesDecodeWhatTheyDecodeInBatchesOfEight) {
 }
 
 // Lever formed_gemm_input on the Llama-3-8B shape (random int4 and int8, two
-// layers) and Qwen3-0.6B's in FP8: steps from 17 rows up to the dequantizing
-// GEMM's limit (384 tokens affine, 256 FP8) fold, each fused form one GEMM that
-// forms its input (RMSNorm, SwiGLU) and adds into the residual. Every value is
-// formed as the composed kernels form it, so prefills give the same logits bit
-// for bit, with at least three kernels a layer fewer (two add_rms_norms and the
-// SwiGLU). Without the lever, those steps compose.
+// layers) and Qwen3-0.6B's in FP8 and bf16: every step of 17 rows or more folds,
+// each fused form's input (RMSNorm, SwiGLU) formed on its way into the GEMM
+// linear runs, which adds into the residual: the dequantizing GEMM up to its
+// limit (384 tokens affine, 256 FP8), else cuBLAS on the weights or their bf16
+// copy. Every value is formed as the composed kernels form it and the sums are
+// the same, so prefills give the same logits (all rows) bit for bit, with at
+// least three kernels a layer fewer (two add_rms_norms and a SwiGLU or a
+// conversion). Without the lever, those steps compose.
 TEST(LlamaShapesGpu, FormedGemmInputFoldsPrefillsWithTheSameLogits) {
   if (!cuda_available()) FAIL() << "gpu tests need a GPU: " << cuda_device_description();
   const nlohmann::json two_layers = {{"num_hidden_layers", 2}};
-  for (const std::string quant : {"int4", "int8", "fp8"}) {
-    const bool fp8 = quant == "fp8";
-    const char* shape = fp8 ? "qwen3-0.6b" : "llama3-8b";
+  for (const std::string quant : {"int4", "int8", "fp8", "bf16"}) {
+    const bool small = quant == "fp8" || quant == "bf16";
+    const char* shape = small ? "qwen3-0.6b" : "llama3-8b";
     LoadOptions on = Levers{}.load_options(Device::cuda), off = on;
     on.formed_gemm_input = true;
     off.formed_gemm_input = false;
     auto folded = random_model(shape, Device::cuda, on, 1, RandomQuant::parse(quant), two_layers);
     auto composed = random_model(shape, Device::cuda, off, 1, RandomQuant::parse(quant), two_layers);
-    const int64_t longest = fp8 ? 256 : 384;
-    EXPECT_EQ(folded->info().fold_long_steps_to, longest) << quant;
+    EXPECT_EQ(folded->info().fold_long_steps_to, std::numeric_limits<int64_t>::max()) << quant;
     EXPECT_TRUE(folded->info().folds_step(17)) << quant;
-    EXPECT_FALSE(folded->info().folds_step(longest + 1)) << quant;
+    EXPECT_TRUE(folded->info().folds_step(8192)) << quant;
     EXPECT_EQ(composed->info().fold_long_steps_to, 0) << quant;
-    for (int64_t T : {int64_t(17), int64_t(100), longest}) {
+    EXPECT_FALSE(composed->info().folds_step(17)) << quant;
+    // 17 and 100 rows on the dequantizing GEMMs, 300 past FP8's, 600 past the affine one's.
+    for (int64_t T : {17, 100, 300, 600}) {
       std::vector<int32_t> prompt;
       for (int64_t i = 0; i < T; ++i) prompt.push_back(int32_t((97 * i + 5) % folded->info().vocab));
       auto prefill = [&](const Model& model) {
@@ -487,9 +491,8 @@ TEST(LlamaShapesGpu, FormedGemmInputFoldsPrefillsWithTheSameLogits) {
       };
       EXPECT_EQ(test::max_abs_diff(prefill(*folded), prefill(*composed)).diff, 0.0f) << quant << ", " << T << " tokens";
     }
-    // The kernels of a 100-token prefill, counted in a capture after a warm-up run.
-    auto kernels_of_a_prefill = [&](const Model& model) {
-      const int64_t T = 100;
+    // The kernels of a prefill, counted in a capture after a warm-up run.
+    auto kernels_of_a_prefill = [&](const Model& model, int64_t T) {
       Tensor ids = Tensor::empty({T}, DType::i32), pos = Tensor::empty({1}, DType::i32);
       for (int64_t i = 0; i < T; ++i) ids.data<int32_t>()[i] = int32_t((31 * i + 7) % model.info().vocab);
       pos.data<int32_t>()[0] = 0;
@@ -501,10 +504,13 @@ TEST(LlamaShapesGpu, FormedGemmInputFoldsPrefillsWithTheSameLogits) {
       device_synchronize();
       return test::kernels_launched_by([&] { model.run(ids_dev, pos_dev, states, false); });
     };
-    const size_t folded_kernels = kernels_of_a_prefill(*folded), composed_kernels = kernels_of_a_prefill(*composed);
-    std::printf("[ gpu      ] %s %s, a 100-token prefill: %zu kernels folded, %zu composed (2 layers)\n", shape,
-                quant.c_str(), folded_kernels, composed_kernels);
-    EXPECT_GE(composed_kernels, folded_kernels + 3 * 2) << quant;
+    for (int64_t T : {100, 600}) {
+      const size_t folded_kernels = kernels_of_a_prefill(*folded, T);
+      const size_t composed_kernels = kernels_of_a_prefill(*composed, T);
+      std::printf("[ gpu      ] %s %s, a %lld-token prefill: %zu kernels folded, %zu composed (2 layers)\n", shape,
+                  quant.c_str(), (long long)T, folded_kernels, composed_kernels);
+      EXPECT_GE(composed_kernels, folded_kernels + 3 * 2) << quant << ", " << T << " tokens";
+    }
   }
 }
 
@@ -678,7 +684,8 @@ TEST(LlamaShapesGpu, FoldingFollowsTheStepsRowsOnDenseShapes) {
     const bool wide = std::string(shape) == "qwen3-0.6b" || base.uneven_row_cuts;
     for (int64_t T = ops::kMaxFusedRows + 1; T <= ops::kMaxWideFusedRows; ++T)
       EXPECT_EQ(on->info().folds_step(T), wide) << shape << ", " << T;
-    EXPECT_FALSE(on->info().folds_step(ops::kMaxWideFusedRows + 1)) << shape;
+    // From 17 rows the prefill GEMMs form the inputs (lever formed_gemm_input, a default).
+    EXPECT_EQ(on->info().folds_step(ops::kMaxWideFusedRows + 1), base.formed_gemm_input) << shape;
     for (int64_t T = 1; T <= ops::kMaxFusedRows; ++T) ASSERT_FALSE(off->info().folds_step(T)) << shape;
     // Under uneven cuts Qwen3-4B's 12-token prompt folds in one arm only, so the
     // caches the steps read differ too (the folded RMSNorm and residual adds in

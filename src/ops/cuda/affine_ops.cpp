@@ -115,12 +115,11 @@ bool gemm_takes(const AffineArgs& a, int64_t T) {
          affine_gemm_supports(a, T);
 }
 
-// Lever formed_gemm_input: past the decode matvecs' tokens, the GEMM forms a
-// fused form's input (RMSNorm, SwiGLU) itself and adds into h, where the
-// caller would otherwise run those kernels around the same GEMM.
-bool gemm_forms_input(const AffineArgs& a, int64_t T) {
-  return formed_gemm_input_enabled() && T > kMaxMatvecTokens && gemm_takes(a, T);
-}
+// Lever formed_gemm_input: past the decode matvecs' tokens, a fused form's
+// input (RMSNorm, SwiGLU) is formed on the way into the GEMM that linear would
+// run (this one, or cuBLAS on the bf16 copy), which adds into h, where the
+// caller would otherwise run those kernels around it.
+bool gemm_forms_input(int64_t T) { return formed_gemm_input_enabled() && T > kMaxMatvecTokens; }
 
 // The GEMM with x formed as `input` says, into y (added into it with
 // accumulate); false, with nothing run, where it does not take them.
@@ -137,7 +136,13 @@ bool gemm_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& input, co
 
 bool formed_gemm_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& input, const Tensor& bias, float* y,
                         bool accumulate) {
-  return gemm_forms_input(a, T) && gemm_linear(a, T, input, bias, y, accumulate);
+  if (!gemm_forms_input(T)) return false;
+  if (gemm_takes(a, T)) return gemm_linear(a, T, input, bias, y, accumulate);
+  // Past its tokens linear's bf16 copy of the weight, then cuBLAS.
+  if (accumulate && bias.defined()) return false;  // formed_dense_linear would refuse it after the copy
+  Tensor dense = Tensor::empty({a.out, a.in}, DType::bf16, Device::cuda);
+  MERE_CUDA(launch_affine_dequantize(a, dense.raw(), DType::bf16, stream()));
+  return formed_dense_linear(input, T, dense, bias, y, accumulate);
 }
 
 // The raw form without affine_args' checks: a query answers no where they
@@ -161,7 +166,7 @@ bool affine_linear_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T)
   return takes_tensor_cores(raw_args(w, in), T, false);
 }
 
-bool affine_gemm_forms_input(const AffineWeight& w, int64_t in, int64_t T) { return gemm_forms_input(raw_args(w, in), T); }
+bool affine_gemm_forms_input(const AffineWeight&, int64_t, int64_t T) { return gemm_forms_input(T); }
 
 bool affine_cuda_core_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w,
                                       const Tensor& bias, Tensor& out, bool allow_after_wait) {

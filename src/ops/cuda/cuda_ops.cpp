@@ -32,7 +32,9 @@ cudaDataType_t cuda_type(DType dt) {
 // Y[T, out] (row-major) = X[T, in] W[out, in]^T. Column-major, that is
 // Y^T[out, T] = op_T(W as [in, out]) x X as [in, T]. f32 accumulation; f32
 // weights use plain FP32 (no TF32) so they match the CPU reference.
-void gemm(const Tensor& x, const Tensor& w, Tensor& y) {
+// y [T, out] f32 = x [T, in] w^T (x in w's dtype), or with accumulate y += it
+// (beta 1: the epilogue adds the f32 product into y, the values a separate add stores).
+void gemm(const Tensor& x, const Tensor& w, float* y, bool accumulate = false) {
   const int64_t T = x.dim(0), in = x.dim(1), n_out = w.dim(0);
   cudaDataType_t ab = cuda_type(w.dtype());
   cublasLtMatmulDesc_t desc;
@@ -52,8 +54,8 @@ void gemm(const Tensor& x, const Tensor& w, Tensor& y) {
   int found = 0;
   MERE_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt_handle(), desc, a, b, c, c, pref, 1, &heuristic, &found));
   MERE_CHECK(found > 0, "cuBLASLt found no algorithm for [{}, {}] x [{}, {}]^T", T, in, n_out, in);
-  float alpha = 1, beta = 0;
-  MERE_CUBLAS(cublasLtMatmul(lt_handle(), desc, &alpha, w.raw(), a, x.raw(), b, &beta, y.raw(), c, y.raw(), c,
+  float alpha = 1, beta = accumulate ? 1.0f : 0.0f;
+  MERE_CUBLAS(cublasLtMatmul(lt_handle(), desc, &alpha, w.raw(), a, x.raw(), b, &beta, y, c, y, c,
                              &heuristic.algo, lt_workspace(), ws, stream()));
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(a);
@@ -61,6 +63,8 @@ void gemm(const Tensor& x, const Tensor& w, Tensor& y) {
   cublasLtMatrixLayoutDestroy(c);
   cublasLtMatmulDescDestroy(desc);
 }
+
+void gemm(const Tensor& x, const Tensor& w, Tensor& y) { gemm(x, w, y.data<float>()); }
 
 Tensor upload_ints(const std::vector<int32_t>& values) {
   Tensor host = Tensor::empty({int64_t(values.size())}, DType::i32);
@@ -175,8 +179,40 @@ void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
   MERE_CUDA(launch_rms_norm(x.data<float>(), w.raw(), w.dtype(), out.data<float>(), x.numel() / d, d, eps, stream()));
 }
 
+bool dense_gemm_forms_input(const Tensor& w, int64_t T) {
+  return formed_gemm_input_enabled() && T > kMaxMatvecTokens && (w.dtype() == DType::bf16 || w.dtype() == DType::f16);
+}
+
+bool formed_dense_linear(const MmaInput& input, int64_t T, const Tensor& w, const Tensor& bias, float* y,
+                         bool accumulate) {
+  const DType dt = w.dtype();
+  if (!dense_gemm_forms_input(w, T) || (accumulate && bias.defined())) return false;
+  const int64_t in = w.dim(1);
+  Tensor x = Tensor::empty({T, in}, dt, Device::cuda);
+  switch (input.kind) {
+    case MmaInput::Kind::plain:
+      MERE_CUDA(launch_convert(input.x, DType::f32, x.raw(), dt, T * in, stream()));
+      break;
+    case MmaInput::Kind::rms_normed:
+      if (input.norm_dtype != DType::f32 && input.norm_dtype != DType::bf16 && input.norm_dtype != DType::f16)
+        return false;
+      MERE_CUDA(launch_rms_norm_as(input.x, input.norm_w, input.norm_dtype, x.raw(), dt, T, in, input.eps, stream()));
+      break;
+    case MmaInput::Kind::silu_gated:
+      MERE_CUDA(launch_silu_mul_halves(input.x, x.raw(), dt, T, in, stream()));
+      break;
+    default: return false;  // attention's splits: merged first
+  }
+  gemm(x, w, y, accumulate);
+  if (bias.defined()) MERE_CUDA(launch_add_bias(y, bias.data<float>(), T, w.dim(0), stream()));
+  return true;
+}
+
 bool rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Tensor& w, const Tensor& bias,
                      Tensor& out) {
+  const MmaInput formed{.kind = MmaInput::Kind::rms_normed, .x = h.data<float>(), .norm_w = norm_w.raw(),
+                        .norm_dtype = norm_w.dtype(), .eps = eps};
+  if (formed_dense_linear(formed, h.dim(0), w, bias, out.data<float>(), false)) return true;
   if (!matvec_applies(h.dim(0), h, w) || norm_w.dtype() != w.dtype() || reinterpret_cast<uintptr_t>(norm_w.raw()) % 16)
     return false;
   MatvecArgs a = matvec_args(h, w, bias, out);
@@ -188,6 +224,7 @@ bool rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Ten
 }
 
 bool linear_add(Tensor& h, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (formed_dense_linear(MmaInput{.x = x.data<float>()}, x.dim(0), w, bias, h.data<float>(), true)) return true;
   if (!matvec_applies(x.dim(0), x, w)) return false;
   MatvecArgs a = matvec_args(x, w, bias, h);
   a.accumulate = true;
@@ -196,6 +233,8 @@ bool linear_add(Tensor& h, const Tensor& x, const Tensor& w, const Tensor& bias)
 }
 
 bool swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Tensor& w, const Tensor& bias) {
+  const MmaInput formed{.kind = MmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
+  if (formed_dense_linear(formed, gate_up.dim(0), w, bias, h.data<float>(), true)) return true;
   if (!matvec_applies(gate_up.dim(0), gate_up, w)) return false;
   MatvecArgs a = matvec_args(gate_up, w, bias, h);
   a.input = MatvecInput::silu_gated;
@@ -669,6 +708,8 @@ bool rms_norm_linear(const Tensor&, const Tensor&, float, const Tensor&, const T
 bool linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 bool swiglu_linear_add(Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 bool swiglu_linear(const Tensor&, const Tensor&, const Tensor&, Tensor&) { no_cuda(); }
+bool dense_gemm_forms_input(const Tensor&, int64_t) { return false; }
+bool formed_dense_linear(const mere::cuda::MmaInput&, int64_t, const Tensor&, const Tensor&, float*, bool) { no_cuda(); }
 void set_launch_settings(const LaunchSettings&) {}  // nothing launches
 void set_decode_keys(int64_t) {}
 void set_cached_rows_final(bool) {}

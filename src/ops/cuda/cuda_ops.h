@@ -2,6 +2,7 @@
 // launch goes on mere::cuda::stream() and is checked with MERE_CUDA_LAUNCHED.
 #pragma once
 
+#include "ops/cuda/mma_input.h"
 #include "ops/ops.h"
 
 namespace mere::ops::cuda {
@@ -15,9 +16,10 @@ void silu_mul_halves(const Tensor& gate_up, Tensor& out);
 // x [T, n] into parts [T, w_i]: its column blocks in order (the widths sum to n).
 void split_columns(const Tensor& x, std::vector<Tensor>& parts);  // at most 4 parts, one launch
 void add_rms_norm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& out);
-// The fused decode forms (ops.h); each returns false when the decode matvec does
-// not apply (more rows than it takes, unaligned rows, a norm weight of another
-// dtype than w), and the caller composes the plain ops instead.
+// The fused decode forms (ops.h), and past the decode matvec's rows their
+// prefill forms under lever formed_gemm_input (formed_dense_linear below); each
+// returns false where neither applies (unaligned rows, a norm weight of another
+// dtype than w at decode), and the caller composes the plain ops instead.
 bool rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Tensor& w, const Tensor& bias,
                      Tensor& out);
 bool linear_add(Tensor& h, const Tensor& x, const Tensor& w, const Tensor& bias);
@@ -25,6 +27,15 @@ bool swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Tensor& w, const 
 // The prefill's swiglu_linear (ops.h): false where the decode matvec applies or
 // w is not bf16/f16 (the GEMM takes f32 x as it is).
 bool swiglu_linear(const Tensor& gate_up, const Tensor& w, const Tensor& bias, Tensor& out);
+// Lever formed_gemm_input through dense bf16/f16 weights (a prefill, past the
+// decode matvec's rows; an MLX affine or FP8 weight's bf16 copy past its own
+// GEMM's): x formed in w's dtype at once (RMSNorm(h), SwiGLU or x converted: the
+// values the f32 forms then linear's conversion store), then the GEMM, adding
+// into y with accumulate (cuBLAS's beta 1). false, with nothing run, for other
+// weights and rows, or a bias with accumulate (y + (product + bias) is two adds).
+bool dense_gemm_forms_input(const Tensor& w, int64_t T);
+bool formed_dense_linear(const mere::cuda::MmaInput& input, int64_t T, const Tensor& w, const Tensor& bias, float* y,
+                         bool accumulate);
 void advance_position(Tensor& pos, int32_t by);
 void advance_position(Tensor& pos, int32_t by, const Tensor& tokens, int32_t* host_ring, int64_t slots);
 void set_launch_settings(const LaunchSettings& settings);

@@ -202,16 +202,23 @@ bool gemm_linear(const Fp8Weight& w, int64_t T, const MmaInput& input, const Ten
   return true;
 }
 
-// Lever formed_gemm_input: the GEMM forms a fused form's input (RMSNorm,
-// SwiGLU) itself and adds into h, where the plain path would take the same
-// GEMM (not under fp8_activation_gemm, whose cuBLASLt GEMM runs first).
-bool gemm_forms_input(const Fp8WeightView& v, int64_t T) {
-  return formed_gemm_input_enabled() && !fp8_activation_gemm_enabled() && gemm_takes(v, T);
+// Lever formed_gemm_input: a fused form's input (RMSNorm, SwiGLU) is formed on
+// the way into the GEMM that linear would run (this one, or cuBLAS on the bf16
+// copy), which adds into h (not under fp8_activation_gemm, whose FP8 GEMM
+// quantizes x itself).
+bool gemm_forms_input(int64_t T) {
+  return formed_gemm_input_enabled() && !fp8_activation_gemm_enabled() && T > kMaxFp8MatvecTokens;
 }
 
 bool formed_gemm_linear(const Fp8Weight& w, int64_t T, const MmaInput& input, const Tensor& bias, float* y,
                         bool accumulate) {
-  return gemm_forms_input(view_of(w), T) && gemm_linear(w, T, input, bias, y, accumulate);
+  if (!gemm_forms_input(T)) return false;
+  if (gemm_takes(view_of(w), T)) return gemm_linear(w, T, input, bias, y, accumulate);
+  // Past its tokens linear's bf16 copy of the weight, then cuBLAS.
+  if (accumulate && bias.defined()) return false;  // formed_dense_linear would refuse it after the copy
+  Tensor dense = Tensor::empty(w.values.shape(), DType::bf16, Device::cuda);
+  MERE_CUDA(launch_fp8_dequantize(view_of(w), dense.raw(), DType::bf16, stream()));
+  return formed_dense_linear(input, T, dense, bias, y, accumulate);
 }
 
 }  // namespace
@@ -299,7 +306,7 @@ bool fp8_attention_linear_add(Tensor& h, const AttentionSplits& splits, const Fp
 
 bool fp8_matvec_on_tensor_cores(const Fp8Weight& w, int64_t T) { return tensor_cores_take(view_of(w), T); }
 
-bool fp8_gemm_forms_input(const Fp8Weight& w, int64_t T) { return gemm_forms_input(view_of(w), T); }
+bool fp8_gemm_forms_input(const Fp8Weight&, int64_t T) { return gemm_forms_input(T); }
 
 }  // namespace mere::ops::cuda
 

@@ -16,6 +16,9 @@ cudaError_t launch_embed(const void* table, DType table_dtype, const int32_t* id
                          cudaStream_t stream);
 cudaError_t launch_rms_norm(const float* x, const void* w, DType w_dtype, float* y, int64_t rows, int64_t d,
                             float eps, cudaStream_t stream);
+// The same with y of y_dtype (f32, bf16, f16): each value launch_rms_norm's, rounded once.
+cudaError_t launch_rms_norm_as(const float* x, const void* w, DType w_dtype, void* y, DType y_dtype, int64_t rows,
+                               int64_t d, float eps, cudaStream_t stream);
 // Kernels launched while this is on may overlap the previous kernel's tail
 // (programmatic dependent launch; lever programmatic_launch). Off by default.
 void set_programmatic_launch(bool on);
@@ -147,10 +150,10 @@ bool tensor_core_fp8_gemm_enabled();
 // SwiGLU kernel. Off unless set.
 void set_grouped_swiglu_epilogue(bool on);
 bool grouped_swiglu_epilogue_enabled();
-// The dequantizing GEMM (MLX affine prefill, FP8 under tensor_core_fp8_gemm)
-// forms its input from RMSNorm or SwiGLU itself and adds into the residual
-// (lever formed_gemm_input, affine_ops.cpp and fp8_ops.cpp); off: the norm,
-// SwiGLU and add kernels around it. Off unless set.
+// Prefill GEMMs form their input from RMSNorm or SwiGLU on the way in and add
+// into the residual (lever formed_gemm_input: affine_gemm.cu's input kernel,
+// cuda_ops.cpp formed_dense_linear); off: the norm, SwiGLU and add kernels
+// around them. Off unless set.
 void set_formed_gemm_input(bool on);
 bool formed_gemm_input_enabled();
 
