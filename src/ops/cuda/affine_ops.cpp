@@ -115,11 +115,14 @@ bool gemm_takes(const AffineArgs& a, int64_t T) {
          affine_gemm_supports(a, T);
 }
 
-// Lever formed_gemm_input: past the decode matvecs' tokens, a fused form's
-// input (RMSNorm, SwiGLU) is formed on the way into the GEMM that linear would
-// run (this one, or cuBLAS on the bf16 copy), which adds into h, where the
-// caller would otherwise run those kernels around it.
-bool gemm_forms_input(int64_t T) { return formed_gemm_input_enabled() && T > kMaxMatvecTokens; }
+// Lever formed_gemm_input: where linear would take a GEMM (past the decode
+// matvecs' tokens, and 9-16 only where the tensor-core matvec does not take
+// them), a fused form's input (RMSNorm, SwiGLU) is formed on the way into it
+// (this one, or cuBLAS on the bf16 copy), which adds into h, where the caller
+// would otherwise run those kernels around it.
+bool gemm_forms_input(const AffineArgs& a, int64_t T) {
+  return formed_gemm_input_enabled() && T > kMaxMatvecTokens && !takes_tensor_cores(a, T, false);
+}
 
 // The GEMM with x formed as `input` says, into y (added into it with
 // accumulate); false, with nothing run, where it does not take them.
@@ -136,7 +139,7 @@ bool gemm_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& input, co
 
 bool formed_gemm_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& input, const Tensor& bias, float* y,
                         bool accumulate) {
-  if (!gemm_forms_input(T)) return false;
+  if (!gemm_forms_input(a, T)) return false;
   if (gemm_takes(a, T)) return gemm_linear(a, T, input, bias, y, accumulate);
   // Past its tokens linear's bf16 copy of the weight, then cuBLAS.
   if (accumulate && bias.defined()) return false;  // formed_dense_linear would refuse it after the copy
@@ -166,7 +169,9 @@ bool affine_linear_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T)
   return takes_tensor_cores(raw_args(w, in), T, false);
 }
 
-bool affine_gemm_forms_input(const AffineWeight&, int64_t, int64_t T) { return gemm_forms_input(T); }
+bool affine_gemm_forms_input(const AffineWeight& w, int64_t in, int64_t T) {
+  return gemm_forms_input(raw_args(w, in), T);
+}
 
 bool affine_cuda_core_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w,
                                       const Tensor& bias, Tensor& out, bool allow_after_wait) {
