@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <numeric>
 
 #include "core/thread_pool.h"
@@ -78,9 +77,8 @@ std::string layout_levers(const ModelInfo& info) {
   const std::string fold = o.fuse_norm_matvec == LeverMode::automatic
                                ? std::string("auto(") + on(info.folds_step(1)) + ", batches " +
                                      on(info.folds_step(2)) + (info.fold_wide_batches ? ", 9-16 on" : "") +
-                                     (info.fold_long_steps_to == std::numeric_limits<int64_t>::max() ? ", 17+ on"
-                                      : info.fold_long_steps_to
-                                          ? ", 17-" + std::to_string(info.fold_long_steps_to) + " on"
+                                     (info.fold_long_steps_from
+                                          ? ", " + std::to_string(info.fold_long_steps_from) + "+ on"
                                           : "") +
                                      ")"
                                : std::string(lever_mode_name(o.fuse_norm_matvec));

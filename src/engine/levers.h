@@ -240,14 +240,16 @@ struct Levers {
   // kernel; the same sums, so the same bits. Default: Qwen3-30B-A3B (H100)
   // int4 pp2048 +4.8%, bf16 +6.6%, 24-64 sequences +3-4.5% (docs/levers.md).
   bool grouped_swiglu_epilogue = true;
-  // Steps of 17 rows or more (prefill, batches past 16 sequences) fold their
-  // norms as decode steps do: each fused form's input, RMSNorm(h) or
-  // SwiGLU(gate_up), is formed in bf16 on its way into the GEMM that linear
-  // runs (the dequantizing GEMM of MLX affine and FP8 weights, cuBLAS on bf16
-  // weights or the bf16 copy), and that GEMM adds into the residual: no
-  // add_rms_norm, SwiGLU or conversion kernels, nor their f32 tensors. Off:
-  // those kernels around the GEMM; each value formed as they form it and the
-  // same sums, so the same bits (the dense family; MoE steps compose).
+  // Long steps whose GEMMs are cuBLAS's (bf16/f16 weights from 17 rows; MLX
+  // affine and FP8 weights past their dequantizing GEMM's 384 / 256 tokens,
+  // through the bf16 copy) fold their norms as decode steps do: each fused
+  // form's input, RMSNorm(h) or SwiGLU(gate_up), is formed in bf16 on its way
+  // into cuBLAS, which adds into the residual (beta 1): no add_rms_norm or
+  // conversion kernels, nor their f32 tensors. Steps the dequantizing GEMM
+  // takes compose, their SwiGLU formed by its input kernel. Off: the kernels
+  // around the GEMMs; each value formed as they form it and the same sums, so
+  // the same bits (the dense family; MoE steps compose). Default: Llama-3-8B
+  // (H100) int4 / int8 pp2048 +7.9% / +7.8%, bf16 pp512 +4.5% (docs/levers.md).
   bool formed_gemm_input = true;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves

@@ -1,7 +1,6 @@
 #include "models/model.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "ops/ops.h"
 
@@ -53,15 +52,14 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                             .formed_gemm_input = o.formed_gemm_input});
 }
 
-// The longest step decide_folding looks at: where every fused form is one GEMM
-// at every row count up to it, it is so at any (no GEMM's choice has a limit
-// past it), and every longer step folds too.
+// The longest step decide_folding looks at: past it every GEMM's choice is the
+// same (the dequantizing GEMMs stop at 384 tokens), so longer steps fold too.
 constexpr int64_t kMaxFoldedRows = 4096;
 
 bool ModelInfo::folds_step(int64_t T) const {
   if (T == 1) return fold_one_row;
   if (T <= ops::kMaxFusedRows) return fold_batches;
-  return T <= ops::kMaxWideFusedRows ? fold_wide_batches : T <= fold_long_steps_to;
+  return T <= ops::kMaxWideFusedRows ? fold_wide_batches : fold_long_steps_from && T >= fold_long_steps_from;
 }
 
 void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused,
@@ -85,18 +83,16 @@ void ModelInfo::decide_folding(LeverMode mode, const LoadOptions& o, std::span<c
   // lever sixteen_token_matvec: folding_pays); else they would compose kernels
   // that add_rms_norm joins.
   fold_wide_batches = (on || automatic) && pays_from_to(ops::kMaxFusedRows + 1, ops::kMaxWideFusedRows);
-  // From 17 rows, as far as every fused form stays one GEMM with its input formed.
-  fold_long_steps_to = 0;
+  // From 17 rows: from where every fused form forms its input at every longer step.
+  fold_long_steps_from = 0;
   if ((on || automatic) && long_steps && o.formed_gemm_input && !fused.empty()) {
     auto formed = [&](int64_t T) {
       return std::all_of(fused.begin(), fused.end(),
                          [&](const Weight* w) { return !w->defined() || ops::gemm_forms_input(*w, T); });
     };
-    int64_t T = ops::kMaxWideFusedRows + 1;
-    while (T <= kMaxFoldedRows && formed(T)) ++T;
-    fold_long_steps_to = T > kMaxFoldedRows                ? std::numeric_limits<int64_t>::max()
-                         : T - 1 > ops::kMaxWideFusedRows ? T - 1
-                                                          : 0;
+    int64_t T = kMaxFoldedRows;
+    while (T > ops::kMaxWideFusedRows && formed(T)) --T;
+    fold_long_steps_from = T < kMaxFoldedRows ? T + 1 : 0;
   }
 }
 

@@ -133,17 +133,18 @@ struct ModelInfo {
   bool fold_one_row = false;
   bool fold_batches = false;
   bool fold_wide_batches = false;  // 9 to ops::kMaxWideFusedRows rows (lever sixteen_token_matvec)
-  // Longer steps (a prefill, a batch past 16) up to this many rows, where every
-  // fused form forms its input on the way into its GEMM (lever
-  // formed_gemm_input); 0: none, int64_t's largest: every one.
-  int64_t fold_long_steps_to = 0;
+  // Steps of this many rows or more (a prefill, a batch past 16; from 17), where
+  // every fused form forms its input on its way into cuBLAS (lever
+  // formed_gemm_input); 0: none.
+  int64_t fold_long_steps_from = 0;
   bool folds_step(int64_t T) const;  // a step of T rows
   // Sets them from the lever's mode (after `device` is set: on CUDA it applies
   // `o`'s launch settings); auto folds a step of T rows where
   // folding_pays(w, o, T) for every matrix a folded step runs in its fused form
   // (`fused`; none: no fold). Longer steps fold only for a model whose folded
   // step is all fused forms (long_steps: no kernel that the composed step
-  // would have joined with another), where ops::gemm_forms_input for every one.
+  // would have joined with another), from where ops::gemm_forms_input holds
+  // for every one at every longer step.
   void decide_folding(LeverMode mode, const LoadOptions& o, std::span<const Weight* const> fused,
                       bool long_steps = false);
   int64_t vocab = 0;

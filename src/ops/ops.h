@@ -61,7 +61,8 @@ void linear_add(Tensor& h, const Tensor& x, const Weight& w, const Tensor& bias 
 // linear(silu_mul_halves(gate_up), w, bias). On the GPU, a prefill through dense
 // bf16/f16 weights forms the activations in the weight's dtype at once (the
 // values linear would convert them to), not in f32 first; through MLX affine or
-// FP8 weights on the dequantizing GEMM, that GEMM forms them (gemm_forms_input).
+// FP8 weights, the dequantizing GEMM's input kernel forms them, or past its
+// tokens the kernel that forms the bf16 copy's input (lever formed_gemm_input).
 Tensor swiglu_linear(const Tensor& gate_up, const Weight& w, const Tensor& bias = Tensor());
 // h += linear(silu_mul_halves(gate_up), w, bias).
 void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const Tensor& bias = Tensor());
@@ -74,11 +75,11 @@ void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const 
 // measured no gain).
 bool matvec_on_tensor_cores(const Weight& w, int64_t T, bool formed_input = false);
 // Whether the fused forms above take T rows of w (past the decode matvecs') with
-// their input formed on the way into the GEMM that linear runs, which adds into
-// h (lever formed_gemm_input, as the levers stand): one kernel for the input and
-// one GEMM, as linear's own conversion and GEMM are. bf16/f16 weights (cuBLAS),
-// MLX affine ones (the dequantizing GEMM, or cuBLAS on the bf16 copy past its
-// tokens) and FP8 ones (likewise, unless fp8_activation_gemm).
+// their input formed on its way into cuBLAS, which adds into h (lever
+// formed_gemm_input, as the levers stand): one kernel for the input and one
+// GEMM, as linear's own conversion and GEMM are. bf16/f16 weights, and MLX
+// affine and FP8 ones where linear takes their bf16 copy (past the dequantizing
+// GEMM's tokens, or where it does not pay; FP8 not under fp8_activation_gemm).
 bool gemm_forms_input(const Weight& w, int64_t T);
 
 // pos (i32 [1], on any device) += by; on the GPU a kernel, so a CUDA graph's

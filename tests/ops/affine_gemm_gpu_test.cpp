@@ -144,70 +144,45 @@ TEST_F(AffineGemm, LeverTakesShortPrefillsOfLargeMatricesOnly) {
   }
 }
 
-// Lever formed_gemm_input's launches: x formed from RMSNorm(h) (f32 and bf16
-// norm weights) or SwiGLU(gate_up), and the product added into the residual,
-// at one, two (atomics otherwise) and three splits, give the bits of the
-// kernels they replace: rms_norm or silu_mul_halves, the plain launch, then
-// add_inplace.
-TEST_F(AffineGemm, FormsItsInputAndAddsIntoTheResidualAsTheKernelsAroundItDo) {
+// Lever formed_gemm_input's SwiGLU input: silu(gate) * up formed from gate_up
+// by the input kernel, at one, two and three splits and both widths of code,
+// gives the bits of silu_mul_halves then the plain launch. RMSNorm and
+// attention's splits are formed before the GEMM: refused, not run.
+TEST_F(AffineGemm, FormsItsSwigluInputAsSiluMulHalvesThenThePlainLaunch) {
   using Kind = mere::cuda::MmaInput::Kind;
   const int64_t T = 100, in = 1024, out = 384;
-  int n = 0;
-  for (int bits : {4, 8})
-    for (Kind kind : {Kind::plain, Kind::rms_normed, Kind::silu_gated}) {
-      const uint64_t seed = 700 + uint64_t(n) * 13;
-      const DType norm_dtype = n % 2 ? DType::bf16 : DType::f32;
-      ++n;
-      const Weight w = Weight(random_affine(out, in, bits, 64, DType::bf16, seed), in).to_device(Device::cuda);
-      const mere::cuda::AffineArgs args = test::affine_args(w.affine(), in);
-      const Tensor source = gpu(random({T, kind == Kind::silu_gated ? 2 * in : in}, DType::f32, seed + 1));
-      const Tensor norm_w = gpu(as_dtype(random({in}, DType::f32, seed + 2, 1.0f), norm_dtype));
-      const Tensor bias = gpu(random({out}, DType::f32, seed + 3, 0.1f));
-      const Tensor residual = gpu(random({T, out}, DType::f32, seed + 4));
-      // The kernels the formed input replaces.
-      const Tensor x = kind == Kind::rms_normed   ? ops::rms_norm(source, norm_w, 1e-5f)
-                       : kind == Kind::silu_gated ? ops::silu_mul_halves(source)
-                                                  : source;
-      const mere::cuda::MmaInput formed{.kind = kind, .x = source.data<float>(), .norm_w = norm_w.raw(),
-                                        .norm_dtype = norm_dtype, .eps = 1e-5f};
-      for (int splits : {1, 2, 3})
-        for (bool accumulate : {false, true}) {
-          const mere::cuda::AffineGemmPlan plan{0, splits};
-          Tensor want = Tensor::empty({T, out}, DType::f32, Device::cuda);
-          Tensor scratch = Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(args, T, plan)}, DType::u8,
-                                         Device::cuda);
-          ASSERT_EQ(mere::cuda::launch_affine_gemm(args, {.x = x.data<float>()}, scratch.raw(), bias.data<float>(),
-                                                   want.data<float>(), T, stream(), plan),
-                    cudaSuccess);
-          if (accumulate) {
-            Tensor sum = residual.clone();
-            ops::add_inplace(sum, want);
-            want = sum;
-          }
-          Tensor got = accumulate ? residual.clone() : Tensor::empty({T, out}, DType::f32, Device::cuda);
-          if (!accumulate) ops::fill_random(got, 9, 1.0f);  // what was there must not show
-          Tensor formed_scratch = Tensor::empty(
-              {mere::cuda::affine_gemm_scratch_bytes(args, T, plan, accumulate)}, DType::u8, Device::cuda);
-          ASSERT_EQ(mere::cuda::launch_affine_gemm(args, formed, formed_scratch.raw(), bias.data<float>(),
-                                                   got.data<float>(), T, stream(), plan, accumulate),
-                    cudaSuccess);
-          const std::string label = fmt::format("int{} {} norm {}, split {}{}", bits,
-                                                kind == Kind::rms_normed   ? "rms_normed"
-                                                : kind == Kind::silu_gated ? "silu_gated"
-                                                                           : "plain",
-                                                dtype_name(norm_dtype), splits, accumulate ? ", accumulate" : "");
-          EXPECT_EQ(test::max_abs_diff(got.to_device(Device::cpu), want.to_device(Device::cpu)).diff, 0.0f)
-              << label;
-        }
+  for (int bits : {4, 8}) {
+    const uint64_t seed = 700 + uint64_t(bits);
+    const Weight w = Weight(random_affine(out, in, bits, 64, DType::bf16, seed), in).to_device(Device::cuda);
+    const mere::cuda::AffineArgs args = test::affine_args(w.affine(), in);
+    const Tensor gate_up = gpu(random({T, 2 * in}, DType::f32, seed + 1));
+    const Tensor bias = gpu(random({out}, DType::f32, seed + 3, 0.1f));
+    const Tensor x = ops::silu_mul_halves(gate_up);
+    for (int splits : {1, 2, 3}) {
+      const mere::cuda::AffineGemmPlan plan{0, splits};
+      Tensor scratch =
+          Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(args, T, plan)}, DType::u8, Device::cuda);
+      Tensor want = Tensor::empty({T, out}, DType::f32, Device::cuda), got = want.clone();
+      ASSERT_EQ(mere::cuda::launch_affine_gemm(args, {.x = x.data<float>()}, scratch.raw(), bias.data<float>(),
+                                               want.data<float>(), T, stream(), plan),
+                cudaSuccess);
+      ops::fill_random(got, 9, 1.0f);  // what was there must not show
+      ASSERT_EQ(mere::cuda::launch_affine_gemm(args, {.kind = Kind::silu_gated, .x = gate_up.data<float>()},
+                                               scratch.raw(), bias.data<float>(), got.data<float>(), T, stream(),
+                                               plan),
+                cudaSuccess);
+      EXPECT_EQ(test::max_abs_diff(got.to_device(Device::cpu), want.to_device(Device::cpu)).diff, 0.0f)
+          << "int" << bits << ", split " << splits;
     }
-  // Attention's splits are merged before the GEMM: refused, not run.
+  }
   const Weight w = Weight(random_affine(out, in, 4, 64, DType::bf16, 1), in).to_device(Device::cuda);
   const mere::cuda::AffineArgs args = test::affine_args(w.affine(), in);
   Tensor x = gpu(random({T, in}, DType::f32, 2)), y = Tensor::empty({T, out}, DType::f32, Device::cuda);
   Tensor scratch = Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(args, T)}, DType::u8, Device::cuda);
-  EXPECT_EQ(mere::cuda::launch_affine_gemm(args, {.kind = Kind::attention_splits, .x = x.data<float>()},
-                                           scratch.raw(), nullptr, y.data<float>(), T, stream()),
-            cudaErrorInvalidValue);
+  for (Kind kind : {Kind::rms_normed, Kind::attention_splits})
+    EXPECT_EQ(mere::cuda::launch_affine_gemm(args, {.kind = kind, .x = x.data<float>()}, scratch.raw(), nullptr,
+                                             y.data<float>(), T, stream()),
+              cudaErrorInvalidValue);
 }
 
 // TFLOP/s on Llama-3-8B's matrices at 512 and 4096 tokens: bf16 weights (x

@@ -88,16 +88,11 @@ struct GemmProblem {
   const void* scales;    // [out, n_groups]: each thread loads its own rows'
   const void* biases;
   int n_groups;
-  // k-tile ranges, 1-8: two add into y by atomics (unless accumulating); more
-  // leave their sums in `partials`
-  int splits;
-  float* partials;    // [splits, T, out] (splits > 2, or 2 accumulating), which the last split of a tile adds in order
+  int splits;         // k-tile ranges, 1-8: two add into y by atomics; more leave their sums in `partials`
+  float* partials;    // [splits, T, out] (splits > 2), which the last split of a tile adds in order
   int* counters;      // [token tiles x row tiles] splits done, zeroed by gemm_input_kernel
   const float* bias;  // [out] or null
   float* y;           // [T, out]
-  // y += the product (+ bias), the residual add: y + (sum + bias) in the order
-  // linear then add_inplace take, so the same bits (not grouped).
-  bool accumulate;
   int T, in, out;
   // Grouped (the MoE experts' prefill, levers tensor_core_affine_moe_gemm and
   // tensor_core_dense_moe_gemm): x's
@@ -629,13 +624,10 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
       }
   };
   if (kGrouped || p.splits == 1) {
-    each_result([&](float sum, int64_t at, float bias) {
-      if (!kGrouped && p.accumulate) p.y[at] = p.y[at] + (sum + bias);
-      else p.y[at] = sum + bias;
-    });
+    each_result([&](float sum, int64_t at, float bias) { p.y[at] = sum + bias; });
     return;
   }
-  if (p.splits == 2 && !p.accumulate) {
+  if (p.splits == 2) {
     // Two halves add into y (zeroed first) by atomics, in either order as
     // 0 + a + b = 0 + b + a: deterministic. The slices below read slower at two
     // (o_proj at 16 and 64 tokens, fifty-eighth session, two H100 calls).
@@ -644,10 +636,9 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     });
     return;
   }
-  // Three splits or more (or two accumulating: y's old value cannot join the
-  // atomics' order-free sum): each leaves its sums in its own slice of
-  // p.partials; the last of a tile's splits to finish adds the slices in split
-  // order, so y does not depend on which finished last.
+  // Three splits or more: each leaves its sums in its own slice of p.partials; the
+  // last of a tile's splits to finish adds the slices in split order, so y
+  // does not depend on which finished last.
   const int64_t slice = int64_t(p.T) * p.out;
   float* mine = p.partials + int64_t(blockIdx.z) * slice;
   each_result([&](float sum, int64_t at, float) { mine[at] = sum; });
@@ -665,14 +656,6 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
     const int t = idx / (kRows / 4), r = idx % (kRows / 4) * 4;
     if (t >= tokens || r >= rows) continue;
     const int64_t at = int64_t(n0 + t) * p.out + row0 + r;
-    float* y = p.y + at;
-    // y's old value is read with the slices, not after their sum: one round
-    // trip to memory a step of this tail (a second cost o_proj 21% at 256 tokens).
-    float4 old = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (p.accumulate)
-      old = by_four ? *reinterpret_cast<const float4*>(y)
-                    : make_float4(y[0], r + 1 < rows ? y[1] : 0.0f, r + 2 < rows ? y[2] : 0.0f,
-                                  r + 3 < rows ? y[3] : 0.0f);
     float4 part[kMaxSplits];
 #pragma unroll
     for (int z = 0; z < kMaxSplits; ++z) {
@@ -682,29 +665,19 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
                         : make_float4(__ldcg(from), r + 1 < rows ? __ldcg(from + 1) : 0.0f,
                                       r + 2 < rows ? __ldcg(from + 2) : 0.0f, r + 3 < rows ? __ldcg(from + 3) : 0.0f);
     }
-    const float* bias = p.bias ? p.bias + row0 + r : nullptr;
-    const float4 b = make_float4(bias ? bias[0] : 0.0f, bias && r + 1 < rows ? bias[1] : 0.0f,
-                                 bias && r + 2 < rows ? bias[2] : 0.0f, bias && r + 3 < rows ? bias[3] : 0.0f);
-    // The sums as the other forms add them: two as the atomics do, (a + bias) + b;
-    // more in split order, then the bias.
     float4 sum = part[0];
-    if (p.splits == 2) {
-      sum.x = (sum.x + b.x) + part[1].x, sum.y = (sum.y + b.y) + part[1].y;
-      sum.z = (sum.z + b.z) + part[1].z, sum.w = (sum.w + b.w) + part[1].w;
-    } else {
 #pragma unroll
-      for (int z = 1; z < kMaxSplits; ++z) {
-        if (z >= p.splits) break;
-        sum.x += part[z].x, sum.y += part[z].y, sum.z += part[z].z, sum.w += part[z].w;
-      }
-      sum.x += b.x, sum.y += b.y, sum.z += b.z, sum.w += b.w;
+    for (int z = 1; z < kMaxSplits; ++z) {
+      if (z >= p.splits) break;
+      sum.x += part[z].x, sum.y += part[z].y, sum.z += part[z].z, sum.w += part[z].w;
     }
-    if (p.accumulate) sum.x = old.x + sum.x, sum.y = old.y + sum.y, sum.z = old.z + sum.z, sum.w = old.w + sum.w;
+    const float* bias = p.bias ? p.bias + row0 + r : nullptr;
     if (by_four) {
-      *reinterpret_cast<float4*>(y) = sum;
+      if (bias) sum.x += bias[0], sum.y += bias[1], sum.z += bias[2], sum.w += bias[3];
+      *reinterpret_cast<float4*>(p.y + at) = sum;
     } else {
       const float v[4] = {sum.x, sum.y, sum.z, sum.w};
-      for (int c = 0; c < 4 && r + c < rows; ++c) y[c] = v[c];
+      for (int c = 0; c < 4 && r + c < rows; ++c) p.y[at + c] = v[c] + (bias ? bias[c] : 0.0f);
     }
   }
 }
@@ -722,16 +695,15 @@ __device__ __forceinline__ uint4 bf16_chunk(int64_t c, int permute, Value&& valu
 }
 
 // The GEMM's x [T, in] as bf16 in input_source's order, formed as `x` says:
-// as it is, RMSNorm(h) norm_w, or silu(gate) * up of gate_up [T, 2 in]'s
-// halves. Each value is formed in f32 as rms_norm_kernel or silu_mul_halves
-// forms it and rounded once, so the bits are those of that kernel followed by
-// the plain form, without the f32 tensor between them. A thread forms 8 values
-// into one 16-byte store; grid.x the rows, grid.y the blocks of a row (one for
-// rms_normed, whose block sums the row's squares in rms_norm_kernel's order,
-// over as many threads). Block (0, 0) also zeroes the GEMM's split counters.
-template <MmaInput::Kind kKind, typename W>
-__global__ void __launch_bounds__(1024) gemm_input_kernel(const MmaInput x, int64_t in, int permute,
-                                                          __nv_bfloat16* out, int* counters, int n_counters) {
+// as it is, or silu(gate) * up of gate_up [T, 2 in]'s halves (lever
+// formed_gemm_input), each value in f32 as silu_mul_halves forms it and
+// rounded once: the bits of that kernel followed by the plain form, without
+// the f32 tensor between them. A thread forms 8 values into one 16-byte store;
+// grid.x the rows, grid.y the blocks of a row. Block (0, 0) also zeroes the
+// GEMM's split counters.
+template <MmaInput::Kind kKind>
+__global__ void gemm_input_kernel(const MmaInput x, int64_t in, int permute, __nv_bfloat16* out, int* counters,
+                                  int n_counters) {
   allow_next_kernel();
   wait_for_previous_kernel();
   if (blockIdx.x == 0 && blockIdx.y == 0)
@@ -747,14 +719,6 @@ __global__ void __launch_bounds__(1024) gemm_input_kernel(const MmaInput x, int6
         const float g = gate[i];
         return g / (1.0f + __expf(-g)) * up[i];
       });
-  } else if constexpr (kKind == MmaInput::Kind::rms_normed) {
-    const float* row = x.x + t * in;
-    float sum = 0;
-    for (int64_t i = threadIdx.x; i < in; i += blockDim.x) sum += row[i] * row[i];
-    const float inv = rsqrtf(block_sum(sum) / float(in) + x.eps);
-    const W* w = static_cast<const W*>(x.norm_w);
-    for (int64_t c = first; c < in; c += step)
-      dst[c / 8] = bf16_chunk(c, permute, [&](int64_t i) { return to_float(w[i]) * (row[i] * inv); });
   } else {
     const float* row = x.x + t * in;
     for (int64_t c = first; c < in; c += step)
@@ -768,20 +732,12 @@ cudaError_t launch_gemm_input(const MmaInput& x, int64_t T, int64_t in, int perm
   const dim3 grid = row_grid(T, in, 8);
   switch (x.kind) {
     case Kind::plain:
-      return launch_kernel(gemm_input_kernel<Kind::plain, float>, grid, dim3(kRowThreads), 0, stream, x, in, permute,
-                           out, counters, n_counters);
+      return launch_kernel(gemm_input_kernel<Kind::plain>, grid, dim3(kRowThreads), 0, stream, x, in, permute, out,
+                           counters, n_counters);
     case Kind::silu_gated:
-      return launch_kernel(gemm_input_kernel<Kind::silu_gated, float>, grid, dim3(kRowThreads), 0, stream, x, in,
-                           permute, out, counters, n_counters);
-    case Kind::rms_normed: {
-      cudaError_t status = cudaSuccess;
-      const cudaError_t dispatch = visit_float(x.norm_dtype, [&]<typename W>() {
-        status = launch_kernel(gemm_input_kernel<Kind::rms_normed, W>, dim3(unsigned(T)), dim3(rms_norm_threads(in)),
-                               0, stream, x, in, permute, out, counters, n_counters);
-      });
-      return dispatch != cudaSuccess ? dispatch : status;
-    }
-    default: return cudaErrorInvalidValue;  // attention's splits: merged before the GEMM
+      return launch_kernel(gemm_input_kernel<Kind::silu_gated>, grid, dim3(kRowThreads), 0, stream, x, in, permute,
+                           out, counters, n_counters);
+    default: return cudaErrorInvalidValue;  // RMSNorm and attention's splits: formed before the GEMM
   }
 }
 
@@ -866,10 +822,10 @@ struct ScratchLayout {
   int64_t partials_at, counters_at, bytes;
   int n_counters;
 };
-ScratchLayout scratch_layout(const AffineArgs& w, int64_t T, const AffineGemmPlan& plan, bool accumulate) {
+ScratchLayout scratch_layout(const AffineArgs& w, int64_t T, const AffineGemmPlan& plan) {
   ScratchLayout s{};
   s.partials_at = (T * w.in * 2 + 15) / 16 * 16;
-  const bool sliced = plan.splits > 2 || (accumulate && plan.splits == 2);  // else two add into y by atomics
+  const bool sliced = plan.splits > 2;  // two splits add into y by atomics
   const int64_t partials = sliced ? int64_t(plan.splits) * T * w.out * 4 : 0;
   s.counters_at = s.partials_at + partials;
   s.n_counters = sliced ? int((T + plan.tokens - 1) / plan.tokens * ((w.out + kRows - 1) / kRows)) : 0;
@@ -950,28 +906,26 @@ bool affine_gemm_supports(const AffineArgs& w, int64_t T) {
          aligned(w.biases, scale_bytes) && encode_tiled() != nullptr;  // a driver that makes TMA maps
 }
 
-int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T, AffineGemmPlan plan, bool accumulate) {
-  return scratch_layout(w, T, plan_for(w, T, plan), accumulate).bytes;
+int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T, AffineGemmPlan plan) {
+  return scratch_layout(w, T, plan_for(w, T, plan)).bytes;
 }
 
 namespace {
 // The GEMM over MLX affine codes (fp8 false) or FP8 values (w as fp8_args
 // makes it), the shapes checked by the caller.
 cudaError_t run_gemm(const AffineArgs& w, bool fp8, const MmaInput& x, void* scratch, const float* bias, float* y,
-                     int64_t T, cudaStream_t stream, AffineGemmPlan hint, bool accumulate) {
+                     int64_t T, cudaStream_t stream, AffineGemmPlan hint) {
   if (reinterpret_cast<uintptr_t>(scratch) % 16) return cudaErrorInvalidValue;
   if ((hint.tokens != 0 && hint.tokens != 32 && hint.tokens != 64 && hint.tokens != 128 && hint.tokens != 256) ||
       hint.splits < 0 || hint.splits > kMaxSplits || hint.splits > w.in / kTileK)
     return cudaErrorInvalidValue;
   const AffineGemmPlan plan = plan_for(w, T, hint);
-  const ScratchLayout layout = scratch_layout(w, T, plan, accumulate);
+  const ScratchLayout layout = scratch_layout(w, T, plan);
   auto* x_bf16 = static_cast<__nv_bfloat16*>(scratch);
   int* counters = reinterpret_cast<int*>(static_cast<uint8_t*>(scratch) + layout.counters_at);
-  cudaError_t status =
-      launch_gemm_input(x, T, w.in, int(w.bits == 4), x_bf16, counters, layout.n_counters, stream);
+  cudaError_t status = launch_gemm_input(x, T, w.in, int(w.bits == 4), x_bf16, counters, layout.n_counters, stream);
   if (status != cudaSuccess) return status;
-  if (plan.splits == 2 && !accumulate &&
-      (status = cudaMemsetAsync(y, 0, size_t(T * w.out) * sizeof(float), stream)) != cudaSuccess)
+  if (plan.splits == 2 && (status = cudaMemsetAsync(y, 0, size_t(T * w.out) * sizeof(float), stream)) != cudaSuccess)
     return status;
   const int n = plan.tokens;
   const uint64_t row_bytes = uint64_t(w.in) * w.bits / 8;
@@ -979,7 +933,7 @@ cudaError_t run_gemm(const AffineArgs& w, bool fp8, const MmaInput& x, void* scr
   p.scales = w.scales, p.biases = w.biases, p.splits = plan.splits;
   p.n_groups = int(fp8 ? (w.in + 127) / 128 : w.in / w.group_size);  // FP8: the scale blocks of a row
   p.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + layout.partials_at), p.counters = counters;
-  p.bias = bias, p.y = y, p.T = int(T), p.in = int(w.in), p.out = int(w.out), p.accumulate = accumulate;
+  p.bias = bias, p.y = y, p.T = int(T), p.in = int(w.in), p.out = int(w.out);
   const bool mapped =
       make_map(&p.x_map, x_bf16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint64_t(w.in), uint64_t(T), uint64_t(w.in) * 2,
                kTileK, uint32_t(n), CU_TENSOR_MAP_SWIZZLE_128B) &&
@@ -1002,9 +956,9 @@ AffineArgs fp8_args(const Fp8WeightView& w) {
 }  // namespace
 
 cudaError_t launch_affine_gemm(const AffineArgs& w, const MmaInput& x, void* scratch, const float* bias, float* y,
-                               int64_t T, cudaStream_t stream, AffineGemmPlan hint, bool accumulate) {
+                               int64_t T, cudaStream_t stream, AffineGemmPlan hint) {
   if (!affine_gemm_supports(w, T)) return cudaErrorInvalidValue;
-  return run_gemm(w, false, x, scratch, bias, y, T, stream, hint, accumulate);
+  return run_gemm(w, false, x, scratch, bias, y, T, stream, hint);
 }
 
 bool fp8_dequantizing_gemm_supports(const Fp8WeightView& w, int64_t T) {
@@ -1014,17 +968,16 @@ bool fp8_dequantizing_gemm_supports(const Fp8WeightView& w, int64_t T) {
          reinterpret_cast<uintptr_t>(w.scale_inv) % 4 == 0 && encode_tiled() != nullptr;
 }
 
-int64_t fp8_dequantizing_gemm_scratch_bytes(const Fp8WeightView& w, int64_t T, AffineGemmPlan plan,
-                                             bool accumulate) {
+int64_t fp8_dequantizing_gemm_scratch_bytes(const Fp8WeightView& w, int64_t T, AffineGemmPlan plan) {
   const AffineArgs a = fp8_args(w);
-  return scratch_layout(a, T, plan_for(a, T, plan), accumulate).bytes;
+  return scratch_layout(a, T, plan_for(a, T, plan)).bytes;
 }
 
 cudaError_t launch_fp8_dequantizing_gemm(const Fp8WeightView& w, const MmaInput& x, void* scratch,
                                          const float* bias, float* y, int64_t T, cudaStream_t stream,
-                                         AffineGemmPlan plan, bool accumulate) {
+                                         AffineGemmPlan plan) {
   if (!fp8_dequantizing_gemm_supports(w, T)) return cudaErrorInvalidValue;
-  return run_gemm(fp8_args(w), true, x, scratch, bias, y, T, stream, plan, accumulate);
+  return run_gemm(fp8_args(w), true, x, scratch, bias, y, T, stream, plan);
 }
 
 namespace {

@@ -115,34 +115,33 @@ bool gemm_takes(const AffineArgs& a, int64_t T) {
          affine_gemm_supports(a, T);
 }
 
-// Lever formed_gemm_input: where linear would take a GEMM (past the decode
-// matvecs' tokens, and 9-16 only where the tensor-core matvec does not take
-// them), a fused form's input (RMSNorm, SwiGLU) is formed on the way into it
-// (this one, or cuBLAS on the bf16 copy), which adds into h, where the caller
-// would otherwise run those kernels around it.
-bool gemm_forms_input(const AffineArgs& a, int64_t T) {
-  return formed_gemm_input_enabled() && T > kMaxMatvecTokens && !takes_tensor_cores(a, T, false);
-}
-
-// The GEMM with x formed as `input` says, into y (added into it with
-// accumulate); false, with nothing run, where it does not take them.
-bool gemm_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& input, const Tensor& bias, float* y,
-                 bool accumulate) {
+// That GEMM with x formed as `input` says (as it is, or SwiGLU's), into y;
+// false, with nothing run, where it does not take them.
+bool gemm_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& input, const Tensor& bias, float* y) {
   if (!gemm_takes(a, T) || !aligned16(input.x)) return false;
   MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
              dtype_name(bias.dtype()));
-  Tensor scratch = Tensor::empty({affine_gemm_scratch_bytes(a, T, {}, accumulate)}, DType::u8, Device::cuda);
-  MERE_CUDA(launch_affine_gemm(a, input, scratch.raw(), bias.defined() ? bias.data<float>() : nullptr, y, T, stream(),
-                               {}, accumulate));
+  Tensor scratch = Tensor::empty({affine_gemm_scratch_bytes(a, T)}, DType::u8, Device::cuda);
+  MERE_CUDA(launch_affine_gemm(a, input, scratch.raw(), bias.defined() ? bias.data<float>() : nullptr, y, T,
+                               stream()));
   return true;
 }
 
-bool formed_gemm_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& input, const Tensor& bias, float* y,
+// Lever formed_gemm_input: where linear takes the bf16 copy of the weight and
+// cuBLAS (past the decode matvecs, and past the dequantizing GEMM's tokens or
+// where it does not pay), a fused form's input (RMSNorm, SwiGLU) is formed in
+// bf16 on its way into cuBLAS, which adds into h: no kernels around it. On the
+// dequantizing GEMM the folded step measured level or slower (its split sums'
+// tail reads h as well: FP8 pp64 -2.5%, H100, sixty-seventh session), so steps
+// it takes compose.
+bool copy_forms_input(const AffineArgs& a, int64_t T) {
+  return formed_gemm_input_enabled() && T > kMaxMatvecTokens && !takes_tensor_cores(a, T, false) &&
+         !gemm_takes(a, T);
+}
+
+bool formed_copy_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& input, const Tensor& bias, float* y,
                         bool accumulate) {
-  if (!gemm_forms_input(a, T)) return false;
-  if (gemm_takes(a, T)) return gemm_linear(a, T, input, bias, y, accumulate);
-  // Past its tokens linear's bf16 copy of the weight, then cuBLAS.
-  if (accumulate && bias.defined()) return false;  // formed_dense_linear would refuse it after the copy
+  if (!copy_forms_input(a, T) || (accumulate && bias.defined())) return false;  // formed_dense_linear's rule
   Tensor dense = Tensor::empty({a.out, a.in}, DType::bf16, Device::cuda);
   MERE_CUDA(launch_affine_dequantize(a, dense.raw(), DType::bf16, stream()));
   return formed_dense_linear(input, T, dense, bias, y, accumulate);
@@ -170,7 +169,7 @@ bool affine_linear_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T)
 }
 
 bool affine_gemm_forms_input(const AffineWeight& w, int64_t in, int64_t T) {
-  return gemm_forms_input(raw_args(w, in), T);
+  return copy_forms_input(raw_args(w, in), T);
 }
 
 bool affine_cuda_core_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w,
@@ -196,27 +195,32 @@ bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, co
   const AffineArgs a = affine_args(w, h.dim(1), "rms_norm_linear");
   return tensor_core_linear(a, h.dim(0), input, bias, out.data<float>(), false, true) ||
          affine_cuda_core_rms_norm_linear(h, norm_w, eps, w, bias, out, false) ||
-         formed_gemm_linear(a, h.dim(0), input, bias, out.data<float>(), false);
+         formed_copy_linear(a, h.dim(0), input, bias, out.data<float>(), false);
 }
 
 bool affine_linear_add(Tensor& h, const Tensor& x, const AffineWeight& w, const Tensor& bias) {
   const AffineArgs a = affine_args(w, x.dim(1), "linear_add");
   const AffineMmaInput input{.x = x.data<float>()};
   return tensor_core_linear(a, x.dim(0), input, bias, h.data<float>(), true, false) ||
-         formed_gemm_linear(a, x.dim(0), input, bias, h.data<float>(), true);
+         formed_copy_linear(a, x.dim(0), input, bias, h.data<float>(), true);
 }
 
 bool affine_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const AffineWeight& w, const Tensor& bias) {
   const AffineArgs a = affine_args(w, gate_up.dim(1) / 2, "swiglu_linear_add");
   const AffineMmaInput input{.kind = AffineMmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
   return tensor_core_linear(a, gate_up.dim(0), input, bias, h.data<float>(), true, true) ||
-         formed_gemm_linear(a, gate_up.dim(0), input, bias, h.data<float>(), true);
+         formed_copy_linear(a, gate_up.dim(0), input, bias, h.data<float>(), true);
 }
 
 bool affine_swiglu_linear(const Tensor& gate_up, const AffineWeight& w, const Tensor& bias, Tensor& out) {
+  const AffineArgs a = affine_args(w, gate_up.dim(1) / 2, "swiglu_linear");
+  const int64_t T = gate_up.dim(0);
   const AffineMmaInput input{.kind = AffineMmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
-  return formed_gemm_linear(affine_args(w, gate_up.dim(1) / 2, "swiglu_linear"), gate_up.dim(0), input, bias,
-                            out.data<float>(), false);
+  // On the dequantizing GEMM too: its input kernel forms SwiGLU where it would
+  // convert silu_mul_halves' f32 (17 us against 14 + 8.7 a layer at 256 tokens).
+  if (!formed_gemm_input_enabled() || T <= kMaxMatvecTokens || takes_tensor_cores(a, T, false)) return false;
+  return gemm_linear(a, T, input, bias, out.data<float>()) ||
+         formed_copy_linear(a, T, input, bias, out.data<float>(), false);
 }
 
 bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const AffineWeight& w, const Tensor& bias) {
@@ -249,7 +253,7 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
                                    out.data<float>(), T, stream()));
     return;
   }
-  if (gemm_linear(a, T, AffineMmaInput{.x = x.data<float>()}, bias, out.data<float>(), false)) return;
+  if (gemm_linear(a, T, AffineMmaInput{.x = x.data<float>()}, bias, out.data<float>())) return;
   // Prefill (or an x view off 16-byte alignment): a bf16 copy of the weight, then the dense path.
   Tensor dense = Tensor::empty({a.out, a.in}, DType::bf16, Device::cuda);
   MERE_CUDA(launch_affine_dequantize(a, dense.raw(), DType::bf16, stream()));

@@ -28,9 +28,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // The sum of v over a block (at most 1024 threads, a multiple of 32), for
-// every thread: warp sums, then warp 0 sums those. RMSNorm's order: a kernel
-// that forms a norm as rms_norm_kernel does sums in this order over as many
-// threads (rms_norm_threads) and gets its bits.
+// every thread: warp sums, then warp 0 sums those (RMSNorm's order).
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float partial[32];
   v = warp_sum(v);

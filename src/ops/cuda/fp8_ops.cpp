@@ -181,41 +181,40 @@ bool tensor_core_linear(const Fp8Weight& w, int64_t T, const MmaInput& input, co
 }
 
 // Lever tensor_core_fp8_gemm: the GEMM that forms the bf16 weights in
-// registers, 9 to kMaxFp8GemmTokens tokens (the bf16 copy costs every call 5
-// bytes of traffic a weight against 1, which short prompts and batches of 9+
-// feel most), with x formed as `input` says, into y (added into it with
-// accumulate); false, with nothing run, where it does not apply.
+// registers takes 9 to kMaxFp8GemmTokens tokens (the bf16 copy costs every call
+// 5 bytes of traffic a weight against 1, which short prompts and batches of 9+
+// feel most).
 bool gemm_takes(const Fp8WeightView& v, int64_t T) {
   return tensor_core_fp8_gemm_enabled() && T > kMaxFp8MatvecTokens && T <= kMaxFp8GemmTokens &&
          fp8_dequantizing_gemm_supports(v, T);
 }
 
-bool gemm_linear(const Fp8Weight& w, int64_t T, const MmaInput& input, const Tensor& bias, float* y,
-                 bool accumulate) {
+// That GEMM with x formed as `input` says (as it is, or SwiGLU's), into y;
+// false, with nothing run, where it does not take them.
+bool gemm_linear(const Fp8Weight& w, int64_t T, const MmaInput& input, const Tensor& bias, float* y) {
   const Fp8WeightView v = view_of(w);
   if (!gemm_takes(v, T) || reinterpret_cast<uintptr_t>(input.x) % 16 != 0) return false;
   MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
              dtype_name(bias.dtype()));
-  Tensor scratch = Tensor::empty({fp8_dequantizing_gemm_scratch_bytes(v, T, {}, accumulate)}, DType::u8, Device::cuda);
+  Tensor scratch = Tensor::empty({fp8_dequantizing_gemm_scratch_bytes(v, T)}, DType::u8, Device::cuda);
   MERE_CUDA(launch_fp8_dequantizing_gemm(v, input, scratch.raw(), bias.defined() ? bias.data<float>() : nullptr, y, T,
-                                         stream(), {}, accumulate));
+                                         stream()));
   return true;
 }
 
-// Lever formed_gemm_input: a fused form's input (RMSNorm, SwiGLU) is formed on
-// the way into the GEMM that linear would run (this one, or cuBLAS on the bf16
-// copy), which adds into h (not under fp8_activation_gemm, whose FP8 GEMM
-// quantizes x itself).
-bool gemm_forms_input(int64_t T) {
-  return formed_gemm_input_enabled() && !fp8_activation_gemm_enabled() && T > kMaxFp8MatvecTokens;
+// Lever formed_gemm_input: where linear takes the bf16 copy of the weight and
+// cuBLAS (past the matvec's tokens and the dequantizing GEMM's; not under
+// fp8_activation_gemm, whose FP8 GEMM quantizes x itself), a fused form's input
+// (RMSNorm, SwiGLU) is formed in bf16 on its way into cuBLAS, which adds into
+// h. Steps the dequantizing GEMM takes compose (affine_ops.cpp says why).
+bool copy_forms_input(const Fp8WeightView& v, int64_t T) {
+  return formed_gemm_input_enabled() && !fp8_activation_gemm_enabled() && T > kMaxFp8MatvecTokens &&
+         !gemm_takes(v, T);
 }
 
-bool formed_gemm_linear(const Fp8Weight& w, int64_t T, const MmaInput& input, const Tensor& bias, float* y,
+bool formed_copy_linear(const Fp8Weight& w, int64_t T, const MmaInput& input, const Tensor& bias, float* y,
                         bool accumulate) {
-  if (!gemm_forms_input(T)) return false;
-  if (gemm_takes(view_of(w), T)) return gemm_linear(w, T, input, bias, y, accumulate);
-  // Past its tokens linear's bf16 copy of the weight, then cuBLAS.
-  if (accumulate && bias.defined()) return false;  // formed_dense_linear would refuse it after the copy
+  if (!copy_forms_input(view_of(w), T) || (accumulate && bias.defined())) return false;  // formed_dense_linear's rule
   Tensor dense = Tensor::empty(w.values.shape(), DType::bf16, Device::cuda);
   MERE_CUDA(launch_fp8_dequantize(view_of(w), dense.raw(), DType::bf16, stream()));
   return formed_dense_linear(input, T, dense, bias, y, accumulate);
@@ -253,7 +252,7 @@ void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor&
     if (b) MERE_CUDA(launch_add_bias(out.data<float>(), b, T, out.dim(1), stream()));
     return;
   }
-  if (gemm_linear(w, T, MmaInput{.x = x.data<float>()}, bias, out.data<float>(), false)) return;
+  if (gemm_linear(w, T, MmaInput{.x = x.data<float>()}, bias, out.data<float>())) return;
   Tensor dense = Tensor::empty(w.values.shape(), DType::bf16, Device::cuda);
   MERE_CUDA(launch_fp8_dequantize(view_of(w), dense.raw(), DType::bf16, stream()));
   linear(x, dense, bias, out);
@@ -272,24 +271,28 @@ bool fp8_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const
   const MmaInput input{.kind = MmaInput::Kind::rms_normed, .x = h.data<float>(), .norm_w = norm_w.raw(),
                        .norm_dtype = nd, .eps = eps};
   return tensor_core_linear(w, h.dim(0), input, bias, out.data<float>(), false) ||
-         formed_gemm_linear(w, h.dim(0), input, bias, out.data<float>(), false);
+         formed_copy_linear(w, h.dim(0), input, bias, out.data<float>(), false);
 }
 
 bool fp8_linear_add(Tensor& h, const Tensor& x, const Fp8Weight& w, const Tensor& bias) {
   const MmaInput input{.x = x.data<float>()};
   return tensor_core_linear(w, x.dim(0), input, bias, h.data<float>(), true) ||
-         formed_gemm_linear(w, x.dim(0), input, bias, h.data<float>(), true);
+         formed_copy_linear(w, x.dim(0), input, bias, h.data<float>(), true);
 }
 
 bool fp8_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Fp8Weight& w, const Tensor& bias) {
   const MmaInput input{.kind = MmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
   return tensor_core_linear(w, gate_up.dim(0), input, bias, h.data<float>(), true) ||
-         formed_gemm_linear(w, gate_up.dim(0), input, bias, h.data<float>(), true);
+         formed_copy_linear(w, gate_up.dim(0), input, bias, h.data<float>(), true);
 }
 
 bool fp8_swiglu_linear(const Tensor& gate_up, const Fp8Weight& w, const Tensor& bias, Tensor& out) {
   const MmaInput input{.kind = MmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
-  return formed_gemm_linear(w, gate_up.dim(0), input, bias, out.data<float>(), false);
+  // On the dequantizing GEMM too: its input kernel forms SwiGLU where it would
+  // convert silu_mul_halves' f32.
+  if (!formed_gemm_input_enabled() || fp8_activation_gemm_enabled()) return false;
+  return gemm_linear(w, gate_up.dim(0), input, bias, out.data<float>()) ||
+         formed_copy_linear(w, gate_up.dim(0), input, bias, out.data<float>(), false);
 }
 
 bool fp8_attention_linear_add(Tensor& h, const AttentionSplits& splits, const Fp8Weight& w, const Tensor& bias) {
@@ -306,7 +309,7 @@ bool fp8_attention_linear_add(Tensor& h, const AttentionSplits& splits, const Fp
 
 bool fp8_matvec_on_tensor_cores(const Fp8Weight& w, int64_t T) { return tensor_cores_take(view_of(w), T); }
 
-bool fp8_gemm_forms_input(const Fp8Weight&, int64_t T) { return gemm_forms_input(T); }
+bool fp8_gemm_forms_input(const Fp8Weight& w, int64_t T) { return copy_forms_input(view_of(w), T); }
 
 }  // namespace mere::ops::cuda
 
