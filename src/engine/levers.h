@@ -246,11 +246,12 @@ struct Levers {
   // form's input, RMSNorm(h) or SwiGLU(gate_up), is formed in bf16 on its way
   // into cuBLAS, which adds into the residual (beta 1): no add_rms_norm or
   // conversion kernels, nor their f32 tensors. Steps the dequantizing GEMM
-  // takes compose, their SwiGLU formed by its input kernel. Off: the kernels
-  // around the GEMMs; each value formed as they form it and the same sums, so
-  // the same bits (the dense family; MoE steps compose). Default: Llama-3-8B
-  // (H100) int4 / int8 pp2048 +7.9% / +7.8%, bf16 pp512 +4.5% (docs/levers.md).
-  bool formed_gemm_input = true;
+  // takes compose. Off: the kernels around the GEMMs; each value formed as
+  // they form it and the same sums, so the same bits (the dense family; MoE
+  // steps compose). Measured (H100, the form that also folded the dequantizing
+  // GEMM's steps): Llama-3-8B int4 / int8 pp2048 +7.9% / +7.8%, bf16 pp512
+  // +4.6%. Off by default until this form's GPU tests have run (docs/levers.md).
+  bool formed_gemm_input = false;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves
   // both. Off: measured no faster (Qwen3-30B-A3B shape, H200), bit-identical.

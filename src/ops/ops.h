@@ -60,9 +60,8 @@ Tensor rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const W
 void linear_add(Tensor& h, const Tensor& x, const Weight& w, const Tensor& bias = Tensor());
 // linear(silu_mul_halves(gate_up), w, bias). On the GPU, a prefill through dense
 // bf16/f16 weights forms the activations in the weight's dtype at once (the
-// values linear would convert them to), not in f32 first; through MLX affine or
-// FP8 weights, the dequantizing GEMM's input kernel forms them, or past its
-// tokens the kernel that forms the bf16 copy's input (lever formed_gemm_input).
+// values linear would convert them to), not in f32 first; so do MLX affine and
+// FP8 weights where linear takes their bf16 copy (lever formed_gemm_input).
 Tensor swiglu_linear(const Tensor& gate_up, const Weight& w, const Tensor& bias = Tensor());
 // h += linear(silu_mul_halves(gate_up), w, bias).
 void swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Weight& w, const Tensor& bias = Tensor());

@@ -25,9 +25,10 @@ void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor&
 void affine_embed(const AffineWeight& w, const Tensor& ids, Tensor& out);                      // ops/cuda/affine_ops.cpp
 // The fused decode forms (lever fused_norm_matvec) on the tensor-core affine
 // matvec: the input is formed as x is converted, the product added into h
-// (rms_norm_linear: else the CUDA-core form below); past the matvecs' tokens
-// the same forms on the prefill GEMM (lever formed_gemm_input). false where no
-// such kernel applies (the caller composes the steps).
+// (rms_norm_linear: else the CUDA-core form below); where linear takes the
+// weight's bf16 copy and cuBLAS, the same forms there (lever
+// formed_gemm_input). false where no such kernel applies (the caller composes
+// the steps).
 bool affine_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const AffineWeight& w, const Tensor& bias,
                             Tensor& out);
 // The same on the CUDA-core matvec, each block normalizing h itself (where
@@ -37,7 +38,7 @@ bool affine_cuda_core_rms_norm_linear(const Tensor& h, const Tensor& norm_w, flo
                                       const Tensor& bias, Tensor& out, bool allow_after_wait);
 bool affine_linear_add(Tensor& h, const Tensor& x, const AffineWeight& w, const Tensor& bias);
 bool affine_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const AffineWeight& w, const Tensor& bias);
-// out = linear of swiglu(gate_up) on the prefill GEMM (lever formed_gemm_input).
+// out = linear of swiglu(gate_up) on the bf16 copy (lever formed_gemm_input).
 bool affine_swiglu_linear(const Tensor& gate_up, const AffineWeight& w, const Tensor& bias, Tensor& out);
 bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const AffineWeight& w, const Tensor& bias);
 // Whether T tokens of w take the tensor cores under lever tensor_core_affine_matvec;
@@ -46,12 +47,12 @@ bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const
 bool affine_matvec_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T, bool formed_input);
 // Whether linear takes T tokens of this matrix on the tensor cores, as the levers stand.
 bool affine_linear_on_tensor_cores(const AffineWeight& w, int64_t in, int64_t T);
-// Whether the fused forms take T tokens on the prefill GEMM (ops.h gemm_forms_input).
+// Whether the fused forms take T tokens on the bf16 copy (ops.h gemm_forms_input).
 bool affine_gemm_forms_input(const AffineWeight& w, int64_t in, int64_t T);
 void fp8_embed(const Fp8Weight& w, const Tensor& ids, Tensor& out);                            // ops/cuda/fp8_ops.cpp
 // The same fused forms on the tensor-core FP8 matvec (ops/cuda/fp8_ops.cpp,
-// lever tensor_core_fp8_matvec) and past it on the dequantizing GEMM (levers
-// tensor_core_fp8_gemm and formed_gemm_input); false where neither applies.
+// lever tensor_core_fp8_matvec) and where linear takes the bf16 copy (lever
+// formed_gemm_input); false where neither applies.
 bool fp8_rms_norm_linear(const Tensor& h, const Tensor& norm_w, float eps, const Fp8Weight& w, const Tensor& bias,
                          Tensor& out);
 bool fp8_linear_add(Tensor& h, const Tensor& x, const Fp8Weight& w, const Tensor& bias);

@@ -229,10 +229,18 @@ TEST(Levers, GroupedSwigluEpilogueIsACudaLever) {
                             &Levers::grouped_swiglu_epilogue, &LoadOptions::grouped_swiglu_epilogue);
 }
 
-// formed_gemm_input: on by default, a CUDA lever switched by its variable.
-TEST(Levers, FormedGemmInputIsACudaLever) {
-  expect_default_cuda_lever("MERERUN_FORMED_GEMM_INPUT", "formed_gemm_input", &Levers::formed_gemm_input,
-                            &LoadOptions::formed_gemm_input);
+// formed_gemm_input: off by default (its final form's GPU tests are pending), a
+// CUDA lever switched by its variable, named on the lever line and by `mere audit --lever`.
+TEST(Levers, FormedGemmInputIsAnOffByDefaultCudaLever) {
+  EXPECT_FALSE(Levers{}.formed_gemm_input);
+  EXPECT_FALSE(Levers{}.load_options(Device::cuda).formed_gemm_input);
+  EXPECT_NE(Levers{}.describe(Device::cuda).find("formed_gemm_input=off"), std::string::npos);
+  ScopedEnv on("MERERUN_FORMED_GEMM_INPUT", "1");
+  EXPECT_TRUE(Levers::from_env().formed_gemm_input);
+  EXPECT_TRUE(Levers::from_env().load_options(Device::cuda).formed_gemm_input);
+  EXPECT_FALSE(Levers::from_env().load_options(Device::cpu).formed_gemm_input);
+  const std::vector<std::string> names = engine_lever_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "formed_gemm_input"), names.end());
 }
 
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in

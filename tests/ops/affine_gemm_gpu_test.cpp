@@ -69,7 +69,7 @@ TEST_F(AffineGemm, MatchesTheProductOfTheDequantizedBf16Weights) {
                                            DType::u8, Device::cuda);
             Tensor y = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda);
             ops::fill_random(y, 9, 1.0f);  // a split launch must clear what was there
-            ASSERT_EQ(mere::cuda::launch_affine_gemm(args, {.x = xd.data<float>()}, scratch.raw(),
+            ASSERT_EQ(mere::cuda::launch_affine_gemm(args, xd.data<float>(), scratch.raw(),
                                                      with_bias ? bd.data<float>() : nullptr, y.data<float>(), c.T,
                                                      stream(), {tokens, splits}),
                       cudaSuccess);
@@ -102,7 +102,7 @@ TEST_F(AffineGemm, RefusesShapesItCannotTake) {
   EXPECT_FALSE(mere::cuda::affine_gemm_supports(test::affine_args(b.affine(), 96), 64));  // not a whole number of tiles
   Tensor x = Tensor::empty({64, 96}, DType::f32, Device::cuda), y = Tensor::empty({64, 128}, DType::f32, Device::cuda);
   Tensor scratch = Tensor::empty({64 * 96 * 2}, DType::u8, Device::cuda);
-  EXPECT_EQ(mere::cuda::launch_affine_gemm(test::affine_args(b.affine(), 96), {.x = x.data<float>()}, scratch.raw(), nullptr,
+  EXPECT_EQ(mere::cuda::launch_affine_gemm(test::affine_args(b.affine(), 96), x.data<float>(), scratch.raw(), nullptr,
                                            y.data<float>(), 64, stream()),
             cudaErrorInvalidValue);
   // More rows than the grid's 65535 row tiles (the query reads no weights).
@@ -134,7 +134,7 @@ TEST_F(AffineGemm, LeverTakesShortPrefillsOfLargeMatricesOnly) {
     Tensor on = ops::linear(x, w).to_device(Device::cpu);
     Tensor direct = Tensor::empty({T, out}, DType::f32, Device::cuda);
     Tensor scratch = Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(args, T)}, DType::u8, Device::cuda);
-    ASSERT_EQ(mere::cuda::launch_affine_gemm(args, {.x = x.data<float>()}, scratch.raw(), nullptr, direct.data<float>(), T,
+    ASSERT_EQ(mere::cuda::launch_affine_gemm(args, x.data<float>(), scratch.raw(), nullptr, direct.data<float>(), T,
                                              stream()),
               cudaSuccess);
     const std::string label = fmt::format("lever {} vs off, {}x{} T={}", c.every_size ? "on" : "auto", out, in, T);
@@ -142,47 +142,6 @@ TEST_F(AffineGemm, LeverTakesShortPrefillsOfLargeMatricesOnly) {
     EXPECT_EQ(test::max_abs_diff(on, same_as).diff, 0.0f) << label;
     EXPECT_LE(relative_error(on, off, label), 2e-5f) << label;
   }
-}
-
-// Lever formed_gemm_input's SwiGLU input: silu(gate) * up formed from gate_up
-// by the input kernel, at one, two and three splits and both widths of code,
-// gives the bits of silu_mul_halves then the plain launch. RMSNorm and
-// attention's splits are formed before the GEMM: refused, not run.
-TEST_F(AffineGemm, FormsItsSwigluInputAsSiluMulHalvesThenThePlainLaunch) {
-  using Kind = mere::cuda::MmaInput::Kind;
-  const int64_t T = 100, in = 1024, out = 384;
-  for (int bits : {4, 8}) {
-    const uint64_t seed = 700 + uint64_t(bits);
-    const Weight w = Weight(random_affine(out, in, bits, 64, DType::bf16, seed), in).to_device(Device::cuda);
-    const mere::cuda::AffineArgs args = test::affine_args(w.affine(), in);
-    const Tensor gate_up = gpu(random({T, 2 * in}, DType::f32, seed + 1));
-    const Tensor bias = gpu(random({out}, DType::f32, seed + 3, 0.1f));
-    const Tensor x = ops::silu_mul_halves(gate_up);
-    for (int splits : {1, 2, 3}) {
-      const mere::cuda::AffineGemmPlan plan{0, splits};
-      Tensor scratch =
-          Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(args, T, plan)}, DType::u8, Device::cuda);
-      Tensor want = Tensor::empty({T, out}, DType::f32, Device::cuda), got = want.clone();
-      ASSERT_EQ(mere::cuda::launch_affine_gemm(args, {.x = x.data<float>()}, scratch.raw(), bias.data<float>(),
-                                               want.data<float>(), T, stream(), plan),
-                cudaSuccess);
-      ops::fill_random(got, 9, 1.0f);  // what was there must not show
-      ASSERT_EQ(mere::cuda::launch_affine_gemm(args, {.kind = Kind::silu_gated, .x = gate_up.data<float>()},
-                                               scratch.raw(), bias.data<float>(), got.data<float>(), T, stream(),
-                                               plan),
-                cudaSuccess);
-      EXPECT_EQ(test::max_abs_diff(got.to_device(Device::cpu), want.to_device(Device::cpu)).diff, 0.0f)
-          << "int" << bits << ", split " << splits;
-    }
-  }
-  const Weight w = Weight(random_affine(out, in, 4, 64, DType::bf16, 1), in).to_device(Device::cuda);
-  const mere::cuda::AffineArgs args = test::affine_args(w.affine(), in);
-  Tensor x = gpu(random({T, in}, DType::f32, 2)), y = Tensor::empty({T, out}, DType::f32, Device::cuda);
-  Tensor scratch = Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(args, T)}, DType::u8, Device::cuda);
-  for (Kind kind : {Kind::rms_normed, Kind::attention_splits})
-    EXPECT_EQ(mere::cuda::launch_affine_gemm(args, {.kind = kind, .x = x.data<float>()}, scratch.raw(), nullptr,
-                                             y.data<float>(), T, stream()),
-              cudaErrorInvalidValue);
 }
 
 // TFLOP/s on Llama-3-8B's matrices at 512 and 4096 tokens: bf16 weights (x
@@ -230,7 +189,7 @@ TEST_F(AffineGemm, TimingOnLlama3Matrices) {
                  : plan.splits ? fmt::format("int{} g64 fused, one split", bits)
                                : fmt::format("int{} g64 fused", bits),
                  seconds_per_launch([&] {
-                   mere::cuda::launch_affine_gemm(a, {.x = x.data<float>()}, scratch.raw(), nullptr, y.data<float>(), T,
+                   mere::cuda::launch_affine_gemm(a, x.data<float>(), scratch.raw(), nullptr, y.data<float>(), T,
                                                   stream(), plan);
                  }, 5), bf16_s);
         }

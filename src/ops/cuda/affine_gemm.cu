@@ -90,7 +90,7 @@ struct GemmProblem {
   int n_groups;
   int splits;         // k-tile ranges, 1-8: two add into y by atomics; more leave their sums in `partials`
   float* partials;    // [splits, T, out] (splits > 2), which the last split of a tile adds in order
-  int* counters;      // [token tiles x row tiles] splits done, zeroed by gemm_input_kernel
+  int* counters;      // [token tiles x row tiles] splits done, zeroed by affine_gemm_input_kernel
   const float* bias;  // [out] or null
   float* y;           // [T, out]
   int T, in, out;
@@ -683,6 +683,18 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
 }
 
 
+// x [T, in] f32 -> bf16 (input_source's order). It also zeroes the GEMM's
+// split counters (n_counters of them).
+__global__ void affine_gemm_input_kernel(const float* x, __nv_bfloat16* out, int64_t n, int permute, int* counters,
+                                         int n_counters) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n_counters) counters[i] = 0;
+  if (i >= n) return;
+  out[i] = __float2bfloat16(x[input_source(i, permute)]);
+}
+
 // Eight values of a row as bf16 in input_source's order: value(i) for i = c
 // .. c + 7 (c a multiple of 8, so the eight lie in one tile of 64).
 template <typename Value>
@@ -692,53 +704,6 @@ __device__ __forceinline__ uint4 bf16_chunk(int64_t c, int permute, Value&& valu
   for (int j = 0; j < 8; ++j) v[j] = value(input_source(c + j, permute));
   return make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]),
                     pack_bf16x2(v[6], v[7]));
-}
-
-// The GEMM's x [T, in] as bf16 in input_source's order, formed as `x` says:
-// as it is, or silu(gate) * up of gate_up [T, 2 in]'s halves (lever
-// formed_gemm_input), each value in f32 as silu_mul_halves forms it and
-// rounded once: the bits of that kernel followed by the plain form, without
-// the f32 tensor between them. A thread forms 8 values into one 16-byte store;
-// grid.x the rows, grid.y the blocks of a row. Block (0, 0) also zeroes the
-// GEMM's split counters.
-template <MmaInput::Kind kKind>
-__global__ void gemm_input_kernel(const MmaInput x, int64_t in, int permute, __nv_bfloat16* out, int* counters,
-                                  int n_counters) {
-  allow_next_kernel();
-  wait_for_previous_kernel();
-  if (blockIdx.x == 0 && blockIdx.y == 0)
-    for (int i = threadIdx.x; i < n_counters; i += blockDim.x) counters[i] = 0;
-  const int64_t t = blockIdx.x;
-  uint4* dst = reinterpret_cast<uint4*>(out + t * in);
-  const int64_t first = 8 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x);
-  const int64_t step = 8 * int64_t(gridDim.y) * blockDim.x;
-  if constexpr (kKind == MmaInput::Kind::silu_gated) {
-    const float *gate = x.x + t * 2 * in, *up = gate + in;
-    for (int64_t c = first; c < in; c += step)
-      dst[c / 8] = bf16_chunk(c, permute, [&](int64_t i) {
-        const float g = gate[i];
-        return g / (1.0f + __expf(-g)) * up[i];
-      });
-  } else {
-    const float* row = x.x + t * in;
-    for (int64_t c = first; c < in; c += step)
-      dst[c / 8] = bf16_chunk(c, permute, [&](int64_t i) { return row[i]; });
-  }
-}
-
-cudaError_t launch_gemm_input(const MmaInput& x, int64_t T, int64_t in, int permute, __nv_bfloat16* out,
-                              int* counters, int n_counters, cudaStream_t stream) {
-  using Kind = MmaInput::Kind;
-  const dim3 grid = row_grid(T, in, 8);
-  switch (x.kind) {
-    case Kind::plain:
-      return launch_kernel(gemm_input_kernel<Kind::plain>, grid, dim3(kRowThreads), 0, stream, x, in, permute, out,
-                           counters, n_counters);
-    case Kind::silu_gated:
-      return launch_kernel(gemm_input_kernel<Kind::silu_gated>, grid, dim3(kRowThreads), 0, stream, x, in, permute,
-                           out, counters, n_counters);
-    default: return cudaErrorInvalidValue;  // RMSNorm and attention's splits: formed before the GEMM
-  }
 }
 
 // The grouped GEMM's x: row r of P (a block a row) is token sorted_pair[r] /
@@ -913,7 +878,7 @@ int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T, AffineGemmPlan
 namespace {
 // The GEMM over MLX affine codes (fp8 false) or FP8 values (w as fp8_args
 // makes it), the shapes checked by the caller.
-cudaError_t run_gemm(const AffineArgs& w, bool fp8, const MmaInput& x, void* scratch, const float* bias, float* y,
+cudaError_t run_gemm(const AffineArgs& w, bool fp8, const float* x, void* scratch, const float* bias, float* y,
                      int64_t T, cudaStream_t stream, AffineGemmPlan hint) {
   if (reinterpret_cast<uintptr_t>(scratch) % 16) return cudaErrorInvalidValue;
   if ((hint.tokens != 0 && hint.tokens != 32 && hint.tokens != 64 && hint.tokens != 128 && hint.tokens != 256) ||
@@ -923,7 +888,9 @@ cudaError_t run_gemm(const AffineArgs& w, bool fp8, const MmaInput& x, void* scr
   const ScratchLayout layout = scratch_layout(w, T, plan);
   auto* x_bf16 = static_cast<__nv_bfloat16*>(scratch);
   int* counters = reinterpret_cast<int*>(static_cast<uint8_t*>(scratch) + layout.counters_at);
-  cudaError_t status = launch_gemm_input(x, T, w.in, int(w.bits == 4), x_bf16, counters, layout.n_counters, stream);
+  const int64_t n_x = T * w.in, n_threads = std::max<int64_t>(n_x, layout.n_counters);
+  cudaError_t status = launch_kernel(affine_gemm_input_kernel, dim3(unsigned((n_threads + 255) / 256)), dim3(256), 0,
+                                     stream, x, x_bf16, n_x, int(w.bits == 4), counters, layout.n_counters);
   if (status != cudaSuccess) return status;
   if (plan.splits == 2 && (status = cudaMemsetAsync(y, 0, size_t(T * w.out) * sizeof(float), stream)) != cudaSuccess)
     return status;
@@ -955,7 +922,7 @@ AffineArgs fp8_args(const Fp8WeightView& w) {
 }
 }  // namespace
 
-cudaError_t launch_affine_gemm(const AffineArgs& w, const MmaInput& x, void* scratch, const float* bias, float* y,
+cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
                                int64_t T, cudaStream_t stream, AffineGemmPlan hint) {
   if (!affine_gemm_supports(w, T)) return cudaErrorInvalidValue;
   return run_gemm(w, false, x, scratch, bias, y, T, stream, hint);
@@ -973,9 +940,8 @@ int64_t fp8_dequantizing_gemm_scratch_bytes(const Fp8WeightView& w, int64_t T, A
   return scratch_layout(a, T, plan_for(a, T, plan)).bytes;
 }
 
-cudaError_t launch_fp8_dequantizing_gemm(const Fp8WeightView& w, const MmaInput& x, void* scratch,
-                                         const float* bias, float* y, int64_t T, cudaStream_t stream,
-                                         AffineGemmPlan plan) {
+cudaError_t launch_fp8_dequantizing_gemm(const Fp8WeightView& w, const float* x, void* scratch, const float* bias,
+                                         float* y, int64_t T, cudaStream_t stream, AffineGemmPlan plan) {
   if (!fp8_dequantizing_gemm_supports(w, T)) return cudaErrorInvalidValue;
   return run_gemm(fp8_args(w), true, x, scratch, bias, y, T, stream, plan);
 }

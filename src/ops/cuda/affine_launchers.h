@@ -111,15 +111,12 @@ cudaError_t launch_affine_matvec_mma(const AffineArgs& w, const AffineMmaInput& 
 // k-tiles (1-8, at most one a tile). Two splits add into y (zeroed) by atomics,
 // which two terms keep deterministic; more leave their sums in the scratch and
 // the last split of a tile adds them in split order.
-// x is formed on the way into the scratch: x [T, in] as it is, or (lever
-// formed_gemm_input) silu(gate) up of gate_up [T, 2 in], each value as
-// silu_mul_halves forms it, rounded once to bf16; other kinds are refused.
 struct AffineGemmPlan {
   int tokens = 0, splits = 0;
 };
 bool affine_gemm_supports(const AffineArgs& w, int64_t T);
 int64_t affine_gemm_scratch_bytes(const AffineArgs& w, int64_t T, AffineGemmPlan plan = {});
-cudaError_t launch_affine_gemm(const AffineArgs& w, const MmaInput& x, void* scratch, const float* bias, float* y,
+cudaError_t launch_affine_gemm(const AffineArgs& w, const float* x, void* scratch, const float* bias, float* y,
                                int64_t T, cudaStream_t stream, AffineGemmPlan plan = {});
 
 // FP8 E4M3 weights with f32 scales of 128 x 128 blocks on the same GEMM (lever
@@ -129,9 +126,8 @@ cudaError_t launch_affine_gemm(const AffineArgs& w, const MmaInput& x, void* scr
 // multiple of 64, 16-byte aligned values. Scratch and plan as above.
 bool fp8_dequantizing_gemm_supports(const Fp8WeightView& w, int64_t T);
 int64_t fp8_dequantizing_gemm_scratch_bytes(const Fp8WeightView& w, int64_t T, AffineGemmPlan plan = {});
-cudaError_t launch_fp8_dequantizing_gemm(const Fp8WeightView& w, const MmaInput& x, void* scratch,
-                                         const float* bias, float* y, int64_t T, cudaStream_t stream,
-                                         AffineGemmPlan plan = {});
+cudaError_t launch_fp8_dequantizing_gemm(const Fp8WeightView& w, const float* x, void* scratch, const float* bias,
+                                         float* y, int64_t T, cudaStream_t stream, AffineGemmPlan plan = {});
 
 // The same GEMM grouped by expert (the MoE experts' prefill, levers
 // tensor_core_affine_moe_gemm and tensor_core_dense_moe_gemm): `w` is expert

@@ -115,25 +115,13 @@ bool gemm_takes(const AffineArgs& a, int64_t T) {
          affine_gemm_supports(a, T);
 }
 
-// That GEMM with x formed as `input` says (as it is, or SwiGLU's), into y;
-// false, with nothing run, where it does not take them.
-bool gemm_linear(const AffineArgs& a, int64_t T, const AffineMmaInput& input, const Tensor& bias, float* y) {
-  if (!gemm_takes(a, T) || !aligned16(input.x)) return false;
-  MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
-             dtype_name(bias.dtype()));
-  Tensor scratch = Tensor::empty({affine_gemm_scratch_bytes(a, T)}, DType::u8, Device::cuda);
-  MERE_CUDA(launch_affine_gemm(a, input, scratch.raw(), bias.defined() ? bias.data<float>() : nullptr, y, T,
-                               stream()));
-  return true;
-}
-
 // Lever formed_gemm_input: where linear takes the bf16 copy of the weight and
 // cuBLAS (past the decode matvecs, and past the dequantizing GEMM's tokens or
 // where it does not pay), a fused form's input (RMSNorm, SwiGLU) is formed in
-// bf16 on its way into cuBLAS, which adds into h: no kernels around it. On the
-// dequantizing GEMM the folded step measured level or slower (its split sums'
-// tail reads h as well: FP8 pp64 -2.5%, H100, sixty-seventh session), so steps
-// it takes compose.
+// bf16 on its way into cuBLAS, which adds into h: no kernels around it. Steps
+// the dequantizing GEMM takes compose: formed there (RMSNorm and SwiGLU in its
+// input kernel, the add in its split sums' tail) they measured level or slower
+// (FP8 pp64 -2.5%, H100, sixty-seventh session, docs/levers.md).
 bool copy_forms_input(const AffineArgs& a, int64_t T) {
   return formed_gemm_input_enabled() && T > kMaxMatvecTokens && !takes_tensor_cores(a, T, false) &&
          !gemm_takes(a, T);
@@ -216,11 +204,7 @@ bool affine_swiglu_linear(const Tensor& gate_up, const AffineWeight& w, const Te
   const AffineArgs a = affine_args(w, gate_up.dim(1) / 2, "swiglu_linear");
   const int64_t T = gate_up.dim(0);
   const AffineMmaInput input{.kind = AffineMmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
-  // On the dequantizing GEMM too: its input kernel forms SwiGLU where it would
-  // convert silu_mul_halves' f32 (17 us against 14 + 8.7 a layer at 256 tokens).
-  if (!formed_gemm_input_enabled() || T <= kMaxMatvecTokens || takes_tensor_cores(a, T, false)) return false;
-  return gemm_linear(a, T, input, bias, out.data<float>()) ||
-         formed_copy_linear(a, T, input, bias, out.data<float>(), false);
+  return formed_copy_linear(a, T, input, bias, out.data<float>(), false);
 }
 
 bool affine_attention_linear_add(Tensor& h, const AttentionSplits& splits, const AffineWeight& w, const Tensor& bias) {
@@ -253,7 +237,12 @@ void affine_linear(const Tensor& x, const AffineWeight& w, const Tensor& bias, T
                                    out.data<float>(), T, stream()));
     return;
   }
-  if (gemm_linear(a, T, AffineMmaInput{.x = x.data<float>()}, bias, out.data<float>())) return;
+  if (gemm_takes(a, T) && aligned16(x.raw())) {
+    Tensor scratch = Tensor::empty({affine_gemm_scratch_bytes(a, T)}, DType::u8, Device::cuda);
+    MERE_CUDA(launch_affine_gemm(a, x.data<float>(), scratch.raw(), bias.defined() ? bias.data<float>() : nullptr,
+                                 out.data<float>(), T, stream()));
+    return;
+  }
   // Prefill (or an x view off 16-byte alignment): a bf16 copy of the weight, then the dense path.
   Tensor dense = Tensor::empty({a.out, a.in}, DType::bf16, Device::cuda);
   MERE_CUDA(launch_affine_dequantize(a, dense.raw(), DType::bf16, stream()));

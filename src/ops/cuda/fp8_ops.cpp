@@ -189,19 +189,6 @@ bool gemm_takes(const Fp8WeightView& v, int64_t T) {
          fp8_dequantizing_gemm_supports(v, T);
 }
 
-// That GEMM with x formed as `input` says (as it is, or SwiGLU's), into y;
-// false, with nothing run, where it does not take them.
-bool gemm_linear(const Fp8Weight& w, int64_t T, const MmaInput& input, const Tensor& bias, float* y) {
-  const Fp8WeightView v = view_of(w);
-  if (!gemm_takes(v, T) || reinterpret_cast<uintptr_t>(input.x) % 16 != 0) return false;
-  MERE_CHECK(!bias.defined() || bias.dtype() == DType::f32, "linear (CUDA): bias must be f32, got {}",
-             dtype_name(bias.dtype()));
-  Tensor scratch = Tensor::empty({fp8_dequantizing_gemm_scratch_bytes(v, T)}, DType::u8, Device::cuda);
-  MERE_CUDA(launch_fp8_dequantizing_gemm(v, input, scratch.raw(), bias.defined() ? bias.data<float>() : nullptr, y, T,
-                                         stream()));
-  return true;
-}
-
 // Lever formed_gemm_input: where linear takes the bf16 copy of the weight and
 // cuBLAS (past the matvec's tokens and the dequantizing GEMM's; not under
 // fp8_activation_gemm, whose FP8 GEMM quantizes x itself), a fused form's input
@@ -252,7 +239,12 @@ void fp8_linear(const Tensor& x, const Fp8Weight& w, const Tensor& bias, Tensor&
     if (b) MERE_CUDA(launch_add_bias(out.data<float>(), b, T, out.dim(1), stream()));
     return;
   }
-  if (gemm_linear(w, T, MmaInput{.x = x.data<float>()}, bias, out.data<float>())) return;
+  const Fp8WeightView v = view_of(w);
+  if (gemm_takes(v, T) && reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0) {
+    Tensor scratch = Tensor::empty({fp8_dequantizing_gemm_scratch_bytes(v, T)}, DType::u8, Device::cuda);
+    MERE_CUDA(launch_fp8_dequantizing_gemm(v, x.data<float>(), scratch.raw(), b, out.data<float>(), T, stream()));
+    return;
+  }
   Tensor dense = Tensor::empty(w.values.shape(), DType::bf16, Device::cuda);
   MERE_CUDA(launch_fp8_dequantize(view_of(w), dense.raw(), DType::bf16, stream()));
   linear(x, dense, bias, out);
@@ -288,11 +280,7 @@ bool fp8_swiglu_linear_add(Tensor& h, const Tensor& gate_up, const Fp8Weight& w,
 
 bool fp8_swiglu_linear(const Tensor& gate_up, const Fp8Weight& w, const Tensor& bias, Tensor& out) {
   const MmaInput input{.kind = MmaInput::Kind::silu_gated, .x = gate_up.data<float>()};
-  // On the dequantizing GEMM too: its input kernel forms SwiGLU where it would
-  // convert silu_mul_halves' f32.
-  if (!formed_gemm_input_enabled() || fp8_activation_gemm_enabled()) return false;
-  return gemm_linear(w, gate_up.dim(0), input, bias, out.data<float>()) ||
-         formed_copy_linear(w, gate_up.dim(0), input, bias, out.data<float>(), false);
+  return formed_copy_linear(w, gate_up.dim(0), input, bias, out.data<float>(), false);
 }
 
 bool fp8_attention_linear_add(Tensor& h, const AttentionSplits& splits, const Fp8Weight& w, const Tensor& bias) {

@@ -150,10 +150,10 @@ bool tensor_core_fp8_gemm_enabled();
 // SwiGLU kernel. Off unless set.
 void set_grouped_swiglu_epilogue(bool on);
 bool grouped_swiglu_epilogue_enabled();
-// Prefill GEMMs form their input from RMSNorm or SwiGLU on the way in and add
-// into the residual (lever formed_gemm_input: cuda_ops.cpp formed_dense_linear,
-// and SwiGLU in affine_gemm.cu's input kernel); off: the norm, SwiGLU, add and
-// conversion kernels around them. Off unless set.
+// cuBLAS prefill GEMMs take their input formed from RMSNorm or SwiGLU on its
+// way in and add into the residual (lever formed_gemm_input, cuda_ops.cpp
+// formed_dense_linear); off: the norm, add and conversion kernels around
+// them. Off unless set.
 void set_formed_gemm_input(bool on);
 bool formed_gemm_input_enabled();
 
