@@ -83,7 +83,7 @@ struct LoadOptions {
   bool tensor_core_fp8_gemm = false;
   // Those grouped GEMMs' gate and up in one launch (lever grouped_swiglu_epilogue).
   bool grouped_swiglu_epilogue = false;
-  // The dequantizing GEMM forms RMSNorm / SwiGLU inputs and adds into h (lever formed_gemm_input).
+  // Long steps on cuBLAS fold their norms into its formed input (lever formed_gemm_input).
   bool formed_gemm_input = false;
   // MoE experts' gate and up stacked into one matrix per expert (lever fused_moe_gate_up).
   bool fuse_moe_gate_up = false;
