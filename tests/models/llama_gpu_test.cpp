@@ -481,7 +481,7 @@ TEST(LlamaShapesGpu, FormedGemmInputFoldsPrefillsWithTheSameLogits) {
     EXPECT_TRUE(folded->info().folds_step(8192)) << quant;
     EXPECT_EQ(composed->info().fold_long_steps_from, 0) << quant;
     EXPECT_FALSE(composed->info().folds_step(8192)) << quant;
-    // 17 and 100 rows on the dequantizing GEMMs, 300 past FP8's, 600 past the affine one's.
+    // Quantized: 17 and 100 rows on the dequantizing GEMMs, 300 past FP8's, 600 past the affine one's.
     for (int64_t T : {17, 100, 300, 600}) {
       std::vector<int32_t> prompt;
       for (int64_t i = 0; i < T; ++i) prompt.push_back(int32_t((97 * i + 5) % folded->info().vocab));
@@ -685,7 +685,7 @@ TEST(LlamaShapesGpu, FoldingFollowsTheStepsRowsOnDenseShapes) {
     for (int64_t T = ops::kMaxFusedRows + 1; T <= ops::kMaxWideFusedRows; ++T)
       EXPECT_EQ(on->info().folds_step(T), wide) << shape << ", " << T;
     // From 17 rows where every GEMM is cuBLAS on a bf16 copy (lever
-    // formed_gemm_input, a default): Qwen3-0.6B's matrices are too small for
+    // formed_gemm_input, where on): Qwen3-0.6B's matrices are too small for
     // the dequantizing GEMM; Qwen3-4B's gate_up takes it up to 384 tokens.
     EXPECT_EQ(on->info().folds_step(ops::kMaxWideFusedRows + 1),
               base.formed_gemm_input && std::string(shape) == "qwen3-0.6b")
