@@ -27,25 +27,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// The sum of v over a block (at most 1024 threads, a multiple of 32), for
-// every thread: warp sums, then warp 0 sums those (RMSNorm's order).
-__device__ __forceinline__ float block_sum(float v) {
-  __shared__ float partial[32];
-  v = warp_sum(v);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float w = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
-    w = warp_sum(w);
-    if (threadIdx.x == 0) partial[0] = w;
-  }
-  __syncthreads();
-  return partial[0];
-}
-
-// The threads of a block that RMSNorms a row of d values (rms_norm.cu).
-inline int rms_norm_threads(int64_t d) { return d >= 1024 ? 1024 : d >= 256 ? 256 : 64; }
-
 __device__ __forceinline__ float warp_max(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;

@@ -64,8 +64,6 @@ void gemm(const Tensor& x, const Tensor& w, float* y, bool accumulate = false) {
   cublasLtMatmulDescDestroy(desc);
 }
 
-void gemm(const Tensor& x, const Tensor& w, Tensor& y) { gemm(x, w, y.data<float>()); }
-
 Tensor upload_ints(const std::vector<int32_t>& values) {
   Tensor host = Tensor::empty({int64_t(values.size())}, DType::i32);
   std::copy(values.begin(), values.end(), host.data<int32_t>());
@@ -256,7 +254,7 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
     xw = Tensor::empty(x.shape(), w.dtype(), Device::cuda);
     MERE_CUDA(launch_convert(x.raw(), DType::f32, xw.raw(), w.dtype(), x.numel(), stream()));
   }
-  gemm(xw, w, out);
+  gemm(xw, w, out.data<float>());
   if (b) MERE_CUDA(launch_add_bias(out.data<float>(), b, T, n_out, stream()));
 }
 
@@ -268,7 +266,7 @@ bool swiglu_linear(const Tensor& gate_up, const Tensor& w, const Tensor& bias, T
   // linear's conversion store, without the f32 activations between them.
   Tensor act = Tensor::empty({T, w.dim(1)}, w.dtype(), Device::cuda);
   silu_mul_halves(gate_up, act);
-  gemm(act, w, out);
+  gemm(act, w, out.data<float>());
   if (bias.defined()) MERE_CUDA(launch_add_bias(out.data<float>(), bias.data<float>(), T, w.dim(0), stream()));
   return true;
 }

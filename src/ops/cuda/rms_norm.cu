@@ -52,7 +52,17 @@ __global__ void __launch_bounds__(1024)
   } else {
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) sum += xr[i] * xr[i];
   }
-  const float inv = rsqrtf(block_sum(sum) / float(d) + eps);
+  __shared__ float partial[32];
+  sum = warp_sum(sum);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) partial[0] = v;
+  }
+  __syncthreads();
+  const float inv = rsqrtf(partial[0] / float(d) + eps);
   if constexpr (kPer > 0) {
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
@@ -70,7 +80,7 @@ namespace {
 
 cudaError_t launch(float* x, const float* add, const void* w, DType w_dtype, void* y, DType y_dtype, int64_t rows,
                    int64_t d, float eps, cudaStream_t stream) {
-  const int threads = rms_norm_threads(d);
+  const int threads = d >= 1024 ? 1024 : d >= 256 ? 256 : 64;
   const int64_t per_thread = (d + threads - 1) / threads;
   cudaError_t status = cudaSuccess;
   const cudaError_t dispatch = visit_float(w_dtype, [&]<typename W>() {
