@@ -103,6 +103,7 @@ void set_engine_lever(Levers& l, const std::string& name, bool on) {
                 : name == "tensor_core_fp8_gemm" ? &l.tensor_core_fp8_gemm
                 : name == "grouped_swiglu_epilogue" ? &l.grouped_swiglu_epilogue
                 : name == "formed_gemm_input" ? &l.formed_gemm_input
+                : name == "split_sum_kernel" ? &l.split_sum_kernel
                 : name == "streamed_weights" ? &l.streamed_weights
                 : name == "cpu_direct_matvec" ? &l.cpu_direct_matvec
                 : name == "cpu_tiled_matmul" ? &l.cpu_tiled_matmul
@@ -221,7 +222,7 @@ class Auditor {
                                     lo.tensor_core_fp8_matvec,
                                     int(lo.tensor_core_affine_gemm), lo.tensor_core_affine_moe_gemm,
                                     lo.tensor_core_dense_moe_gemm, lo.tensor_core_fp8_gemm, lo.grouped_swiglu_epilogue,
-                                    lo.formed_gemm_input,
+                                    lo.formed_gemm_input, lo.split_sum_kernel,
                                     lo.routing_in_experts,
                                     lo.deep_moe_ring, lo.deep_dense_ring, lo.wide_batch_stages, lo.uneven_row_cuts,
                                     lo.int4_byte_codes,

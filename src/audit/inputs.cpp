@@ -16,7 +16,7 @@ std::vector<std::string> engine_lever_names() {
           "int16_activation_matvec", "sixteen_token_matvec", "sixteen_token_experts", "tensor_core_fp8_matvec",
           "tensor_core_affine_gemm", "tensor_core_affine_moe_gemm", "tensor_core_dense_moe_gemm",
           "tensor_core_fp8_gemm",
-          "grouped_swiglu_epilogue", "formed_gemm_input",
+          "grouped_swiglu_epilogue", "formed_gemm_input", "split_sum_kernel",
           "rope_in_attention", "wide_attention_blocks", "cluster_attention_merge",
           "routing_in_experts", "deep_moe_ring", "deep_dense_ring", "wide_batch_stages", "uneven_row_cuts",
           "int4_byte_codes",

@@ -108,6 +108,7 @@ std::string layout_levers(const ModelInfo& info) {
          (o.tensor_core_fp8_gemm ? " tensor_core_fp8_gemm=on" : "") +
          (o.grouped_swiglu_epilogue ? " grouped_swiglu_epilogue=on" : "") +
          (o.formed_gemm_input ? " formed_gemm_input=on" : "") +
+         (o.split_sum_kernel ? " split_sum_kernel=on" : "") +
          (o.tensor_core_affine_gemm != LeverMode::off
               ? std::string(" tensor_core_affine_gemm=") + lever_mode_name(o.tensor_core_affine_gemm)
               : "") +

@@ -61,6 +61,7 @@ Levers Levers::from_env() {
   l.tensor_core_fp8_gemm = env_flag("MERERUN_TENSOR_CORE_FP8_GEMM", l.tensor_core_fp8_gemm);
   l.grouped_swiglu_epilogue = env_flag("MERERUN_GROUPED_SWIGLU_EPILOGUE", l.grouped_swiglu_epilogue);
   l.formed_gemm_input = env_flag("MERERUN_FORMED_GEMM_INPUT", l.formed_gemm_input);
+  l.split_sum_kernel = env_flag("MERERUN_SPLIT_SUM_KERNEL", l.split_sum_kernel);
   l.fused_moe_gate_up = env_flag("MERERUN_PSI_FUSED_MOE", l.fused_moe_gate_up);
   l.prefix_cache = env_flag("MERERUN_PREFIX_CACHE", l.prefix_cache);
   l.cpu_direct_matvec = env_flag("MERERUN_CPU_DIRECT_MATVEC", l.cpu_direct_matvec);
@@ -109,6 +110,7 @@ std::string Levers::describe(Device device) const {
          " tensor_core_fp8_gemm=" + on(tensor_core_fp8_gemm) +
          " grouped_swiglu_epilogue=" + on(grouped_swiglu_epilogue) +
          " formed_gemm_input=" + on(formed_gemm_input) +
+         " split_sum_kernel=" + on(split_sum_kernel) +
          " fused_moe_gate_up=" + on(fused_moe_gate_up) + " prefix_cache=" + on(prefix_cache);
 }
 
@@ -146,6 +148,7 @@ LoadOptions Levers::load_options(Device device) const {
                      .tensor_core_fp8_gemm = tensor_core_fp8_gemm && cuda,
                      .grouped_swiglu_epilogue = grouped_swiglu_epilogue && cuda,
                      .formed_gemm_input = formed_gemm_input && cuda,
+                     .split_sum_kernel = split_sum_kernel && cuda,
                      .fuse_moe_gate_up = fused_moe_gate_up,
                      .cpu_direct_matvec = cpu_direct_matvec && !cuda,
                      .cpu_tiled_matmul = cpu_tiled_matmul && !cuda,

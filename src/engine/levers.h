@@ -252,6 +252,12 @@ struct Levers {
   // GEMM's steps): Llama-3-8B int4 / int8 pp2048 +7.9% / +7.8%, bf16 pp512
   // +4.6%. Off by default until this form's GPU tests have run (docs/levers.md).
   bool formed_gemm_input = false;
+  // The dequantizing GEMM's split sums (three k-ranges or more: Llama-3-8B's
+  // o_proj and down_proj at 64-384 tokens or sequences) added by a kernel of
+  // their own over every SM, in split order as before (the same bits). Off: the
+  // last split of each tile adds them, one block a tile (32 at 256 tokens),
+  // bound by the latency of its reads. Off until measured (docs/levers.md).
+  bool split_sum_kernel = false;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves
   // both. Off: measured no faster (Qwen3-30B-A3B shape, H200), bit-identical.
@@ -327,7 +333,10 @@ struct Levers {
   // MERERUN_TENSOR_CORE_FP8_MATVEC, MERERUN_TENSOR_CORE_MOE_MATVEC, MERERUN_ROUTING_IN_EXPERTS,
   // MERERUN_DEEP_MOE_RING, MERERUN_DEEP_DENSE_RING, MERERUN_WIDE_BATCH_STAGES, MERERUN_UNEVEN_ROW_CUTS,
   // MERERUN_STREAMED_WEIGHTS,
+  // MERERUN_INT4_BYTE_CODES,
   // MERERUN_TENSOR_CORE_AFFINE_GEMM (0|1|auto), MERERUN_TENSOR_CORE_AFFINE_MOE_GEMM,
+  // MERERUN_TENSOR_CORE_DENSE_MOE_GEMM, MERERUN_TENSOR_CORE_FP8_GEMM, MERERUN_GROUPED_SWIGLU_EPILOGUE,
+  // MERERUN_FORMED_GEMM_INPUT, MERERUN_SPLIT_SUM_KERNEL,
   // MERERUN_PSI_FUSED_MOE,
   // MERERUN_PREFIX_CACHE (0|1), MERERUN_CPU_DIRECT_MATVEC, MERERUN_CPU_TILED_MATMUL,
   // MERERUN_CPU_VNNI_MATVEC, MERERUN_CPU_VECTOR_ATTENTION, MERERUN_CPU_AVX512_MATMUL,
@@ -353,6 +362,7 @@ struct Levers {
                   .tensor_core_fp8_gemm = false,
                   .grouped_swiglu_epilogue = false,
                   .formed_gemm_input = false,
+                  .split_sum_kernel = false,
                   .fused_moe_gate_up = false,
                   .prefix_cache = false,
                   .cpu_direct_matvec = false,

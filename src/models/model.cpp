@@ -49,7 +49,8 @@ void apply_launch_settings(const LoadOptions& o, Device device) {
                             .tensor_core_dense_moe_gemm = o.tensor_core_dense_moe_gemm,
                             .tensor_core_fp8_gemm = o.tensor_core_fp8_gemm,
                             .grouped_swiglu_epilogue = o.grouped_swiglu_epilogue,
-                            .formed_gemm_input = o.formed_gemm_input});
+                            .formed_gemm_input = o.formed_gemm_input,
+                            .split_sum_kernel = o.split_sum_kernel});
 }
 
 // The longest step decide_folding looks at: past it every GEMM's choice is the

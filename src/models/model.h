@@ -85,6 +85,8 @@ struct LoadOptions {
   bool grouped_swiglu_epilogue = false;
   // Long steps on cuBLAS fold their norms into its formed input (lever formed_gemm_input).
   bool formed_gemm_input = false;
+  // The dequantizing GEMM's split sums added by a kernel of their own (lever split_sum_kernel).
+  bool split_sum_kernel = false;
   // MoE experts' gate and up stacked into one matrix per expert (lever fused_moe_gate_up).
   bool fuse_moe_gate_up = false;
   // CPU decode matvecs on the stored weights in registers (lever cpu_direct_matvec).

@@ -133,8 +133,10 @@ struct LaunchSettings {
   bool tensor_core_fp8_gemm = false;
   // Lever grouped_swiglu_epilogue: those grouped GEMMs' gate and up in one launch, SwiGLU in its epilogue.
   bool grouped_swiglu_epilogue = false;
-  // Lever formed_gemm_input: the dequantizing GEMM forms RMSNorm / SwiGLU inputs and adds into the residual itself.
+  // Lever formed_gemm_input: cuBLAS's long steps take RMSNorm / SwiGLU formed on the way in and add into the residual.
   bool formed_gemm_input = false;
+  // Lever split_sum_kernel: the dequantizing GEMM's split sums added by a kernel over every SM.
+  bool split_sum_kernel = false;
 };
 void set_launch_settings(const LaunchSettings& settings);
 

@@ -81,6 +81,56 @@ TEST_F(AffineGemm, MatchesTheProductOfTheDequantizedBf16Weights) {
       }
 }
 
+// Lever split_sum_kernel: launches of three splits or more add their slices in
+// a kernel of their own (one launch more, the tiles' counters unused) and give
+// y bit for bit as the last split's tail does: rows off the float4s (136, 200),
+// with and without bias, int4 and int8; one and two splits launch as before.
+TEST_F(AffineGemm, SplitSumKernelAddsTheSlicesWithTheSameBits) {
+  struct Case { int64_t T, out, in; int tokens, splits; bool with_bias; };
+  const Case cases[] = {{100, 200, 768, 64, 3, true}, {300, 384, 1024, 128, 8, false},
+                        {257, 136, 1536, 256, 4, true}, {16, 4096, 4096, 32, 0, false},
+                        {256, 4096, 4096, 256, 0, true}, {64, 512, 1024, 64, 2, true}};
+  for (int bits : {4, 8})
+    for (const Case& c : cases) {
+      const uint64_t seed = 77 + uint64_t(c.T * 3 + c.splits + bits);
+      const Weight w = Weight(random_affine(c.out, c.in, bits, 64, DType::bf16, seed), c.in).to_device(Device::cuda);
+      const mere::cuda::AffineArgs args = test::affine_args(w.affine(), c.in);
+      Tensor x = gpu(random({c.T, c.in}, DType::f32, seed + 1));
+      Tensor b = c.with_bias ? gpu(random({c.out}, DType::f32, seed + 2, 0.1f)) : Tensor();
+      const mere::cuda::AffineGemmPlan plan{c.tokens, c.splits};
+      Tensor scratch = Tensor::empty({mere::cuda::affine_gemm_scratch_bytes(args, c.T, plan)}, DType::u8, Device::cuda);
+      auto run = [&](bool apart, Tensor& y) {
+        ops::LaunchSettings settings;
+        settings.split_sum_kernel = apart;
+        ops::set_launch_settings(settings);
+        ops::fill_random(y, 9, 1.0f);
+        return mere::cuda::launch_affine_gemm(args, x.data<float>(), scratch.raw(),
+                                              c.with_bias ? b.data<float>() : nullptr, y.data<float>(), c.T, stream(),
+                                              plan);
+      };
+      Tensor tail = Tensor::empty({c.T, c.out}, DType::f32, Device::cuda), apart = tail.clone();
+      const std::string label = fmt::format("int{} T={} {}x{} N={} split {}{}", bits, c.T, c.out, c.in, c.tokens,
+                                            c.splits, c.with_bias ? " +bias" : "");
+      ASSERT_EQ(run(false, tail), cudaSuccess) << label;
+      ASSERT_EQ(run(true, apart), cudaSuccess) << label;
+      EXPECT_TRUE(test::same_bytes(apart, tail)) << label;
+      size_t off = 0, on = 0, sums = 0;
+      {
+        Tensor y = tail.clone();
+        off = test::kernels_launched_by([&] { run(false, y); });
+        for (const test::KernelLaunch& k : test::kernel_launches_by([&] { run(true, y); })) {
+          ++on;
+          sums += k.name.find("affine_gemm_sum_splits_kernel") != std::string::npos;
+        }
+      }
+      // o_proj's shape at 16 and 256 tokens splits by itself (plan 0: 8 and 4 ranges).
+      const bool sliced = c.splits > 2 || c.splits == 0;
+      EXPECT_EQ(sums, sliced ? 1u : 0u) << label;
+      EXPECT_EQ(on, off + sums) << label;
+    }
+  ops::set_launch_settings({});
+}
+
 // A grid that leaves SMs idle splits its k-tiles into more than two ranges,
 // whose sums take room in the scratch: Llama-3-8B's o_proj at 16 tokens is 32
 // blocks; gate_up (224 blocks) and a 4,096-token prompt fill the SMs unsplit.

@@ -91,6 +91,7 @@ struct GemmProblem {
   int splits;         // k-tile ranges, 1-8: two add into y by atomics; more leave their sums in `partials`
   float* partials;    // [splits, T, out] (splits > 2), which the last split of a tile adds in order
   int* counters;      // [token tiles x row tiles] splits done, zeroed by affine_gemm_input_kernel
+  bool sum_apart;     // lever split_sum_kernel: affine_gemm_sum_splits_kernel adds the slices, not the last split
   const float* bias;  // [out] or null
   float* y;           // [T, out]
   int T, in, out;
@@ -642,6 +643,7 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   const int64_t slice = int64_t(p.T) * p.out;
   float* mine = p.partials + int64_t(blockIdx.z) * slice;
   each_result([&](float sum, int64_t at, float) { mine[at] = sum; });
+  if (p.sum_apart) return;
   __threadfence();
   __syncthreads();
   __shared__ bool last;
@@ -682,6 +684,39 @@ __global__ void __launch_bounds__(kThreads, Layout<kBits, kN>::kBlocksPerSm)
   }
 }
 
+// Lever split_sum_kernel: y = the split sums' slices [splits, T, out] added in
+// split order, + bias, as the last split's tail above adds them (the same
+// bits), by a kernel over every SM. The tail is one block a tile (32 for
+// Llama-3-8B's o_proj and down_proj at 256 tokens), each bound by the latency
+// of its reads (ncu, sixty-seventh session). A thread takes 4 consecutive values.
+__global__ void affine_gemm_sum_splits_kernel(const float* partials, int splits, int64_t T, int64_t out,
+                                              const float* bias, float* y) {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+  const int64_t slice = T * out, at = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+  if (at >= slice) return;
+  if (out % 4 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0) {
+    float4 part[kMaxSplits];
+#pragma unroll
+    for (int z = 0; z < kMaxSplits; ++z)
+      if (z < splits) part[z] = __ldcg(reinterpret_cast<const float4*>(partials + z * slice + at));
+    float4 sum = part[0];
+#pragma unroll
+    for (int z = 1; z < kMaxSplits; ++z)
+      if (z < splits) sum.x += part[z].x, sum.y += part[z].y, sum.z += part[z].z, sum.w += part[z].w;
+    if (bias) {
+      const int64_t o = at % out;
+      sum.x += bias[o], sum.y += bias[o + 1], sum.z += bias[o + 2], sum.w += bias[o + 3];
+    }
+    *reinterpret_cast<float4*>(y + at) = sum;
+    return;
+  }
+  for (int64_t i = at; i < min(at + 4, slice); ++i) {
+    float sum = __ldcg(partials + i);
+    for (int z = 1; z < splits; ++z) sum += __ldcg(partials + z * slice + i);
+    y[i] = sum + (bias ? bias[i % out] : 0.0f);
+  }
+}
 
 // x [T, in] f32 -> bf16 (input_source's order). It also zeroes the GEMM's
 // split counters (n_counters of them).
@@ -908,11 +943,19 @@ cudaError_t run_gemm(const AffineArgs& w, bool fp8, const float* x, void* scratc
                uint32_t(kTileK * w.bits / 8), kRows, CU_TENSOR_MAP_SWIZZLE_NONE);
   if (!mapped) return cudaErrorInvalidValue;
   const dim3 grid(unsigned((T + n - 1) / n), unsigned((w.out + kRows - 1) / kRows), unsigned(plan.splits));
-  if (fp8) return launch_gemm_kernel<8, 128, __nv_fp8_e4m3, false>(n, grid, p, stream);
-  const cudaError_t dispatch = visit_gemm(w, [&]<int kBits, int kGroup, typename S>() {
-    status = launch_gemm_kernel<kBits, kGroup, S, false>(n, grid, p, stream);
-  });
-  return dispatch != cudaSuccess ? dispatch : status;
+  p.sum_apart = plan.splits > 2 && split_sum_kernel_enabled();
+  if (fp8) {
+    status = launch_gemm_kernel<8, 128, __nv_fp8_e4m3, false>(n, grid, p, stream);
+  } else {
+    const cudaError_t dispatch = visit_gemm(w, [&]<int kBits, int kGroup, typename S>() {
+      status = launch_gemm_kernel<kBits, kGroup, S, false>(n, grid, p, stream);
+    });
+    if (dispatch != cudaSuccess) return dispatch;
+  }
+  if (status != cudaSuccess || !p.sum_apart) return status;
+  const int64_t quads = (T * w.out + 3) / 4;
+  return launch_kernel(affine_gemm_sum_splits_kernel, dim3(unsigned((quads + 255) / 256)), dim3(256), 0, stream,
+                       static_cast<const float*>(p.partials), plan.splits, T, w.out, bias, y);
 }
 
 // An FP8 weight as the GEMM takes it: its values as 8-bit codes, its block scales.

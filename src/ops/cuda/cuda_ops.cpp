@@ -639,6 +639,7 @@ void set_launch_settings(const LaunchSettings& settings) {
   mere::cuda::set_tensor_core_fp8_gemm(settings.tensor_core_fp8_gemm);
   mere::cuda::set_grouped_swiglu_epilogue(settings.grouped_swiglu_epilogue);
   mere::cuda::set_formed_gemm_input(settings.formed_gemm_input);
+  mere::cuda::set_split_sum_kernel(settings.split_sum_kernel);
 }
 
 void set_decode_keys(int64_t keys) { mere::cuda::set_decode_keys(keys); }

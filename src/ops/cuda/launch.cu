@@ -4,6 +4,7 @@
 // int16_activation_matvec, sixteen_token_matvec, sixteen_token_experts, tensor_core_fp8_matvec,
 // tensor_core_moe_matvec, routing_in_experts, tensor_core_affine_gemm, tensor_core_affine_moe_gemm,
 // tensor_core_dense_moe_gemm, tensor_core_fp8_gemm, grouped_swiglu_epilogue, formed_gemm_input,
+// split_sum_kernel,
 // rope_in_attention and
 // wide_attention_blocks), the decode step's key count and its promise that the cache rows before its
 // position are final, and device queries.
@@ -34,6 +35,7 @@ bool tensor_core_dense_moe_gemm = false;
 bool tensor_core_fp8_gemm = false;
 bool grouped_swiglu_epilogue = false;
 bool formed_gemm_input = false;
+bool split_sum_kernel = false;
 bool rope_in_attention = false;
 bool wide_attention_blocks = false;
 bool cluster_attention_merge = false;
@@ -103,6 +105,8 @@ bool grouped_swiglu_epilogue_enabled() { return grouped_swiglu_epilogue; }
 void set_grouped_swiglu_epilogue(bool on) { grouped_swiglu_epilogue = on; }
 bool formed_gemm_input_enabled() { return formed_gemm_input; }
 void set_formed_gemm_input(bool on) { formed_gemm_input = on; }
+bool split_sum_kernel_enabled() { return split_sum_kernel; }
+void set_split_sum_kernel(bool on) { split_sum_kernel = on; }
 
 int device_attribute(cudaDeviceAttr attribute) {
   int device = 0, value = 0;

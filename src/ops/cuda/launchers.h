@@ -156,6 +156,11 @@ bool grouped_swiglu_epilogue_enabled();
 // them. Off unless set.
 void set_formed_gemm_input(bool on);
 bool formed_gemm_input_enabled();
+// The dequantizing GEMM's split sums (three splits or more) added by a kernel of
+// their own over every SM (lever split_sum_kernel, affine_gemm.cu); off: the last
+// split of each tile adds them. Off unless set.
+void set_split_sum_kernel(bool on);
+bool split_sum_kernel_enabled();
 
 // y[T, out] = x'[T, in] w[out, in]^T (+ bias[out]), x' the input as `input` forms
 // it; T <= kMaxMatvecTokens, rows 16-byte aligned (in * sizeof(w) % 16 == 0).
