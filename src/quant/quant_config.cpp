@@ -14,14 +14,9 @@ AffineSpec parse_affine(const ConfigJson& c, const std::string& where) {
   return s;
 }
 
-}  // namespace
-
-QuantizationConfig QuantizationConfig::parse(const ConfigJson& config) {
+// The spec config[key] describes: an fp8 quant_method, or MLX affine with per-module overrides.
+QuantizationConfig parse_entry(const ConfigJson& config, const char* key) {
   QuantizationConfig q;
-  const char* key = config.has("quantization") ? "quantization"
-                    : config.has("quantization_config") ? "quantization_config"
-                                                         : nullptr;
-  if (!key) return q;
   ConfigJson c = config.child(key);
   if (c.has("quant_method")) {
     const std::string method = c.require<std::string>("quant_method");
@@ -50,6 +45,41 @@ QuantizationConfig QuantizationConfig::parse(const ConfigJson& config) {
   if (c.has("mode"))
     MERE_CHECK(c.require<std::string>("mode") == "affine", "{}: {}.mode is '{}'; mere runs MLX affine quantization",
                config.path().string(), key, c.require<std::string>("mode"));
+  return q;
+}
+
+std::string describe(const std::optional<AffineSpec>& s) {
+  return s ? fmt::format("{}-bit in groups of {}", s->bits, s->group_size) : std::string("left dense");
+}
+
+// MLX writes its spec twice, as "quantization" and as "quantization_config" (the same
+// object). Two that disagree are inconsistent metadata, not a choice: which one the
+// tensors follow cannot be known from the config, so neither is taken.
+void expect_same_affine_specs(const QuantizationConfig& mlx, const QuantizationConfig& twin,
+                              const std::filesystem::path& path) {
+  auto disagree = [&](const std::string& what, const std::optional<AffineSpec>& a,
+                      const std::optional<AffineSpec>& b) {
+    const bool same = a.has_value() == b.has_value() && (!a || (a->bits == b->bits && a->group_size == b->group_size));
+    MERE_CHECK(same, "{}: quantization and quantization_config disagree on {}: {} against {}", path.string(), what,
+               describe(a), describe(b));
+  };
+  disagree("the default", mlx.affine, twin.affine);
+  for (const auto* q : {&mlx, &twin})
+    for (const auto& listed : q->affine_modules)
+      disagree("module " + listed.first, mlx.affine_for(listed.first), twin.affine_for(listed.first));
+}
+
+}  // namespace
+
+QuantizationConfig QuantizationConfig::parse(const ConfigJson& config) {
+  const bool mlx = config.has("quantization");
+  if (!mlx && !config.has("quantization_config")) return {};
+  QuantizationConfig q = parse_entry(config, mlx ? "quantization" : "quantization_config");
+  // A quantization_config of another quant_method beside MLX's own key is left to
+  // "quantization", as mlx-lm reads it.
+  if (mlx && q.affine && config.has("quantization_config") &&
+      !config.child("quantization_config").has("quant_method"))
+    expect_same_affine_specs(q, parse_entry(config, "quantization_config"), config.path());
   return q;
 }
 

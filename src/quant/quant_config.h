@@ -1,7 +1,8 @@
 // How a checkpoint's weights are quantized, from config.json: MLX's
 // "quantization" (or "quantization_config") {group_size, bits} with per-module
 // overrides, or a "quantization_config" of quant_method "fp8" with block scales.
-// Anything else that claims quantization is an error naming the field.
+// Anything else that claims quantization is an error naming the field, as is an
+// MLX "quantization_config" that disagrees with the "quantization" beside it.
 #pragma once
 
 #include <map>

@@ -56,6 +56,36 @@ TEST(QuantConfig, BadBitsGroupSizeOrModeNameTheFileAndField) {
                {"/models/g/config.json", "quantization_config.quant_method is 'gptq'"});
 }
 
+// MLX writes its spec twice ("quantization" and "quantization_config", the same
+// object); a pair that disagrees is an error naming both keys and what differs.
+TEST(QuantConfig, QuantizationConfigBesideMlxsKeyMustAgreeWithIt) {
+  auto both = [](const json& mlx, const json& twin) {
+    json c = {{"model_type", "qwen3"}, {"quantization", mlx}, {"quantization_config", twin}};
+    return QuantizationConfig::parse(ConfigJson::from_json(c, "/models/q/config.json"));
+  };
+  const json spec = {{"group_size", 64}, {"bits", 4}, {"lm_head", {{"group_size", 32}, {"bits", 8}}}};
+  EXPECT_EQ(both(spec, spec).affine_for("lm_head")->bits, 8);
+  // The same specs written otherwise: a module listed with the default spec, or as true.
+  json listed = spec;
+  listed["model.layers.0.mlp.down_proj"] = true;
+  EXPECT_EQ(both(spec, listed).affine_for("model.layers.0.mlp.down_proj")->bits, 4);
+  // A quantization_config of another method beside MLX's key is left to "quantization".
+  EXPECT_EQ(both(spec, {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}}).affine->bits, 4);
+
+  expect_error([&] { both(spec, {{"group_size", 64}, {"bits", 8}, {"lm_head", {{"group_size", 32}, {"bits", 8}}}}); },
+               {"/models/q/config.json", "quantization and quantization_config disagree on the default",
+                "4-bit in groups of 64 against 8-bit in groups of 64"});
+  expect_error([&] { both(spec, {{"group_size", 64}, {"bits", 4}}); },
+               {"disagree on module lm_head", "8-bit in groups of 32 against 4-bit in groups of 64"});
+  json dense = spec;
+  dense["model.layers.1.mlp.up_proj"] = false;
+  expect_error([&] { both(spec, dense); }, {"disagree on module model.layers.1.mlp.up_proj", "against left dense"});
+  expect_error([&] { both(spec, {{"group_size", 64}, {"bits", 64}}); }, {"quantization_config.bits is 64"});
+  expect_error([&] { both(spec, {{"group_size", 64}, {"bits", 4}, {"lm_head", 100}}); },
+               {"quantization_config.lm_head must be an object or a boolean"});
+  expect_error([&] { both(spec, 5); }, {"quantization_config", "expected an object"});
+}
+
 // A checkpoint directory with one affine module "m" of [8, 64] quantized int4 g32,
 // with `edit` applied to its tensors first.
 std::filesystem::path write_module(const std::string& name,
