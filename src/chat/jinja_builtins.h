@@ -11,16 +11,6 @@
 
 namespace mere::jinja {
 
-// An error that the renderer has not yet placed at a template line.
-struct EvalError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-template <typename... Args>
-[[noreturn]] void eval_fail(fmt::format_string<Args...> format, Args&&... args) {
-  throw EvalError(fmt::format(format, std::forward<Args>(args)...));
-}
-
 bool is_known_filter(const std::string& name);
 bool is_known_test(const std::string& name);
 

@@ -11,6 +11,13 @@
 namespace mere::jinja {
 namespace {
 
+// Bounds on a template's shape, so that parsing, running and freeing it stay well inside
+// the stack whatever the input: blocks and sub-expressions nested (parentheses, `not`,
+// unary signs, statements), and the nodes of one statement's or output's expression (its
+// height: `a + b + ...` nests to the left). Real chat templates stay far inside both.
+constexpr int kMaxNesting = 256;
+constexpr int kMaxExpressionNodes = 2000;
+
 class Parser {
  public:
   Parser(std::vector<Token> tokens, const std::string& origin) : t_(std::move(tokens)), origin_(origin) {}
@@ -59,11 +66,27 @@ class Parser {
     return s;
   }
   ExprPtr make(Expr::Kind kind, int line) {
+    if (++expression_nodes_ > kMaxExpressionNodes)
+      error(fmt::format("an expression of more than {} parts", kMaxExpressionNodes));
     auto e = std::make_unique<Expr>();
     e->kind = kind;
     e->line = line;
     return e;
   }
+
+  // One level of nesting while it lives.
+  class Nested {
+   public:
+    explicit Nested(Parser& p) : p_(p) {
+      if (++p_.nesting_ > kMaxNesting) p_.error(fmt::format("blocks or expressions nested more than {} deep", kMaxNesting));
+    }
+    ~Nested() { --p_.nesting_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+
+   private:
+    Parser& p_;
+  };
 
   // Statements until a block tag named in `ends`; leaves the cursor on that name.
   Body subparse(const std::set<std::string>& ends, int opened_line = 0, const char* opened = nullptr) {
@@ -77,6 +100,7 @@ class Parser {
         body.push_back(std::move(s));
         next();
       } else if (cur().type == Token::var_begin) {
+        expression_nodes_ = 0;
         auto s = std::make_unique<Stmt>();
         s->kind = Stmt::Kind::output;
         s->line = cur().line;
@@ -94,6 +118,7 @@ class Parser {
           fail("{} line {}: '{{% {} %}}' found where the '{{% {} %}}' from line {} is never closed (expected {})",
                origin_, cur().line, cur().text, opened, opened_line, fmt::join(ends, " or "));
         }
+        expression_nodes_ = 0;
         body.push_back(parse_statement());
       } else {
         error(fmt::format("unexpected {}", describe(cur())));
@@ -106,6 +131,7 @@ class Parser {
   }
 
   StmtPtr parse_statement() {
+    Nested nested(*this);
     if (cur().type != Token::name) error(fmt::format("expected a statement name, got {}", describe(cur())));
     auto s = std::make_unique<Stmt>();
     s->line = cur().line;
@@ -236,6 +262,7 @@ class Parser {
   }
 
   ExprPtr parse_expression(bool with_condexpr) {
+    Nested nested(*this);
     ExprPtr e = parse_or();
     if (!with_condexpr) return e;
     while (is_name("if")) {
@@ -275,6 +302,7 @@ class Parser {
   }
 
   ExprPtr parse_not() {
+    Nested nested(*this);
     if (is_name("not")) {
       auto e = make(Expr::Kind::not_, cur().line);
       next();
@@ -367,6 +395,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    Nested nested(*this);
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
       node = make(is_op("-") ? Expr::Kind::neg : Expr::Kind::pos, cur().line);
@@ -567,6 +596,8 @@ class Parser {
   std::vector<Token> t_;
   size_t i_ = 0;
   const std::string& origin_;
+  int nesting_ = 0;            // statements and sub-expressions being parsed
+  int expression_nodes_ = 0;   // nodes made since the statement or output began
 };
 
 }  // namespace

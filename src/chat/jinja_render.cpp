@@ -60,6 +60,10 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     const Value *seq = &a, *n = &b;
     if (b.is_string() || b.is_list()) std::swap(seq, n);
     if ((seq->is_string() || seq->is_list()) && (n->is_int() || n->is_bool())) {
+      const size_t unit = seq->is_string() ? seq->as_string().size() : seq->as_list().size();
+      if (n->as_int() > 0 && unit > 0 &&
+          uint64_t(n->as_int()) > (seq->is_string() ? kMaxStringBytes : kMaxListItems) / unit)
+        eval_fail("{} repeated {} times is longer than a template may build", seq->type_name(), n->as_int());
       if (seq->is_string()) {
         std::string s;
         for (int64_t i = 0; i < n->as_int(); ++i) s += seq->as_string();
@@ -120,6 +124,20 @@ bool compare(const std::string& op, const Value& a, const Value& b) {
   return !contains(b, a);  // not in
 }
 
+// The template's output and its string concatenations grow piece by piece; each stays
+// within kMaxStringBytes as it grows.
+void append(std::string& out, std::string_view part) {
+  if (part.size() > kMaxStringBytes - out.size())
+    eval_fail("the text grew past {} MiB, more than a template may build", kMaxStringBytes >> 20);
+  out += part;
+}
+
+// Recursion and work inside one render: each statement and expression entered counts one
+// level (so nesting, however written, and a macro that calls itself without end are both
+// bounded well inside the stack), and loop iterations count against one budget.
+constexpr int kMaxRenderDepth = 1000;
+constexpr int64_t kMaxLoopIterations = 10'000'000;
+
 class Renderer {
  public:
   Renderer(const std::string& origin, const RenderOptions& options) : origin_(origin), options_(options) {}
@@ -129,9 +147,9 @@ class Renderer {
       auto ns = std::make_shared<Namespace>();
       for (const Value& p : args.positional) {
         if (!p.is_dict()) eval_fail("namespace() takes keyword arguments or a dict");
-        for (const auto& [k, v] : p.as_dict().items) ns->attrs.set(k, v);
+        for (const auto& [k, v] : p.as_dict().items) ns->set(k, v);
       }
-      for (auto& [k, v] : args.keyword) ns->attrs.set(k, v);
+      for (auto& [k, v] : args.keyword) ns->set(k, v);
       return Value(ns);
     });
     root.vars["raise_exception"] = callable("raise_exception", [](CallArgs& args) -> Value {
@@ -182,10 +200,37 @@ class Renderer {
 
   [[noreturn]] void located(int line, const std::string& msg) const { fail("{} line {}: {}", origin_, line, msg); }
 
+  // Counts one level of the render's recursion while it lives.
+  class Level {
+   public:
+    Level(int& depth, int line, const std::string& origin) : depth_(depth) {
+      if (++depth_ > kMaxRenderDepth) {
+        --depth_;
+        fail("{} line {}: the template nests or recurses more than {} levels deep (a macro that calls itself "
+             "without end?)", origin, line, kMaxRenderDepth);
+      }
+    }
+    ~Level() { --depth_; }
+    Level(const Level&) = delete;
+    Level& operator=(const Level&) = delete;
+
+   private:
+    int& depth_;
+  };
+
   Flow exec(const Stmt& s, Scope& scope, std::string& out) {
+    Level level(depth_, s.line, origin_);
+    try {
+      return exec_statement(s, scope, out);
+    } catch (const EvalError& e) {  // a value past its bounds, built outside an expression
+      located(s.line, e.what());
+    }
+  }
+
+  Flow exec_statement(const Stmt& s, Scope& scope, std::string& out) {
     switch (s.kind) {
-      case Stmt::Kind::text: out += s.text; return Flow::normal;
-      case Stmt::Kind::output: out += py_str(eval(*s.expr, scope)); return Flow::normal;
+      case Stmt::Kind::text: append(out, s.text); return Flow::normal;
+      case Stmt::Kind::output: append(out, py_str(eval(*s.expr, scope))); return Flow::normal;
       case Stmt::Kind::if_:
         for (const auto& [cond, body] : s.branches)
           if (eval(*cond, scope).truthy()) return exec(body, scope, out);
@@ -198,7 +243,7 @@ class Renderer {
           if (!ns || !ns->is_namespace())
             located(s.line, fmt::format("set {}.{}: cannot assign an attribute of a non-namespace object",
                                         s.targets[0], s.attr));
-          ns->as_namespace().attrs.set(s.attr, std::move(v));
+          ns->as_namespace().set(s.attr, std::move(v));
         } else {
           assign(s, s.targets, v, scope);
         }
@@ -245,6 +290,7 @@ class Renderer {
     if (s.filter) {
       List kept;
       for (const Value& item : items) {
+        count_iteration(s.line);
         Scope inner{&scope, {}};
         assign(s, s.targets, item, inner);
         if (eval(*s.filter, inner).truthy()) kept.push_back(item);
@@ -253,6 +299,7 @@ class Renderer {
     }
     int64_t n = int64_t(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      count_iteration(s.line);
       Scope inner{&scope, {}};
       assign(s, s.targets, items[size_t(i)], inner);
       Dict loop;
@@ -272,6 +319,11 @@ class Renderer {
     }
     if (n == 0) return exec(s.else_body, scope, out);
     return Flow::normal;
+  }
+
+  void count_iteration(int line) {
+    if (++iterations_ > kMaxLoopIterations)
+      located(line, fmt::format("the template ran more than {} loop iterations", kMaxLoopIterations));
   }
 
   Value make_macro(const Stmt& s, Scope& scope) {
@@ -331,6 +383,7 @@ class Renderer {
   }
 
   Value eval(const Expr& e, Scope& scope) {
+    Level level(depth_, e.line, origin_);
     try {
       return eval_node(e, scope);
     } catch (const EvalError& x) {
@@ -413,7 +466,7 @@ class Renderer {
       }
       case Expr::Kind::concat: {
         std::string s;
-        for (const ExprPtr& a : e.args) s += py_str(eval(*a, scope));
+        for (const ExprPtr& a : e.args) append(s, py_str(eval(*a, scope)));
         return Value(std::move(s));
       }
       case Expr::Kind::compare: {
@@ -442,6 +495,8 @@ class Renderer {
 
   const std::string& origin_;
   const RenderOptions& options_;
+  int depth_ = 0;             // statements and expressions being run
+  int64_t iterations_ = 0;    // loop iterations run
 };
 
 }  // namespace

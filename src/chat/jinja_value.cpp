@@ -23,7 +23,51 @@ void Dict::set(const std::string& key, Value value) {
   items.emplace_back(key, std::move(value));
 }
 
-Value Value::from_json(const nlohmann::ordered_json& j) {
+namespace {
+
+// The depth of a list or dict of these items, within kMaxValueDepth. Bounding it bounds
+// the recursion of printing, comparing and destroying the value.
+int container_depth(int deepest_item) {
+  if (deepest_item >= kMaxValueDepth)
+    eval_fail("lists, dicts and namespaces nested more than {} deep", kMaxValueDepth);
+  return deepest_item + 1;
+}
+
+}  // namespace
+
+void Namespace::set(const std::string& key, Value value) {
+  depth = std::max(depth, container_depth(value.depth()));
+  attrs.set(key, std::move(value));
+}
+
+Value::Value(std::string s) {
+  if (s.size() > kMaxStringBytes)
+    eval_fail("a string of {} bytes is longer than a template may build ({} MiB)", s.size(), kMaxStringBytes >> 20);
+  data_ = std::move(s);
+}
+
+Value::Value(List l) {
+  if (l.size() > kMaxListItems) eval_fail("a list of {} items is longer than a template may build ({})", l.size(), kMaxListItems);
+  int deepest = 0;
+  for (const Value& v : l) deepest = std::max(deepest, v.depth());
+  depth_ = container_depth(deepest);
+  data_ = std::make_shared<const List>(std::move(l));
+}
+
+Value::Value(Dict d) {
+  int deepest = 0;
+  for (const auto& [k, v] : d.items) deepest = std::max(deepest, v.depth());
+  depth_ = container_depth(deepest);
+  data_ = std::make_shared<const Dict>(std::move(d));
+}
+
+namespace {
+
+// The conversion of JSON input, nested at most kMaxValueDepth deep: checked on the way
+// down, since a deeper document would exhaust the stack before any value is built.
+Value from_json_at(const nlohmann::ordered_json& j, int depth) {
+  if ((j.is_array() || j.is_object()) && depth >= kMaxValueDepth)
+    fail("JSON nested more than {} deep cannot be passed to a template", kMaxValueDepth);
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value(nullptr);
     case nlohmann::ordered_json::value_t::boolean: return Value(j.get<bool>());
@@ -37,15 +81,25 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       List l;
       l.reserve(j.size());
-      for (const auto& e : j) l.push_back(from_json(e));
+      for (const auto& e : j) l.push_back(from_json_at(e, depth + 1));
       return Value(std::move(l));
     }
     case nlohmann::ordered_json::value_t::object: {
       Dict d;
-      for (const auto& [k, e] : j.items()) d.items.emplace_back(k, from_json(e));
+      for (const auto& [k, e] : j.items()) d.items.emplace_back(k, from_json_at(e, depth + 1));
       return Value(std::move(d));
     }
     default: fail("JSON value of type {} cannot be passed to a template", j.type_name());
+  }
+}
+
+}  // namespace
+
+Value Value::from_json(const nlohmann::ordered_json& j) {
+  try {
+    return from_json_at(j, 0);
+  } catch (const EvalError& e) {  // a string or list past the bounds
+    fail("JSON passed to a template: {}", e.what());
   }
 }
 
@@ -302,7 +356,22 @@ std::string py_repr(const Value& v) {
     }
     return out + "}";
   }
-  if (v.is_namespace()) return "<Namespace " + py_repr(Value(v.as_namespace().attrs)) + ">";
+  if (v.is_namespace()) {
+    // A namespace may hold itself; Python prints the inner one as {...}.
+    thread_local std::vector<const Namespace*> printing;
+    const Namespace* ns = &v.as_namespace();
+    if (std::find(printing.begin(), printing.end(), ns) != printing.end()) return "<Namespace {...}>";
+    printing.push_back(ns);
+    std::string attrs;
+    try {
+      attrs = py_repr(Value(ns->attrs));
+    } catch (...) {
+      printing.pop_back();
+      throw;
+    }
+    printing.pop_back();
+    return "<Namespace " + attrs + ">";
+  }
   return "<function " + v.as_callable().name + ">";
 }
 

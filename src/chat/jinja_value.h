@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -14,7 +15,26 @@
 #include <variant>
 #include <vector>
 
+#include "core/error.h"
+
 namespace mere::jinja {
+
+// Bounds on what a template builds. A chat template is input like any other (it comes with
+// the checkpoint); past these it is an error, never a crash or an exhausted machine. Real
+// chat templates stay far inside each.
+inline constexpr int kMaxValueDepth = 128;                    // lists, dicts, namespaces in one value
+inline constexpr size_t kMaxStringBytes = size_t(64) << 20;  // one string, and the rendered prompt
+inline constexpr size_t kMaxListItems = size_t(1) << 20;
+
+// An error that the renderer has not yet placed at a template line.
+struct EvalError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <typename... Args>
+[[noreturn]] void eval_fail(fmt::format_string<Args...> format, Args&&... args) {
+  throw EvalError(fmt::format(format, std::forward<Args>(args)...));
+}
 
 class Value;
 using List = std::vector<Value>;
@@ -29,6 +49,8 @@ struct Dict {
 // Jinja's namespace(): the one mutable object (`set ns.x = ...`).
 struct Namespace {
   Dict attrs;
+  int depth = 1;  // 1 + the deepest value it has held (a namespace may hold itself)
+  void set(const std::string& key, Value value);
 };
 
 // What a missing variable, key or attribute evaluates to. Falsy, renders as "", iterates
@@ -61,10 +83,10 @@ class Value {
   Value(int64_t i) : data_(i) {}
   Value(int i) : data_(int64_t(i)) {}
   Value(double d) : data_(d) {}
-  Value(std::string s) : data_(std::move(s)) {}
-  Value(const char* s) : data_(std::string(s)) {}
-  Value(List l) : data_(std::make_shared<const List>(std::move(l))) {}
-  Value(Dict d) : data_(std::make_shared<const Dict>(std::move(d))) {}
+  Value(std::string s);
+  Value(const char* s) : Value(std::string(s)) {}
+  Value(List l);
+  Value(Dict d);
   Value(std::shared_ptr<Namespace> n) : data_(std::move(n)) {}
   Value(std::shared_ptr<Callable> c) : data_(std::move(c)) {}
   static Value undefined(std::string hint) { Value v; v.data_ = Undefined{std::move(hint)}; return v; }
@@ -97,10 +119,13 @@ class Value {
   // Python's type name, for error messages: 'str', 'int', 'NoneType', 'dict', ...
   std::string type_name() const;
   bool truthy() const;
+  // Lists, dicts and namespaces nested in this value, itself included (0 for a scalar).
+  int depth() const { return is_namespace() ? as_namespace().depth : depth_; }
 
  private:
   Data data_;
   bool tuple_ = false;
+  int depth_ = 0;
 };
 
 bool py_equal(const Value& a, const Value& b);

@@ -189,6 +189,9 @@ d)~",
     {"unicode",
      R"~({{ '日本語😀'|length }} {{ '日本語😀'[::-1] }} {{ '日本語😀'[1:3] }} {{ 'ÀÉÎ'|lower }} {{ 'straße'|upper }} {{ 'ünïcödé wörds'.title() }} {{ ' x　'|trim }}|)~",
      R"~(4 😀語本日 本語 àéî STRASSE Ünïcödé Wörds x|)~"},
+    {"namespace_holding_itself",
+     R"~({% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }})~",
+     R"~(<Namespace {'a': 1, 'me': <Namespace {...}>}>)~"},
 };
 
 TEST(Jinja, ConstructsMatchPythonJinja2) {
@@ -240,6 +243,71 @@ TEST(Jinja, RuntimeErrorsNameTheConstructAndLine) {
   EXPECT_NE(err.find("can only concatenate str (not \"list\") to str"), std::string::npos) << err;
   err = error_of("{{ msgs[0].nope.deeper }}");  // Python: 'dict object' has no attribute 'nope'
   EXPECT_NE(err.find("'dict object' has no attribute 'nope'"), std::string::npos) << err;
+}
+
+// A chat template comes with the checkpoint, so it is input like any other: what would
+// exhaust the stack, memory or time is an error naming the template and line. Each of
+// these crashed (stack overflow) or ran without end before the bounds.
+TEST(Jinja, HostileTemplatesAreErrorsNotCrashes) {
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  const int n = 100000;
+  const std::pair<std::string, const char*> cases[] = {
+      {"{{ " + repeat("(", n) + "1" + repeat(")", n) + " }}", "nested more than 256 deep"},
+      {repeat("{% if true %}", n) + "x" + repeat("{% endif %}", n), "nested more than 256 deep"},
+      {"{{ " + repeat("not ", n) + "true }}", "nested more than 256 deep"},
+      {"{{ " + repeat("-", n) + "1 }}", "nested more than 256 deep"},
+      {"{{ 1" + repeat(" + 1", n) + " }}", "an expression of more than 2000 parts"},
+      {"{% macro f(n) %}{{ f(n) }}{% endmacro %}\n{{ f(1) }}", "more than 1000 levels deep"},
+      {"{% for i in range(100000) %}{% for j in range(100000) if false %}{% endfor %}{% endfor %}",
+       "more than 10000000 loop iterations"},
+      {"{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+       "the text grew past 64 MiB"},
+      {"{{ 'x' * 100000000000 }}", "str repeated 100000000000 times"},
+      {"{{ [1] * 100000000000 }}", "list repeated 100000000000 times"},
+      {"{% set ns = namespace(l=[1]) %}{% for i in range(30) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+       "a list of 2097152 items"},
+      {"{% set big = 'x' * 60000000 %}{% for i in range(3) %}{{ big }}{% endfor %}", "the text grew past 64 MiB"},
+      {"{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = [ns.l] %}{% endfor %}",
+       "nested more than 128 deep"},
+      {"{% set ns = namespace(n=none) %}{% for i in range(1000) %}{% set m = namespace(inner=ns.n) %}"
+       "{% set ns.n = m %}{% endfor %}",
+       "nested more than 128 deep"},
+  };
+  for (const auto& [source, message] : cases) {
+    SCOPED_TRACE(source.substr(0, 80));
+    const std::string err = error_of(source);
+    EXPECT_NE(err.find("test.jinja line"), std::string::npos) << err;
+    EXPECT_NE(err.find(message), std::string::npos) << err;
+  }
+  // Input nested past the bound is refused before it is walked.
+  const std::string deep = repeat("[", n) + repeat("]", n);
+  EXPECT_THROW(Value::from_json(nlohmann::ordered_json::parse(deep)), Error);
+}
+
+// The bounds leave room: nesting and recursion that Python Jinja2 3.1 itself still renders
+// (it fails at 80 parentheses, 100 nested blocks, 500 terms and 300 macro calls deep), far
+// past any real chat template's.
+TEST(Jinja, BoundsLeaveRoomForRealTemplates) {
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  EXPECT_EQ(render("{{ " + repeat("(", 60) + "1" + repeat(")", 60) + " }}"), "1");
+  EXPECT_EQ(render(repeat("{% if true %}", 90) + "x" + repeat("{% endif %}", 90)), "x");
+  EXPECT_EQ(render("{{ 0" + repeat(" + 1", 300) + " }}"), "300");
+  EXPECT_EQ(render("{% macro f(k) %}{% if k > 0 %}{{ f(k - 1) }}{% else %}done{% endif %}{% endmacro %}{{ f(150) }}"),
+            "done");
+  EXPECT_EQ(render("{% set ns = namespace(l=[]) %}{% for i in range(100) %}{% set ns.l = [ns.l] %}{% endfor %}"
+                   "{{ ns.l|tojson|length }}"),
+            "202");
+  EXPECT_EQ(render("{{ ('x' * 1000000)|length }}"), "1000000");
+  const std::string nested = repeat("[", 120) + repeat("]", 120);
+  EXPECT_EQ(py_json_dumps(Value::from_json(nlohmann::ordered_json::parse(nested)), {}), nested);
 }
 
 TEST(Jinja, TrailingNewlineAndCrLfAreNormalised) {
