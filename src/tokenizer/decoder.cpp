@@ -221,6 +221,7 @@ std::unique_ptr<Decoder> make_decoder(const Json& j) {
                                             tokenizer_json::get<std::string>(j, "content", where));
   }
   if (type == "Sequence") {
+    tokenizer_json::SequenceLevel level(where);
     std::vector<std::unique_ptr<Decoder>> steps;
     for (const Json& step : tokenizer_json::require(j, "decoders", where))
       steps.push_back(make_decoder(step));

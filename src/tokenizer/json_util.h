@@ -58,4 +58,27 @@ inline PatternSpec pattern_of(const Json& j, std::string_view where) {
   fail("{}: pattern must be {{\"String\": ...}} or {{\"Regex\": ...}}, got {}", where, p.dump());
 }
 
+// A component's Sequence holds components, which may be Sequences. Real tokenizers nest
+// two at most (and Hugging Face's JSON reader stops at 128 levels); a bound keeps a hostile
+// file from exhausting the stack. Counts one level while it lives.
+class SequenceLevel {
+ public:
+  static constexpr int kMaxDepth = 32;
+  explicit SequenceLevel(std::string_view where) {
+    if (++depth() > kMaxDepth) {
+      --depth();
+      fail("{}: Sequences nested more than {} deep", where, kMaxDepth);
+    }
+  }
+  ~SequenceLevel() { --depth(); }
+  SequenceLevel(const SequenceLevel&) = delete;
+  SequenceLevel& operator=(const SequenceLevel&) = delete;
+
+ private:
+  static int& depth() {
+    thread_local int d = 0;
+    return d;
+  }
+};
+
 }  // namespace mere::tokenizer_json

@@ -103,6 +103,7 @@ std::unique_ptr<Normalizer> make_normalizer(const Json& j) {
         tokenizer_json::get<std::string>(j, "prepend", "normalizer Prepend"));
   }
   if (type == "Sequence") {
+    tokenizer_json::SequenceLevel level(where);
     std::vector<std::unique_ptr<Normalizer>> steps;
     for (const Json& step : tokenizer_json::require(j, "normalizers", "normalizer Sequence"))
       steps.push_back(make_normalizer(step));

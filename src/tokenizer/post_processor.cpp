@@ -88,6 +88,7 @@ std::unique_ptr<PostProcessor> make_post_processor(const Json& j) {
                                            std::vector<int32_t>{id_of_pair(j, "sep", where)});
   }
   if (type == "Sequence") {
+    tokenizer_json::SequenceLevel level(where);
     std::vector<std::unique_ptr<PostProcessor>> steps;
     for (const Json& step : tokenizer_json::require(j, "processors", where))
       steps.push_back(make_post_processor(step));

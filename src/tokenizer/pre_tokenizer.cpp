@@ -295,6 +295,7 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j) {
   if (type == "Whitespace") return std::make_unique<WhitespacePreTokenizer>();
   if (type == "WhitespaceSplit") return std::make_unique<WhitespaceSplitPreTokenizer>();
   if (type == "Sequence") {
+    tokenizer_json::SequenceLevel level(where);
     std::vector<std::unique_ptr<PreTokenizer>> steps;
     for (const Json& step : tokenizer_json::require(j, "pretokenizers", where))
       steps.push_back(make_pre_tokenizer(step));

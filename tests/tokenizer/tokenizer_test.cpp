@@ -183,6 +183,37 @@ TEST(TokenizerErrors, NameTheFileAndTheProblem) {
   }
 }
 
+// Sequences of components nest; nested without end they are an error, not a stack overflow
+// (each of the four crashed at 100,000 levels before the bound). A few levels still load.
+TEST(TokenizerErrors, SequencesNestedWithoutEnd) {
+  const std::pair<const char*, const char*> components[] = {
+      {"normalizer", "normalizers"}, {"pre_tokenizer", "pretokenizers"}, {"decoder", "decoders"},
+      {"post_processor", "processors"}};
+  const json leaf = {{"normalizer", {{"type", "NFC"}}},
+                     {"pre_tokenizer", {{"type", "Whitespace"}}},
+                     {"decoder", {{"type", "Fuse"}}},
+                     {"post_processor", {{"type", "ByteLevel"}}}};
+  for (const auto& [component, list] : components) {
+    SCOPED_TRACE(component);
+    auto nested = [&](int levels) {
+      // Built as text: nlohmann's own recursion would not take 100,000 levels of objects.
+      std::string open, close;
+      for (int i = 0; i < levels; ++i) {
+        open += std::string("{\"type\": \"Sequence\", \"") + list + "\": [";
+        close += "]}";
+      }
+      json tok = char_tokenizer(json::array());
+      tok[component] = "@nested@";
+      std::string text = tok.dump();
+      return text.replace(text.find("\"@nested@\""), 10, open + leaf[component].dump() + close);
+    };
+    EXPECT_EQ(load_error(nested(3)), "(no error)");
+    const std::string e = load_error(nested(100000));
+    EXPECT_TRUE(test::contains(e, "tokenizer.json")) << e;
+    EXPECT_TRUE(test::contains(e, "Sequences nested more than 32 deep")) << e;
+  }
+}
+
 TEST(TokenizerErrors, InvalidUtf8Input) {
   Tokenizer tok = Tokenizer::from_json(char_tokenizer(json::array()).dump());
   EXPECT_THROW(tok.encode("ab\xFF"), Error);
