@@ -36,19 +36,11 @@ void decode_on_host(const Model& model, SeqState& state, const std::vector<int32
     if (i == 1) decode_start = Clock::now();
     context.push_back(id);
     ++stats.generated_tokens;
-    if (is_eos(options, id)) {
-      stats.stop_reason = "eos";
-      return;
-    }
-    if (!on_token(id)) {
-      stats.stop_reason = "stop";
-      return;
-    }
-    if (i + 1 == options.max_new_tokens) break;  // the last token needs no forward
-    if (state.length() >= state.capacity()) {
-      stats.stop_reason = "context";
-      return;
-    }
+    if (is_eos(options, id)) stats.stop_reason = "eos";
+    else if (!on_token(id)) stats.stop_reason = "stop";
+    else if (i + 1 == options.max_new_tokens) break;  // the last token needs no forward
+    else if (state.length() >= state.capacity()) stats.stop_reason = "context";
+    if (!stats.stop_reason.empty()) break;  // every way out times the decode
     logits = model.forward({id}, state, false).to_device(Device::cpu);
     ++stats.eager_decode_steps;
   }
