@@ -248,16 +248,18 @@ struct Levers {
   // conversion kernels, nor their f32 tensors. Steps the dequantizing GEMM
   // takes compose. Off: the kernels around the GEMMs; each value formed as
   // they form it and the same sums, so the same bits (the dense family; MoE
-  // steps compose). Measured (H100, the form that also folded the dequantizing
-  // GEMM's steps): Llama-3-8B int4 / int8 pp2048 +7.9% / +7.8%, bf16 pp512
-  // +4.6%. Off by default until this form's GPU tests have run (docs/levers.md).
-  bool formed_gemm_input = false;
+  // steps compose). Default since the sixty-ninth session (H100, one binary):
+  // Llama-3-8B int4 pp512 / pp2048 +5.7% / +7.3%, bf16 +2.7% / +4.6%; the
+  // Qwen3-30B-A3B shape level (docs/levers.md).
+  bool formed_gemm_input = true;
   // The dequantizing GEMM's split sums (three k-ranges or more: Llama-3-8B's
   // o_proj and down_proj at 64-384 tokens or sequences) added by a kernel of
   // their own over every SM, in split order as before (the same bits). Off: the
   // last split of each tile adds them, one block a tile (32 at 256 tokens),
-  // bound by the latency of its reads. Off until measured (docs/levers.md).
-  bool split_sum_kernel = false;
+  // bound by the latency of its reads. Default since the sixty-ninth session
+  // (H100, one binary): Llama-3-8B int4 pp64 / pp256 +5.4% / +6.3%, fp8 +4.1% /
+  // +6.5%, int4 24 / 64 sequences +3.0% / +5.9% (docs/levers.md).
+  bool split_sum_kernel = true;
   // MoE experts' gate and up projections stacked into one matrix per expert at
   // load (replacing the two, not adding a third), so one grouped matmul serves
   // both. Off: measured no faster (Qwen3-30B-A3B shape, H200), bit-identical.

@@ -229,31 +229,16 @@ TEST(Levers, GroupedSwigluEpilogueIsACudaLever) {
                             &Levers::grouped_swiglu_epilogue, &LoadOptions::grouped_swiglu_epilogue);
 }
 
-// A CUDA lever off by default (a candidate): its variable switches it on for
-// CUDA only, and it is named on the lever line and by `mere audit --lever`.
-void expect_candidate_cuda_lever(const char* variable, const std::string& name, bool Levers::*lever,
-                                 bool LoadOptions::*option) {
-  EXPECT_FALSE(Levers{}.*lever);
-  EXPECT_FALSE(Levers{}.load_options(Device::cuda).*option);
-  EXPECT_NE(Levers{}.describe(Device::cuda).find(name + "=off"), std::string::npos);
-  ScopedEnv on(variable, "1");
-  EXPECT_TRUE(Levers::from_env().*lever);
-  EXPECT_TRUE(Levers::from_env().load_options(Device::cuda).*option);
-  EXPECT_FALSE(Levers::from_env().load_options(Device::cpu).*option);
-  const std::vector<std::string> names = engine_lever_names();
-  EXPECT_NE(std::find(names.begin(), names.end(), name), names.end());
+// formed_gemm_input: on by default, a CUDA lever switched by its variable.
+TEST(Levers, FormedGemmInputIsACudaLever) {
+  expect_default_cuda_lever("MERERUN_FORMED_GEMM_INPUT", "formed_gemm_input", &Levers::formed_gemm_input,
+                            &LoadOptions::formed_gemm_input);
 }
 
-// formed_gemm_input: off by default (its final form's GPU tests are pending).
-TEST(Levers, FormedGemmInputIsAnOffByDefaultCudaLever) {
-  expect_candidate_cuda_lever("MERERUN_FORMED_GEMM_INPUT", "formed_gemm_input", &Levers::formed_gemm_input,
-                              &LoadOptions::formed_gemm_input);
-}
-
-// split_sum_kernel: off by default until measured.
-TEST(Levers, SplitSumKernelIsAnOffByDefaultCudaLever) {
-  expect_candidate_cuda_lever("MERERUN_SPLIT_SUM_KERNEL", "split_sum_kernel", &Levers::split_sum_kernel,
-                              &LoadOptions::split_sum_kernel);
+// split_sum_kernel: on by default, a CUDA lever switched by its variable.
+TEST(Levers, SplitSumKernelIsACudaLever) {
+  expect_default_cuda_lever("MERERUN_SPLIT_SUM_KERNEL", "split_sum_kernel", &Levers::split_sum_kernel,
+                            &LoadOptions::split_sum_kernel);
 }
 
 // routing_in_experts: on by default, a CUDA lever switched by its variable, in
