@@ -277,6 +277,7 @@ Value tojson_filter(const Value& v, CallArgs& args) {
   std::vector<Value> b = bind(args, {"ensure_ascii", "indent", "separators", "sort_keys"}, "filter 'tojson'");
   JsonOptions o;
   o.ensure_ascii = b[0].truthy();
+  if (b[1].is_int() && b[1].as_int() > int64_t(kMaxStringBytes)) eval_fail("tojson: indent {} is too wide", b[1].as_int());
   if (b[1].is_int()) o.indent = std::string(size_t(std::max<int64_t>(0, b[1].as_int())), ' ');
   else if (b[1].is_string()) o.indent = b[1].as_string();
   else if (!b[1].is_undefined() && !b[1].is_none()) eval_fail("tojson: indent must be an integer or a string");
@@ -291,18 +292,33 @@ Value tojson_filter(const Value& v, CallArgs& args) {
   }
 }
 
+// int(d) as Jinja2's int filter takes it: NaN and infinities (ValueError, OverflowError)
+// give the fallback; a finite value past 64 bits, which Python would hold, is an error.
+Value float_to_int(double d, const Value& fallback) {
+  if (!std::isfinite(d)) return fallback;
+  const double t = std::trunc(d);
+  if (t < -9223372036854775808.0 || t >= 9223372036854775808.0)
+    eval_fail("integer overflow: int({}) is past 64 bits", py_float_repr(d));
+  return Value(int64_t(t));
+}
+
 Value to_int(const Value& v, const Value& fallback) {
   if (v.is_int() || v.is_bool()) return Value(v.as_int());
-  if (v.is_float()) return Value(int64_t(std::trunc(v.as_float())));
+  if (v.is_float()) return float_to_int(v.as_float(), fallback);
   if (v.is_string()) {
-    std::string s = py_strip(v.as_string(), std::nullopt, true, true);
+    // int(s), else int(float(s)), as Jinja2's int filter tries them.
+    const std::string s = py_strip(v.as_string(), std::nullopt, true, true);
+    size_t used = 0;
     try {
-      size_t used = 0;
-      int64_t i = std::stoll(s, &used);
+      const int64_t i = std::stoll(s, &used);
       if (used == s.size()) return Value(i);
-      double d = std::stod(s, &used);
-      if (used == s.size()) return Value(int64_t(std::trunc(d)));
-    } catch (const std::exception&) {
+    } catch (const std::exception&) {  // not an integer, or past 64 bits: float(s) below decides
+    }
+    try {
+      const double d = std::stod(s, &used);
+      if (used != s.size()) return fallback;
+      return float_to_int(d, fallback);
+    } catch (const std::logic_error&) {  // stod's invalid_argument and out_of_range
     }
   }
   return fallback;
@@ -605,7 +621,10 @@ Value apply_filter(const std::string& name, const Value& v, CallArgs& args) {
   if (name == "abs") {
     bind(args, {}, what);
     if (v.is_float()) return Value(std::fabs(v.as_float()));
-    if (v.is_int() || v.is_bool()) return Value(std::abs(v.as_int()));
+    if (v.is_int() || v.is_bool()) {
+      if (v.as_int() == INT64_MIN) eval_fail("integer overflow: abs({}) is past 64 bits", v.as_int());
+      return Value(std::abs(v.as_int()));
+    }
     eval_fail("bad operand type for abs(): '{}'", v.type_name());
   }
   eval_fail("unsupported construct: filter '{}'", name);

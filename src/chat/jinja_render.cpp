@@ -32,10 +32,37 @@ struct Raised {
 
 enum class Flow { normal, break_, continue_ };
 
+// Templates hold 64-bit integers where Python's grow without bound: a result past 64 bits is
+// an error, never a wrapped value (nor, for INT64_MIN // -1, a trap).
+[[noreturn]] void integer_overflow(const std::string& op, int64_t a, int64_t b) {
+  eval_fail("integer overflow: {} {} {} is past 64 bits", a, op, b);
+}
+
+int64_t checked(const std::string& op, int64_t a, int64_t b) {
+  int64_t r = 0;
+  const bool over = op == "+"   ? __builtin_add_overflow(a, b, &r)
+                    : op == "-" ? __builtin_sub_overflow(a, b, &r)
+                                : __builtin_mul_overflow(a, b, &r);
+  if (over) integer_overflow(op, a, b);
+  return r;
+}
+
 int64_t floor_div(int64_t a, int64_t b) {
+  if (b == -1) return checked("*", a, -1);  // INT64_MIN / -1 traps
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
+}
+
+// a ** b for b >= 0. Where |a| >= 2 the loop overflows within 63 steps, so a huge exponent
+// ends quickly.
+int64_t checked_pow(int64_t a, int64_t b) {
+  if (a == 0 || a == 1) return b == 0 ? 1 : a;
+  if (a == -1) return b % 2 ? -1 : 1;
+  int64_t r = 1;
+  for (int64_t i = 0; i < b; ++i)
+    if (__builtin_mul_overflow(r, a, &r)) integer_overflow("**", a, b);
+  return r;
 }
 
 Value arithmetic(const std::string& op, const Value& a, const Value& b) {
@@ -44,7 +71,7 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   bool nums = a.is_number() && b.is_number();
   bool floats = nums && (a.is_float() || b.is_float());
   if (op == "+") {
-    if (nums) return floats ? Value(a.as_float() + b.as_float()) : Value(a.as_int() + b.as_int());
+    if (nums) return floats ? Value(a.as_float() + b.as_float()) : Value(checked("+", a.as_int(), b.as_int()));
     if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
     if (a.is_list() && b.is_list()) {
       List l = a.as_list();
@@ -54,9 +81,9 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     if (a.is_string() || a.is_list())
       eval_fail("can only concatenate {} (not \"{}\") to {}", a.type_name(), b.type_name(), a.type_name());
   } else if (op == "-" && nums) {
-    return floats ? Value(a.as_float() - b.as_float()) : Value(a.as_int() - b.as_int());
+    return floats ? Value(a.as_float() - b.as_float()) : Value(checked("-", a.as_int(), b.as_int()));
   } else if (op == "*") {
-    if (nums) return floats ? Value(a.as_float() * b.as_float()) : Value(a.as_int() * b.as_int());
+    if (nums) return floats ? Value(a.as_float() * b.as_float()) : Value(checked("*", a.as_int(), b.as_int()));
     const Value *seq = &a, *n = &b;
     if (b.is_string() || b.is_list()) std::swap(seq, n);
     if ((seq->is_string() || seq->is_list()) && (n->is_int() || n->is_bool())) {
@@ -79,17 +106,14 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   } else if ((op == "//" || op == "%") && nums) {
     if (b.as_float() == 0) eval_fail("integer division or modulo by zero");
     if (!floats) {
+      if (op == "%" && b.as_int() == -1) return Value(int64_t(0));
       int64_t q = floor_div(a.as_int(), b.as_int());
       return op == "//" ? Value(q) : Value(a.as_int() - q * b.as_int());
     }
     double q = std::floor(a.as_float() / b.as_float());
     return op == "//" ? Value(q) : Value(a.as_float() - q * b.as_float());
   } else if (op == "**" && nums) {
-    if (!floats && b.as_int() >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < b.as_int(); ++i) r *= a.as_int();
-      return Value(r);
-    }
+    if (!floats && b.as_int() >= 0) return Value(checked_pow(a.as_int(), b.as_int()));
     return Value(std::pow(a.as_float(), b.as_float()));
   } else if (op == "%" && a.is_string()) {
     eval_fail("unsupported construct: printf-style '%' string formatting");
@@ -178,9 +202,13 @@ class Renderer {
       if (a.empty() || a.size() > 3 || !args.keyword.empty()) eval_fail("range() takes 1 to 3 integers");
       int64_t start = a.size() > 1 ? a[0] : 0, stop = a.size() > 1 ? a[1] : a[0], step = a.size() > 2 ? a[2] : 1;
       if (step == 0) eval_fail("range() arg 3 must not be zero");
-      if ((stop - start) / step > 100000) eval_fail("range() is too long");
+      // The count in 128 bits, so that no bound or step wraps around (jinja2's sandbox
+      // refuses ranges past 100,000 items).
+      const __int128 span = step > 0 ? __int128(stop) - start : __int128(start) - stop;
+      const __int128 count = span <= 0 ? 0 : (span - 1) / (step > 0 ? __int128(step) : -__int128(step)) + 1;
+      if (count > 100000) eval_fail("range() is too long");
       List l;
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) l.push_back(Value(i));
+      for (int64_t k = 0; k < int64_t(count); ++k) l.push_back(Value(int64_t(start + __int128(k) * step)));
       return Value(std::move(l));
     });
   }
@@ -458,7 +486,7 @@ class Renderer {
         require_defined(v);
         if (!v.is_number()) eval_fail("bad operand type for unary {}: '{}'", e.kind == Expr::Kind::neg ? '-' : '+', v.type_name());
         if (e.kind == Expr::Kind::pos) return v.is_float() ? v : Value(v.as_int());
-        return v.is_float() ? Value(-v.as_float()) : Value(-v.as_int());
+        return v.is_float() ? Value(-v.as_float()) : Value(checked("-", 0, v.as_int()));
       }
       case Expr::Kind::binary: {
         Value a = eval(*e.a, scope);

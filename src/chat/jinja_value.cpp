@@ -33,6 +33,13 @@ int container_depth(int deepest_item) {
   return deepest_item + 1;
 }
 
+// Printing a value (str, repr, tojson) can multiply its size: a list of many references to
+// one long string. Each printer checks its output as it grows.
+void check_printed(const std::string& out) {
+  if (out.size() > kMaxStringBytes)
+    eval_fail("a printed value grew past {} MiB, more than a template may build", kMaxStringBytes >> 20);
+}
+
 }  // namespace
 
 void Namespace::set(const std::string& key, Value value) {
@@ -43,7 +50,7 @@ void Namespace::set(const std::string& key, Value value) {
 Value::Value(std::string s) {
   if (s.size() > kMaxStringBytes)
     eval_fail("a string of {} bytes is longer than a template may build ({} MiB)", s.size(), kMaxStringBytes >> 20);
-  data_ = std::move(s);
+  data_ = std::make_shared<const std::string>(std::move(s));
 }
 
 Value::Value(List l) {
@@ -276,9 +283,11 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
 
 void json_dump(std::string& out, const Value& v, const JsonOptions& o, const std::string& item_sep,
                const std::string& key_sep, int level) {
+  check_printed(out);
   auto newline = [&](int l) {
     out += '\n';
     for (int k = 0; k < l; ++k) out += *o.indent;
+    check_printed(out);
   };
   if (v.is_none()) out += "null";
   else if (v.is_bool()) out += v.as_bool() ? "true" : "false";
@@ -343,7 +352,10 @@ std::string py_repr(const Value& v) {
   if (v.is_list()) {
     const List& l = v.as_list();
     std::string out = v.is_tuple() ? "(" : "[";
-    for (size_t i = 0; i < l.size(); ++i) out += (i ? ", " : "") + py_repr(l[i]);
+    for (size_t i = 0; i < l.size(); ++i) {
+      out += (i ? ", " : "") + py_repr(l[i]);
+      check_printed(out);
+    }
     if (v.is_tuple()) return out + (l.size() == 1 ? ",)" : ")");
     return out + "]";
   }
@@ -352,6 +364,7 @@ std::string py_repr(const Value& v) {
     bool first = true;
     for (const auto& [k, e] : v.as_dict().items) {
       out += (first ? "" : ", ") + repr_string(k) + ": " + py_repr(e);
+      check_printed(out);
       first = false;
     }
     return out + "}";

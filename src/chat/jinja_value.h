@@ -72,9 +72,12 @@ struct Callable {
 
 class Value {
  public:
+  // Strings, lists and dicts are immutable once built, so copies share them: a list of many
+  // references to one long string costs a pointer an item, as in Python.
+  using StringPtr = std::shared_ptr<const std::string>;
   using ListPtr = std::shared_ptr<const List>;
   using DictPtr = std::shared_ptr<const Dict>;
-  using Data = std::variant<Undefined, std::nullptr_t, bool, int64_t, double, std::string, ListPtr, DictPtr,
+  using Data = std::variant<Undefined, std::nullptr_t, bool, int64_t, double, StringPtr, ListPtr, DictPtr,
                             std::shared_ptr<Namespace>, std::shared_ptr<Callable>>;
 
   Value() : data_(Undefined{}) {}
@@ -99,7 +102,7 @@ class Value {
   bool is_int() const { return std::holds_alternative<int64_t>(data_); }
   bool is_float() const { return std::holds_alternative<double>(data_); }
   bool is_number() const { return is_int() || is_float() || is_bool(); }  // Python: bool is an int
-  bool is_string() const { return std::holds_alternative<std::string>(data_); }
+  bool is_string() const { return std::holds_alternative<StringPtr>(data_); }
   bool is_list() const { return std::holds_alternative<ListPtr>(data_); }
   bool is_dict() const { return std::holds_alternative<DictPtr>(data_); }
   bool is_namespace() const { return std::holds_alternative<std::shared_ptr<Namespace>>(data_); }
@@ -110,7 +113,7 @@ class Value {
   bool as_bool() const { return std::get<bool>(data_); }
   int64_t as_int() const { return is_bool() ? int64_t(as_bool()) : std::get<int64_t>(data_); }
   double as_float() const { return is_float() ? std::get<double>(data_) : double(as_int()); }
-  const std::string& as_string() const { return std::get<std::string>(data_); }
+  const std::string& as_string() const { return *std::get<StringPtr>(data_); }
   const List& as_list() const { return *std::get<ListPtr>(data_); }
   const Dict& as_dict() const { return *std::get<DictPtr>(data_); }
   Namespace& as_namespace() const { return *std::get<std::shared_ptr<Namespace>>(data_); }

@@ -189,6 +189,9 @@ d)~",
     {"unicode",
      R"~({{ '日本語😀'|length }} {{ '日本語😀'[::-1] }} {{ '日本語😀'[1:3] }} {{ 'ÀÉÎ'|lower }} {{ 'straße'|upper }} {{ 'ünïcödé wörds'.title() }} {{ ' x　'|trim }}|)~",
      R"~(4 😀語本日 本語 àéî STRASSE Ünïcödé Wörds x|)~"},
+    {"integers_at_64_bits",
+     R"~({{ (-2) ** 63 }} {{ (-1) ** 100000000000001 }} {{ (-9223372036854775807 - 1) % -1 }} {{ "nan"|float|int }} {{ "inf"|int }} {{ "4.7"|int }} {{ range(0, 9223372036854775807, 4611686018427387904)|list }} {{ range(9223372036854775806, 9223372036854775807, 1000)|list }} {{ range(5, -5, -4)|list }} {{ 0 ** 0 }} {{ 7 // -2 }} {{ -7 % 3 }})~",
+     R"~(-9223372036854775808 -1 0 0 0 4 [0, 4611686018427387904] [9223372036854775806] [5, 1, -3] 1 -4 2)~"},
     {"namespace_holding_itself",
      R"~({% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }})~",
      R"~(<Namespace {'a': 1, 'me': <Namespace {...}>}>)~"},
@@ -279,6 +282,25 @@ TEST(Jinja, HostileTemplatesAreErrorsNotCrashes) {
   };
   for (const auto& [source, message] : cases) {
     SCOPED_TRACE(source.substr(0, 80));
+    const std::string err = error_of(source);
+    EXPECT_NE(err.find("test.jinja line"), std::string::npos) << err;
+    EXPECT_NE(err.find(message), std::string::npos) << err;
+  }
+  // Integers past 64 bits, which Python holds as big integers: errors, never a wrapped value,
+  // a trap (INT64_MIN // -1 was SIGFPE) or a loop without end (2 ** 10**14, a range whose
+  // bounds wrapped).
+  const std::pair<std::string, const char*> integers[] = {
+      {"{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow"},
+      {"{{ 9223372036854775807 + 1 }}", "integer overflow: 9223372036854775807 + 1 is past 64 bits"},
+      {"{{ (-9223372036854775807 - 1) * -1 }}", "integer overflow"},
+      {"{{ -(-9223372036854775807 - 1) }}", "integer overflow"},
+      {"{{ 2 ** 100000000000000 }}", "integer overflow: 2 ** 100000000000000"},
+      {"{{ (-9223372036854775807 - 1) | abs }}", "integer overflow"},
+      {"{{ '99999999999999999999' | int }}", "integer overflow"},
+      {"{{ range(-9223372036854775807 - 1, 9223372036854775807) | length }}", "range() is too long"},
+  };
+  for (const auto& [source, message] : integers) {
+    SCOPED_TRACE(source);
     const std::string err = error_of(source);
     EXPECT_NE(err.find("test.jinja line"), std::string::npos) << err;
     EXPECT_NE(err.find(message), std::string::npos) << err;
