@@ -78,7 +78,10 @@ class Parser {
   class Nested {
    public:
     explicit Nested(Parser& p) : p_(p) {
-      if (++p_.nesting_ > kMaxNesting) p_.error(fmt::format("blocks or expressions nested more than {} deep", kMaxNesting));
+      if (++p_.nesting_ > kMaxNesting) {
+        --p_.nesting_;
+        p_.error(fmt::format("blocks or expressions nested more than {} deep", kMaxNesting));
+      }
     }
     ~Nested() { --p_.nesting_; }
     Nested(const Nested&) = delete;

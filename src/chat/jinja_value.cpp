@@ -286,8 +286,10 @@ void json_dump(std::string& out, const Value& v, const JsonOptions& o, const std
   check_printed(out);
   auto newline = [&](int l) {
     out += '\n';
-    for (int k = 0; k < l; ++k) out += *o.indent;
-    check_printed(out);
+    for (int k = 0; k < l; ++k) {
+      out += *o.indent;
+      check_printed(out);
+    }
   };
   if (v.is_none()) out += "null";
   else if (v.is_bool()) out += v.as_bool() ? "true" : "false";

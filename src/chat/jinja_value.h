@@ -26,9 +26,10 @@ inline constexpr int kMaxValueDepth = 128;                    // lists, dicts, n
 inline constexpr size_t kMaxStringBytes = size_t(64) << 20;  // one string, and the rendered prompt
 inline constexpr size_t kMaxListItems = size_t(1) << 20;
 
-// An error that the renderer has not yet placed at a template line.
-struct EvalError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+// An error that the renderer has not yet placed at a template line (a mere::Error still,
+// so that one escaping a render is reported like any bad input).
+struct EvalError : Error {
+  using Error::Error;
 };
 
 template <typename... Args>
