@@ -231,23 +231,23 @@ class Renderer {
   // Counts one level of the render's recursion while it lives.
   class Level {
    public:
-    Level(int& depth, int line, const std::string& origin) : depth_(depth) {
-      if (++depth_ > kMaxRenderDepth) {
-        --depth_;
-        fail("{} line {}: the template nests or recurses more than {} levels deep (a macro that calls itself "
-             "without end?)", origin, line, kMaxRenderDepth);
+    Level(Renderer& r, int line) : r_(r) {
+      if (++r_.depth_ > kMaxRenderDepth) {
+        --r_.depth_;
+        r_.located(line, fmt::format("the template nests or recurses more than {} levels deep (a macro that "
+                                     "calls itself without end?)", kMaxRenderDepth));
       }
     }
-    ~Level() { --depth_; }
+    ~Level() { --r_.depth_; }
     Level(const Level&) = delete;
     Level& operator=(const Level&) = delete;
 
    private:
-    int& depth_;
+    Renderer& r_;
   };
 
   Flow exec(const Stmt& s, Scope& scope, std::string& out) {
-    Level level(depth_, s.line, origin_);
+    Level level(*this, s.line);
     try {
       return exec_statement(s, scope, out);
     } catch (const EvalError& e) {  // a value past its bounds, built outside an expression
@@ -411,7 +411,7 @@ class Renderer {
   }
 
   Value eval(const Expr& e, Scope& scope) {
-    Level level(depth_, e.line, origin_);
+    Level level(*this, e.line);
     try {
       return eval_node(e, scope);
     } catch (const EvalError& x) {
