@@ -1,6 +1,7 @@
 #include "audit/byte_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "core/error.h"
@@ -9,7 +10,30 @@
 namespace mere {
 namespace {
 
-constexpr uint64_t kBiasBytes = 4;  // mere holds biases as f32
+constexpr double kBiasBytes = 4;  // mere holds biases as f32
+
+// Bytes are counted in doubles, exact up to 2^53 (9 PB a token, far past any model), so
+// that a config with absurd sizes gives an error rather than wrapped uint64 totals.
+constexpr double kMostBytesCounted = 9007199254740992.0;  // 2^53
+// Layers are counted one by one; past this a config is an error, not a long loop.
+constexpr int64_t kMostLayers = 1 << 16;
+
+// A size the byte model multiplies: positive, and at most 2^30, so that a product of two
+// (q_dim = heads x head_dim) stays inside int64.
+int64_t size_field(const ConfigJson& c, const std::string& key, int64_t value) {
+  MERE_CHECK(value > 0 && value <= (int64_t(1) << 30), "{}: {} {}: must be positive and at most 2^30",
+             c.path().string(), key, value);
+  return value;
+}
+int64_t required_size(const ConfigJson& c, const std::string& key) {
+  return size_field(c, key, c.require<int64_t>(key));
+}
+int64_t layer_count(const ConfigJson& c) {
+  const int64_t n = c.require<int64_t>("num_hidden_layers");
+  MERE_CHECK(n > 0 && n <= kMostLayers, "{}: num_hidden_layers {}: the byte model takes 1 to {}", c.path().string(),
+             n, kMostLayers);
+  return n;
+}
 
 // What a matrix is for: FP8 checkpoints keep the embedding, lm_head and routers dense.
 enum class Role { embedding, lm_head, router, block };
@@ -52,22 +76,22 @@ class WeightBytes {
     dense_ = dense_name_ == "f32" ? 4 : 2;
   }
 
-  uint64_t matrix(const std::string& module, int64_t out, int64_t in, Role role) const {
-    const uint64_t o = uint64_t(out), i = uint64_t(in);
+  double matrix(const std::string& module, int64_t out, int64_t in, Role role) const {
+    const double o = double(out), i = double(in);
     if (quant_.fp8_block > 0) {
       const bool kept = role != Role::block ||
                         std::any_of(not_converted_.begin(), not_converted_.end(),
                                     [&](const std::string& m) { return module.find(m) != std::string::npos; });
-      if (kept) return o * i * uint64_t(dense_);
-      const uint64_t b = uint64_t(quant_.fp8_block);
-      return o * i + ((o + b - 1) / b) * ((i + b - 1) / b) * 4;  // E4M3 values, f32 block scales
+      if (kept) return o * i * dense_;
+      const int64_t b = quant_.fp8_block;
+      return o * i + double((out + b - 1) / b) * double((in + b - 1) / b) * 4;  // E4M3 values, f32 block scales
     }
     const std::optional<AffineSpec> spec = override_ ? quant_.affine : quant_.affine_for(module);
     if (spec && in % spec->group_size == 0)  // MLX (and mere quantize) leave other matrices dense
-      return o * i * uint64_t(spec->bits) / 8 + 2 * o * (i / uint64_t(spec->group_size)) * uint64_t(dense_);
-    return o * i * uint64_t(dense_);
+      return std::floor(o * i * spec->bits / 8) + 2 * o * double(in / spec->group_size) * dense_;
+    return o * i * dense_;
   }
-  uint64_t vector(int64_t n) const { return uint64_t(n) * uint64_t(dense_); }  // norms
+  double vector(int64_t n) const { return double(n) * dense_; }  // norms
 
   std::string describe() const {
     if (quant_.fp8_block > 0) return fmt::format("fp8 e4m3 {0}x{0}", quant_.fp8_block);
@@ -87,11 +111,11 @@ class WeightBytes {
 };
 
 struct Buckets {
-  uint64_t embedding_row = 0, attention = 0, dense_mlp = 0, routed_experts = 0, shared_experts = 0, routers = 0,
+  double embedding_row = 0, attention = 0, dense_mlp = 0, routed_experts = 0, shared_experts = 0, routers = 0,
            norms = 0, lm_head = 0, cache = 0;
 };
 
-uint64_t gated_mlp(const WeightBytes& w, const std::string& p, int64_t d_model, int64_t d_ff) {
+double gated_mlp(const WeightBytes& w, const std::string& p, int64_t d_model, int64_t d_ff) {
   return w.matrix(p + "gate_proj", d_ff, d_model, Role::block) + w.matrix(p + "up_proj", d_ff, d_model, Role::block) +
          w.matrix(p + "down_proj", d_model, d_ff, Role::block);
 }
@@ -101,15 +125,13 @@ std::string layer_prefix(int l) { return "model.layers." + std::to_string(l) + "
 // Llama, Qwen2, Qwen3 and Qwen3-MoE share attention (GQA, optional biases, Qwen3's q/k norm).
 void count_gqa(const ConfigJson& c, const WeightBytes& w, const ByteModelOptions& o, ByteModel& m, Buckets& b) {
   const std::string type = m.model_type;
-  const int64_t d = c.require<int64_t>("hidden_size");
-  const int64_t n_layers = c.require<int64_t>("num_hidden_layers");
-  const int64_t n_heads = c.require<int64_t>("num_attention_heads");
-  const int64_t n_kv = c.get<int64_t>("num_key_value_heads", n_heads);
-  const int64_t head_dim = c.get<int64_t>("head_dim", d / n_heads);
-  const int64_t vocab = c.require<int64_t>("vocab_size");
+  const int64_t d = required_size(c, "hidden_size");
+  const int64_t n_layers = layer_count(c);
+  const int64_t n_heads = required_size(c, "num_attention_heads");
+  const int64_t n_kv = size_field(c, "num_key_value_heads", c.get<int64_t>("num_key_value_heads", n_heads));
+  const int64_t head_dim = size_field(c, "head_dim", c.get<int64_t>("head_dim", d / n_heads));
+  const int64_t vocab = required_size(c, "vocab_size");
   const int64_t q_dim = n_heads * head_dim, kv_dim = n_kv * head_dim;
-  MERE_CHECK(d > 0 && n_layers > 0 && n_heads > 0 && n_kv > 0 && head_dim > 0 && vocab > 0,
-             "{}: sizes must be positive", c.path().string());
   // As LlamaConfig::parse reads them.
   const bool qkv_bias = type == "qwen2" || c.get<bool>("attention_bias", false);
   const bool o_bias = type != "qwen2" && c.get<bool>("attention_bias", false);
@@ -120,8 +142,9 @@ void count_gqa(const ConfigJson& c, const WeightBytes& w, const ByteModelOptions
   // Published configs say num_experts; transformers 5 writes its alias num_local_experts.
   const int64_t n_experts =
       type != "qwen3_moe" ? 0 : c.has("num_experts") ? c.get<int64_t>("num_experts", 0) : c.get<int64_t>("num_local_experts", 0);
-  const int64_t k_experts = n_experts > 0 ? c.require<int64_t>("num_experts_per_tok") : 0;
-  const int64_t moe_ff = n_experts > 0 ? c.require<int64_t>("moe_intermediate_size") : 0;
+  if (n_experts != 0) size_field(c, "num_experts", n_experts);
+  const int64_t k_experts = n_experts > 0 ? required_size(c, "num_experts_per_tok") : 0;
+  const int64_t moe_ff = n_experts > 0 ? required_size(c, "moe_intermediate_size") : 0;
   const int64_t step = c.get<int64_t>("decoder_sparse_step", 1);
   const std::vector<int> mlp_only = c.get<std::vector<int>>("mlp_only_layers", {});
   MERE_CHECK(step >= 1, "{}: decoder_sparse_step must be at least 1, got {}", c.path().string(), step);
@@ -136,8 +159,8 @@ void count_gqa(const ConfigJson& c, const WeightBytes& w, const ByteModelOptions
     const std::string p = layer_prefix(l), a = p + "self_attn.";
     b.attention += w.matrix(a + "q_proj", q_dim, d, Role::block) + w.matrix(a + "k_proj", kv_dim, d, Role::block) +
                    w.matrix(a + "v_proj", kv_dim, d, Role::block) + w.matrix(a + "o_proj", d, q_dim, Role::block);
-    if (qkv_bias) b.attention += uint64_t(q_dim + 2 * kv_dim) * kBiasBytes;
-    if (o_bias) b.attention += uint64_t(d) * kBiasBytes;
+    if (qkv_bias) b.attention += double(q_dim + 2 * kv_dim) * kBiasBytes;
+    if (o_bias) b.attention += double(d) * kBiasBytes;
     b.norms += 2 * w.vector(d) + (qk_norm ? 2 * w.vector(head_dim) : 0);
     const bool sparse = n_experts > 0 && (l + 1) % step == 0 &&
                         std::find(mlp_only.begin(), mlp_only.end(), l) == mlp_only.end();
@@ -145,14 +168,14 @@ void count_gqa(const ConfigJson& c, const WeightBytes& w, const ByteModelOptions
       ++m.n_sparse_layers;
       b.routers += w.matrix(p + "mlp.gate", n_experts, d, Role::router);
       // Only the k experts the router picks are read. (MLX stores them stacked as switch_mlp.)
-      b.routed_experts += uint64_t(k_experts) * gated_mlp(w, p + "mlp.switch_mlp.", d, moe_ff);
+      b.routed_experts += double(k_experts) * gated_mlp(w, p + "mlp.switch_mlp.", d, moe_ff);
     } else {
-      const int64_t d_ff = c.require<int64_t>("intermediate_size");
+      const int64_t d_ff = required_size(c, "intermediate_size");
       b.dense_mlp += gated_mlp(w, p + "mlp.", d, d_ff);
-      if (mlp_bias) b.dense_mlp += uint64_t(2 * d_ff + d) * kBiasBytes;
+      if (mlp_bias) b.dense_mlp += double(2 * d_ff + d) * kBiasBytes;
     }
   }
-  b.cache = uint64_t(o.context) * 2 * uint64_t(n_layers) * kv_row_bytes(n_kv, head_dim, o.kv_mode, o.device);
+  b.cache = double(o.context) * 2 * double(n_layers) * double(kv_row_bytes(n_kv, head_dim, o.kv_mode, o.device));
   if (n_experts > 0)
     m.notes.push_back(fmt::format("{} of {} experts active per token in {} sparse layer(s)", k_experts, n_experts,
                                   m.n_sparse_layers));
@@ -162,18 +185,21 @@ void count_gqa(const ConfigJson& c, const WeightBytes& w, const ByteModelOptions
 // latent of kv_lora_rank + qk_rope_head_dim per position, routed + shared experts.
 // Reference: transformers modeling_deepseek_v3.py (DeepseekV3Attention, DeepseekV3MoE).
 void count_mla(const ConfigJson& c, const WeightBytes& w, const ByteModelOptions& o, ByteModel& m, Buckets& b) {
-  const int64_t d = c.require<int64_t>("hidden_size");
-  const int64_t n_layers = c.require<int64_t>("num_hidden_layers");
-  const int64_t n_heads = c.require<int64_t>("num_attention_heads");
-  const int64_t vocab = c.require<int64_t>("vocab_size");
+  const int64_t d = required_size(c, "hidden_size");
+  const int64_t n_layers = layer_count(c);
+  const int64_t n_heads = required_size(c, "num_attention_heads");
+  const int64_t vocab = required_size(c, "vocab_size");
   const int64_t q_lora = c.get<int64_t>("q_lora_rank", 0);
-  const int64_t kv_lora = c.require<int64_t>("kv_lora_rank");
-  const int64_t nope = c.require<int64_t>("qk_nope_head_dim"), rope = c.require<int64_t>("qk_rope_head_dim");
-  const int64_t v_dim = c.require<int64_t>("v_head_dim");
+  if (q_lora != 0) size_field(c, "q_lora_rank", q_lora);
+  const int64_t kv_lora = required_size(c, "kv_lora_rank");
+  const int64_t nope = required_size(c, "qk_nope_head_dim"), rope = required_size(c, "qk_rope_head_dim");
+  const int64_t v_dim = required_size(c, "v_head_dim");
   const int64_t n_routed = c.get<int64_t>("n_routed_experts", 0);
   const int64_t n_shared = c.get<int64_t>("n_shared_experts", 0);
-  const int64_t k_experts = n_routed > 0 ? c.require<int64_t>("num_experts_per_tok") : 0;
-  const int64_t moe_ff = n_routed > 0 ? c.require<int64_t>("moe_intermediate_size") : 0;
+  if (n_routed != 0) size_field(c, "n_routed_experts", n_routed);
+  if (n_shared != 0) size_field(c, "n_shared_experts", n_shared);
+  const int64_t k_experts = n_routed > 0 ? required_size(c, "num_experts_per_tok") : 0;
+  const int64_t moe_ff = n_routed > 0 ? required_size(c, "moe_intermediate_size") : 0;
   const int64_t first_dense = c.get<int64_t>("first_k_dense_replace", 0);
   const int64_t freq = c.get<int64_t>("moe_layer_freq", 1);
   const bool score_bias = c.get<std::string>("topk_method", "noaux_tc") == "noaux_tc";
@@ -202,14 +228,14 @@ void count_mla(const ConfigJson& c, const WeightBytes& w, const ByteModelOptions
     const bool sparse = n_routed > 0 && l >= first_dense && l % freq == 0;
     if (sparse) {
       ++m.n_sparse_layers;
-      b.routers += w.matrix(p + "mlp.gate", n_routed, d, Role::router) + (score_bias ? uint64_t(n_routed) * 4 : 0);
-      b.routed_experts += uint64_t(k_experts) * gated_mlp(w, p + "mlp.switch_mlp.", d, moe_ff);
+      b.routers += w.matrix(p + "mlp.gate", n_routed, d, Role::router) + (score_bias ? double(n_routed) * 4 : 0);
+      b.routed_experts += double(k_experts) * gated_mlp(w, p + "mlp.switch_mlp.", d, moe_ff);
       if (n_shared > 0) b.shared_experts += gated_mlp(w, p + "mlp.shared_experts.", d, n_shared * moe_ff);
     } else {
-      b.dense_mlp += gated_mlp(w, p + "mlp.", d, c.require<int64_t>("intermediate_size"));
+      b.dense_mlp += gated_mlp(w, p + "mlp.", d, required_size(c, "intermediate_size"));
     }
   }
-  b.cache = uint64_t(o.context) * uint64_t(n_layers) * kv_row_bytes(1, kv_lora + rope, o.kv_mode, o.device);
+  b.cache = double(o.context) * double(n_layers) * double(kv_row_bytes(1, kv_lora + rope, o.kv_mode, o.device));
   m.notes.push_back(fmt::format("cache: the MLA latent, {} + {} values per position per layer (mere has no MLA "
                                 "cache yet; counted in the cache mode's storage)",
                                 kv_lora, rope));
@@ -257,9 +283,16 @@ ByteModel byte_model(const ConfigJson& config, const ByteModelOptions& options) 
   Buckets b;
   if (m.model_type == "deepseek_v3") count_mla(config, w, options, m, b);
   else count_gqa(config, w, options, m, b);
-  m.buckets = {{"embedding_row", b.embedding_row}, {"attention", b.attention},           {"dense_mlp", b.dense_mlp},
-               {"routed_experts", b.routed_experts}, {"shared_experts", b.shared_experts}, {"routers", b.routers},
-               {"norms", b.norms},                 {"lm_head", b.lm_head},               {"cache", b.cache}};
+  const std::pair<const char*, double> counted[] = {
+      {"embedding_row", b.embedding_row}, {"attention", b.attention}, {"dense_mlp", b.dense_mlp},
+      {"routed_experts", b.routed_experts}, {"shared_experts", b.shared_experts}, {"routers", b.routers},
+      {"norms", b.norms}, {"lm_head", b.lm_head}, {"cache", b.cache}};
+  double total = 0;
+  for (const auto& [name, bytes] : counted) total += bytes;
+  MERE_CHECK(total <= kMostBytesCounted,
+             "{}: these sizes (with --context {}) give {:.3g} bytes a token, past the 2^53 the byte model counts",
+             config.path().string(), options.context, total);
+  for (const auto& [name, bytes] : counted) m.buckets.push_back({name, uint64_t(bytes)});
   return m;
 }
 

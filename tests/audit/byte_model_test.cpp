@@ -221,6 +221,39 @@ TEST(ByteModel, BadInputIsAClearError) {
   EXPECT_THROW(count(config_of(llama3_8b()), 0, KvCacheMode::native, Device::cuda, "int4", 48), Error);
 }
 
+// Sizes no model has are errors naming the field (or the total), never totals that
+// wrapped around in uint64 or a loop over 2^40 layers.
+TEST(ByteModel, AbsurdSizesAreErrorsNotWrappedTotals) {
+  const auto message = [](const json& j, int64_t context = 0) -> std::string {
+    try {
+      count(config_of(j), context);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  json layers = llama3_8b();
+  layers["num_hidden_layers"] = int64_t(1) << 40;
+  EXPECT_NE(message(layers).find("num_hidden_layers 1099511627776"), std::string::npos) << message(layers);
+  json wide = llama3_8b();
+  wide["hidden_size"] = int64_t(1) << 40;
+  EXPECT_NE(message(wide).find("hidden_size 1099511627776"), std::string::npos) << message(wide);
+  json negative = deepseek_v3();
+  negative["v_head_dim"] = -128;
+  EXPECT_NE(message(negative).find("v_head_dim -128"), std::string::npos) << message(negative);
+  json experts = qwen3_30b_a3b();
+  experts["num_experts"] = -1;
+  EXPECT_NE(message(experts).find("num_experts -1"), std::string::npos) << message(experts);
+  // Each size allowed, the product not: 2^30 x 2^30 weights a matrix, in 2^16 layers.
+  json huge = llama3_8b();
+  huge["hidden_size"] = huge["intermediate_size"] = int64_t(1) << 30;
+  huge["num_hidden_layers"] = 1 << 16;
+  EXPECT_NE(message(huge).find("past the 2^53"), std::string::npos) << message(huge);
+  EXPECT_NE(message(llama3_8b(), int64_t(1) << 60).find("--context 1152921504606846976"), std::string::npos);
+  // The published shapes stay well inside.
+  EXPECT_EQ(message(llama3_8b(), 1 << 20), "no error");
+}
+
 TEST(BytesCmd, JsonHasTotalBucketsAndRoofline) {
   const fs::path dir = test::temp_dir("cfg");
   test::write_file(dir / "config.json", llama3_8b().dump());
