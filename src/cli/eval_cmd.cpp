@@ -62,6 +62,7 @@ void run_ppl(const PplFlags& f) {
   std::vector<int32_t> ids = tokenizer.encode(text.str(), /*add_special_tokens=*/false);
   int64_t ctx = std::min<int64_t>(f.ctx, model->info().max_positions);
   int64_t stride = f.stride > 0 ? f.stride : ctx / 2;
+  check_perplexity_inputs(*model, int64_t(ids.size()), ctx, stride);  // before the progress bar shows
   PerplexityResult r;
   {
     Progress progress("perplexity", perplexity_windows(int64_t(ids.size()), ctx, stride));

@@ -11,14 +11,18 @@ int64_t perplexity_windows(int64_t n, int64_t ctx, int64_t stride) {
 
 double PerplexityResult::ppl() const { return scored > 0 ? std::exp(nll_sum / double(scored)) : NAN; }
 
-PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& ids, int64_t ctx, int64_t stride,
-                            const std::function<void(int64_t, int64_t)>& on_window, KvCacheMode kv_mode) {
-  const int64_t n = int64_t(ids.size());
+void check_perplexity_inputs(const Model& model, int64_t n_tokens, int64_t ctx, int64_t stride) {
   MERE_CHECK(ctx >= 2, "perplexity: --ctx must be at least 2, got {}", ctx);
   MERE_CHECK(stride >= 1 && stride <= ctx, "perplexity: --stride must be in [1, ctx={}], got {}", ctx, stride);
   MERE_CHECK(ctx <= model.info().max_positions, "perplexity: --ctx {} exceeds the model's context of {}", ctx,
              model.info().max_positions);
-  MERE_CHECK(n >= 2, "perplexity: the text has {} token(s); at least 2 are needed", n);
+  MERE_CHECK(n_tokens >= 2, "perplexity: the text has {} token(s); at least 2 are needed", n_tokens);
+}
+
+PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& ids, int64_t ctx, int64_t stride,
+                            const std::function<void(int64_t, int64_t)>& on_window, KvCacheMode kv_mode) {
+  const int64_t n = int64_t(ids.size());
+  check_perplexity_inputs(model, n, ctx, stride);
   const int64_t vocab = model.info().vocab;
   const int64_t total_windows = perplexity_windows(n, ctx, stride);
 

@@ -21,6 +21,9 @@ struct PerplexityResult {
 // Number of windows perplexity() runs over n tokens.
 int64_t perplexity_windows(int64_t n, int64_t ctx, int64_t stride);
 
+// The errors perplexity() gives for its inputs, for a caller to raise before it shows progress.
+void check_perplexity_inputs(const Model& model, int64_t n_tokens, int64_t ctx, int64_t stride);
+
 // `on_window(done, total)` reports progress.
 PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& ids, int64_t ctx, int64_t stride,
                             const std::function<void(int64_t, int64_t)>& on_window = {},

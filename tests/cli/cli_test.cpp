@@ -96,6 +96,17 @@ TEST(Cli, EvalPplPrintsPerplexity) {
   EXPECT_GT(j["ppl"].get<double>(), 1.0);
   EXPECT_EQ(j["ctx"], 16);
   EXPECT_NE(r.err.find("perplexity ["), std::string::npos);  // the progress bar
+
+  // Bad input is an error before any progress shows.
+  auto empty = text.parent_path() / "empty.txt";
+  test::write_file(empty, "");
+  r = test::run_mere("eval ppl -m " + fixture("qwen2") + " -f " + empty.string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("the text has 0 token(s)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("perplexity ["), std::string::npos) << r.err;
+  r = test::run_mere("eval ppl -m " + fixture("qwen2") + " -f " + text.string() + " --ctx 16 --stride 17");
+  EXPECT_NE(r.err.find("--stride must be in [1, ctx=16]"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("perplexity ["), std::string::npos) << r.err;
 }
 
 // llama-bench style lists: one row per KV cache mode, each labelled; a bad entry
