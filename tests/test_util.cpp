@@ -105,7 +105,9 @@ AttentionProblem random_attention_problem(const AttentionCase& c, DType kv_dtype
   AttentionProblem p{.q = normal_tensor({c.T, c.heads, c.head_dim}, seed, 1.0f),
                      .k = normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 1, 1.0f).to(kv_dtype),
                      .v = normal_tensor({c.pos0 + c.T, c.kv_heads, c.head_dim}, seed + 2, 1.0f).to(kv_dtype),
-                     .scale = 1.0f / std::sqrt(float(c.head_dim))};
+                     .scale = 1.0f / std::sqrt(float(c.head_dim)),
+                     .want = {},
+                     .label = {}};
   p.want = reference_attention(p.q, p.k, p.v, c.pos0, p.scale);
   p.label = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) +
             " dim " + std::to_string(c.head_dim) + " pos0 " + std::to_string(c.pos0);
