@@ -24,6 +24,10 @@ QuantizationConfig parse_entry(const ConfigJson& config, const char* key) {
                config.path().string(), key, method);
     const std::string fmt = c.get<std::string>("fmt", "e4m3");
     MERE_CHECK(fmt == "e4m3", "{}: {}.fmt is '{}'; mere runs e4m3", config.path().string(), key, fmt);
+    // A static scheme ships per-tensor input scales that mere would ignore; it quantizes activations itself.
+    const std::string scheme = c.get<std::string>("activation_scheme", "dynamic");
+    MERE_CHECK(scheme == "dynamic", "{}: {}.activation_scheme is '{}'; mere runs fp8 checkpoints of the dynamic scheme",
+               config.path().string(), key, scheme);
     std::vector<int> block = c.require<std::vector<int>>("weight_block_size");
     MERE_CHECK(block.size() == 2 && block[0] == block[1] && block[0] > 0,
                "{}: {}.weight_block_size must be square, got {} entries", config.path().string(), key, block.size());

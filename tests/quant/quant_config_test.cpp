@@ -54,6 +54,13 @@ TEST(QuantConfig, BadBitsGroupSizeOrModeNameTheFileAndField) {
   json gptq = {{"model_type", "qwen3"}, {"quantization_config", {{"quant_method", "gptq"}, {"bits", 4}}}};
   expect_error([&] { QuantizationConfig::parse(ConfigJson::from_json(gptq, "/models/g/config.json")); },
                {"/models/g/config.json", "quantization_config.quant_method is 'gptq'"});
+  json fp8_static = {{"model_type", "qwen3"},
+                     {"quantization_config", {{"quant_method", "fp8"}, {"activation_scheme", "static"},
+                                              {"weight_block_size", {128, 128}}}}};
+  expect_error([&] { QuantizationConfig::parse(ConfigJson::from_json(fp8_static, "/models/f/config.json")); },
+               {"/models/f/config.json", "quantization_config.activation_scheme is 'static'"});
+  fp8_static["quantization_config"]["activation_scheme"] = "dynamic";
+  EXPECT_EQ(QuantizationConfig::parse(ConfigJson::from_json(fp8_static, "/models/f/config.json")).fp8_block, 128);
 }
 
 // MLX writes its spec twice ("quantization" and "quantization_config", the same
