@@ -112,7 +112,7 @@ class WeightBytes {
 
 struct Buckets {
   double embedding_row = 0, attention = 0, dense_mlp = 0, routed_experts = 0, shared_experts = 0, routers = 0,
-           norms = 0, lm_head = 0, cache = 0;
+         norms = 0, lm_head = 0, cache = 0;
 };
 
 double gated_mlp(const WeightBytes& w, const std::string& p, int64_t d_model, int64_t d_ff) {
