@@ -114,10 +114,10 @@ class ChatSession {
     }
     Device device = resolve_device(f.device);
     options_.kv_cache_mode = effective_runtime(resolved_, f.runtime, device).kv_cache_mode;
-    model_ = load_model(resolved_.dir, device, Levers::from_env().load_options(device));
     GenerationConfig gen = GenerationConfig::load(resolved_.dir);
+    options_.sampling = sampling_from(f.sampling, gen);  // its errors before the model loads
+    model_ = load_model(resolved_.dir, device, Levers::from_env().load_options(device));
     options_.max_new_tokens = f.max_new_tokens;
-    options_.sampling = sampling_from(f.sampling, gen);
     options_.eos_ids = chat_stop_ids(tokenizer_, gen.eos_token_ids);
     if (options_.levers.prefix_cache) {
       // One pool for the conversation: the model's context, and on CUDA (where a

@@ -97,6 +97,11 @@ SamplingParams sampling_from(const SamplingFlags& f, const GenerationConfig& g) 
   p.repetition_penalty = f.repetition_penalty.value_or(g.repetition_penalty.value_or(1.0f));
   p.presence_penalty = f.presence_penalty;
   p.seed = f.seed;
+  try {
+    p.check();  // NaN passes the flags' range checks
+  } catch (const Error& e) {
+    fail("{} (from its flag or the model's generation_config.json)", e.what());
+  }
   return p;
 }
 

@@ -30,15 +30,15 @@ void run_generate(const GenerateFlags& f) {
   Device device = resolve_device(f.device);
   const RuntimeSettings runtime = effective_runtime(resolved, f.runtime, device);
   const Levers levers = Levers::from_env();
+  GenerationConfig gen = GenerationConfig::load(dir);
+  GenerateOptions options;
+  options.sampling = sampling_from(f.sampling, gen);  // its errors before the model loads
   std::unique_ptr<Model> model = load_model(dir, device, levers.load_options(device));
   Tokenizer tokenizer = Tokenizer::load(dir);
-  GenerationConfig gen = GenerationConfig::load(dir);
 
-  GenerateOptions options;
   options.levers = levers;
   options.kv_cache_mode = runtime.kv_cache_mode;
   options.max_new_tokens = f.max_new_tokens;
-  options.sampling = sampling_from(f.sampling, gen);
   options.eos_ids = gen.eos_token_ids;
   if (options.eos_ids.empty() && tokenizer.eos_id()) options.eos_ids.push_back(*tokenizer.eos_id());
 

@@ -17,6 +17,7 @@ size_t present_offset(int64_t rows) { return sizeof(uint64_t) * size_t(rows); }
 
 DeviceSampler::DeviceSampler(const SamplingParams& params, int64_t vocab, int64_t rows)
     : params_(params), vocab_(vocab), rows_(rows) {
+  params.check();
   MERE_CHECK(vocab > 0 && vocab < (int64_t(1) << 31), "DeviceSampler: vocab {} out of range", vocab);
   MERE_CHECK(rows >= 1 && rows <= 65535, "DeviceSampler: {} rows; 1 to 65535 fit one launch", rows);
   MERE_CUDA(cuda::prepare_sample_kernel(vocab, &per_thread_));

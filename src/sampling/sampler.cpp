@@ -33,6 +33,21 @@ float philox_uniform(uint64_t seed, uint64_t draw) {
   return float(out[0] >> 8) * (1.0f / 16777216.0f);  // 24 random bits: exact in f32, never 1
 }
 
+void SamplingParams::check() const {
+  auto finite = [](const char* field, float v) {
+    MERE_CHECK(std::isfinite(v), "sampling: {} is {}; it must be a finite number", field, v);
+  };
+  finite("temperature", temperature);
+  finite("top_p", top_p);
+  finite("min_p", min_p);
+  finite("repetition_penalty", repetition_penalty);
+  finite("presence_penalty", presence_penalty);
+  MERE_CHECK(top_p >= 0.0f && top_p <= 1.0f, "sampling: top_p is {}; it must be in [0, 1]", top_p);
+  MERE_CHECK(min_p >= 0.0f && min_p <= 1.0f, "sampling: min_p is {}; it must be in [0, 1]", min_p);
+  MERE_CHECK(repetition_penalty > 0.0f, "sampling: repetition_penalty is {}; it must be positive", repetition_penalty);
+  MERE_CHECK(top_k >= 0, "sampling: top_k is {}; it must be 0 (off) or more", top_k);
+}
+
 float penalised_logit(float logit, const SamplingParams& p) {
   double l = logit;  // l * penalty is exact in double, so no fused multiply-add can change the result
   if (p.repetition_penalty != 1.0f) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
@@ -45,7 +60,11 @@ void sampling_weights(const float* logits, int64_t vocab, const SamplingParams& 
   const size_t n = size_t(vocab);
   const float max_logit = *std::max_element(logits, logits + n), inv_t = 1.0f / p.temperature;
   std::vector<float> z(n);
-  for (size_t i = 0; i < n; ++i) z[i] = (logits[i] - max_logit) * inv_t;
+  for (size_t i = 0; i < n; ++i) {
+    z[i] = (logits[i] - max_logit) * inv_t;
+    MERE_CHECK(!std::isnan(z[i]), "sample: the logits give no distribution: token {}'s is {}, the largest {}", i,
+               logits[i], max_logit);
+  }
 
   std::vector<char> kept(n, 1);
   if (p.top_k > 0 && p.top_k < vocab) {

@@ -20,6 +20,10 @@ struct SamplingParams {
 
   bool is_greedy() const { return temperature <= 0.0f; }
   bool has_penalties() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f; }
+  // An error naming the first field out of range: NaN or infinite values, top_p or min_p
+  // outside [0, 1], a penalty of 0 or less, a negative top_k. (NaN passes every
+  // comparison the samplers make, and their threshold walks would never end.)
+  void check() const;
 };
 
 // Philox 4x32-10 (Salmon et al., SC'11): 4 random words from a 128-bit counter and a 64-bit key.
@@ -39,12 +43,13 @@ float penalised_logit(float logit, const SamplingParams& params);
 //   top-p: z >= tau for the largest tau whose set {z >= tau} (within top-k) holds top_p of the mass;
 //   min-p: weight >= min_p (the best token's weight being 1).
 // Thresholds rather than a sorted prefix, so that a GPU finds the same set without sorting.
+// A NaN logit (or an infinite maximum) is an error naming the token, as torch.multinomial's.
 void sampling_weights(const float* logits, int64_t vocab, const SamplingParams& params,
                       std::vector<double>& weights);
 
 class Sampler {
  public:
-  explicit Sampler(SamplingParams params) : params_(params) {}
+  explicit Sampler(SamplingParams params) : params_(params) { params_.check(); }
 
   // Picks the next token from logits [vocab]. `context` holds the tokens the
   // penalties apply to (the prompt and everything generated so far).

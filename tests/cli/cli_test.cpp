@@ -28,6 +28,12 @@ TEST(Cli, BadFlagsGetAClearMessage) {
   r = test::run_mere("text generate -p hi --no-such-flag");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("no-such-flag"), std::string::npos) << r.err;
+  // NaN passes CLI11's range checks; it ran without end in top-p's walk.
+  for (const char* flag : {"--temperature nan", "--top-p nan", "--repetition-penalty nan"}) {
+    r = test::run_mere("text generate -m " + fixture("qwen3") + " -p hi -n 4 --top-k 5 " + flag);
+    EXPECT_EQ(r.exit_code, 1) << flag;
+    EXPECT_NE(r.err.find("is nan; it must be a finite number"), std::string::npos) << r.err;
+  }
 }
 
 TEST(Cli, MissingModelIsAnErrorNotACrash) {

@@ -1,9 +1,13 @@
 #include "sampling/sampler.h"
 
+#include "core/error.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
+#include <string>
 
 namespace mere {
 namespace {
@@ -206,6 +210,63 @@ TEST(Sampler, PenaltiesFollowTheirRules) {
   Sampler s2(q);
   EXPECT_EQ(s2.sample(l.data(), 3, {0, 0, 0}), 1);
   EXPECT_EQ(s2.sample(l.data(), 3, {}), 0);
+}
+
+// NaN passes every comparison: a NaN temperature or penalty made every logit NaN,
+// and top-p's walk over groups of equal values never advanced (a hang).
+TEST(Sampler, ParametersOutOfRangeAreErrorsNamingTheField) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto message = [](SamplingParams p) -> std::string {
+    try {
+      Sampler s(p);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  SamplingParams p;
+  EXPECT_EQ(message(p), "no error");
+  p.temperature = 0;  // greedy
+  EXPECT_EQ(message(p), "no error");
+  p.temperature = nan;
+  EXPECT_EQ(message(p), "sampling: temperature is nan; it must be a finite number");
+  p = {};
+  p.repetition_penalty = nan;
+  EXPECT_EQ(message(p), "sampling: repetition_penalty is nan; it must be a finite number");
+  p = {};
+  p.presence_penalty = -inf;
+  EXPECT_EQ(message(p), "sampling: presence_penalty is -inf; it must be a finite number");
+  p = {};
+  p.top_p = 1.5f;
+  EXPECT_EQ(message(p), "sampling: top_p is 1.5; it must be in [0, 1]");
+  p = {};
+  p.min_p = nan;
+  EXPECT_EQ(message(p), "sampling: min_p is nan; it must be a finite number");
+  p = {};
+  p.repetition_penalty = 0;
+  EXPECT_EQ(message(p), "sampling: repetition_penalty is 0; it must be positive");
+  p = {};
+  p.top_k = -1;
+  EXPECT_EQ(message(p), "sampling: top_k is -1; it must be 0 (off) or more");
+}
+
+// Logits a broken model gives (NaN, or an infinite maximum) are an error naming a
+// token, as torch.multinomial refuses them, and never a hang in top-p's walk.
+TEST(Sampler, LogitsWithoutADistributionAreAnError) {
+  SamplingParams p;
+  p.top_p = 0.9f;
+  Sampler s(p);
+  std::vector<float> l = {1.0f, std::numeric_limits<float>::quiet_NaN(), 0.5f};
+  try {
+    s.sample(l.data(), 3, {});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token 1's is nan"), std::string::npos) << e.what();
+  }
+  l = {1.0f, std::numeric_limits<float>::infinity(), 0.5f};
+  EXPECT_THROW(s.sample(l.data(), 3, {}), Error);
+  l = {1.0f, -std::numeric_limits<float>::infinity(), 0.5f};  // a masked token: fine
+  EXPECT_NE(s.sample(l.data(), 3, {}), 1);
 }
 
 }  // namespace
