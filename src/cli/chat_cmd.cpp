@@ -208,11 +208,10 @@ class ChatSession {
     // A stopped answer stays in the history as far as it got.
     messages_.push_back({{"role", "assistant"}, {"content", strip_reasoning(reply)}});
     std::fprintf(stderr,
-                 "%sprefill: %lld tokens (%lld reused), %.1f tok/s | decode: %lld tokens, %.1f tok/s | time to first "
-                 "token: %.1f ms | stop: %s\n",
+                 "%sprefill: %lld tokens (%lld reused), %.1f tok/s | %s | time to first token: %.1f ms | stop: %s\n",
                  interrupted ? "[answer stopped by Ctrl-C] " : "", (long long)stats.prompt_tokens,
-                 (long long)stats.reused_prefix_tokens,
-                 stats.prefill_tok_s(), (long long)stats.generated_tokens, stats.decode_tok_s(), stats.ttft_ms,
+                 (long long)stats.reused_prefix_tokens, stats.prefill_tok_s(),
+                 decode_summary(stats.generated_tokens, stats.decode_tok_s()).c_str(), stats.ttft_ms,
                  interrupted ? "interrupted" : stats.stop_reason.c_str());
   }
 

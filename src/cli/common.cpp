@@ -171,9 +171,15 @@ std::vector<std::string> split_list(const std::string& text, const char* flag) {
   }
 }
 
+std::string decode_summary(int64_t generated_tokens, double decode_tok_s) {
+  if (generated_tokens <= 2) return fmt::format("decode: {} tokens (too few for a rate)", generated_tokens);
+  return fmt::format("decode: {} tokens, {:.1f} tok/s", generated_tokens, decode_tok_s);
+}
+
 void add_threads_option(CLI::App& cmd, int& threads) {
-  cmd.add_option("-t,--threads", threads, "CPU threads (default: one per hardware thread)")
-      ->check(CLI::NonNegativeNumber);
+  // A pool of 100,000 threads took minutes to start; no machine mere runs on has 1,024 cores.
+  cmd.add_option("-t,--threads", threads, "CPU threads, up to 1024 (default: one per hardware thread)")
+      ->check(CLI::Range(0, 1024));
 }
 
 void apply_threads(int threads) { set_thread_count(threads); }

@@ -61,7 +61,12 @@ std::vector<int64_t> parse_int_list(const std::string& text, const char* flag);
 // "a,b,c" -> {"a", "b", "c"}; empty entries are an error naming the flag.
 std::vector<std::string> split_list(const std::string& text, const char* flag);
 
-// Adds --threads to a subcommand; apply_threads() sets the pool size from it.
+// "decode: N tokens, R tok/s", or where N is too few to give a rate (it counts from
+// the third token: GenerateStats::decode_tok_s) says so instead of printing 0.
+std::string decode_summary(int64_t generated_tokens, double decode_tok_s);
+
+// Adds --threads to a subcommand (0: one per hardware thread, at most 1024);
+// apply_threads() sets the pool size from it.
 void add_threads_option(CLI::App& cmd, int& threads);
 void apply_threads(int threads);
 

@@ -55,10 +55,10 @@ void run_generate(const GenerateFlags& f) {
   std::fputs("\n", stdout);
   std::fflush(stdout);
   std::fprintf(stderr,
-               "\nprefill: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s | time to first token: "
-               "%.1f ms | stop: %s\n%s\n",
-               (long long)stats.prompt_tokens, stats.prefill_tok_s(), (long long)stats.generated_tokens,
-               stats.decode_tok_s(), stats.ttft_ms, stats.stop_reason.c_str(),
+               "\nprefill: %lld tokens, %.1f tok/s | %s | time to first token: %.1f ms | stop: %s\n%s\n",
+               (long long)stats.prompt_tokens, stats.prefill_tok_s(),
+               decode_summary(stats.generated_tokens, stats.decode_tok_s()).c_str(), stats.ttft_ms,
+               stats.stop_reason.c_str(),
                options.levers.describe(device).c_str());
 }
 

@@ -63,6 +63,15 @@ TEST(Cli, GenerateStreamsTextAndReportsSpeed) {
   EXPECT_FALSE(r.out.empty());
   for (const char* s : {"prefill:", "decode:", "tok/s", "time to first token"})
     EXPECT_NE(r.err.find(s), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("decode: 12 tokens, "), std::string::npos) << r.err;
+  // The rate counts from the third token: two give none, and say so rather than "0.0 tok/s".
+  r = test::run_mere("text generate -m " + fixture("qwen3") + " -p 'def forward' -n 2 --temperature 0 --no-echo");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("decode: 2 tokens (too few for a rate)"), std::string::npos) << r.err;
+  // A pool of 100,000 threads took minutes to start.
+  r = test::run_mere("text generate -m " + fixture("qwen3") + " -p hi -n 2 --threads 100000");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--threads: Value 100000 not in range 0 to 1024"), std::string::npos) << r.err;
   // Same seed, same sampled text.
   std::string cmd = "text generate -m " + fixture("qwen3") + " -p 'the' -n 16 --temperature 1 --seed 5 --no-echo";
   EXPECT_EQ(test::run_mere(cmd).out, test::run_mere(cmd).out);
