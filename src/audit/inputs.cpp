@@ -94,7 +94,7 @@ std::vector<AuditPrompt> load_prompts(const fs::path& file) {
     nlohmann::ordered_json j;
     try {
       j = nlohmann::ordered_json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers past a double
       fail("{}: not valid JSON ({})", where, e.what());
     }
     MERE_CHECK(j.is_object(), "{}: expected a JSON object with \"prompt\" or \"messages\", got {}", where,

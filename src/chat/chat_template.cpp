@@ -48,7 +48,7 @@ ChatTemplate ChatTemplate::from_tokenizer_config(const std::filesystem::path& di
   nlohmann::ordered_json config;
   try {
     config = nlohmann::ordered_json::parse(read_text(file));
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers past a double
     fail("{}: not valid JSON: {}", file.string(), e.what());
   }
   MERE_CHECK(config.is_object(), "{}: expected a JSON object", file.string());

@@ -26,7 +26,7 @@ nlohmann::ordered_json read_json_file(const std::string& path, const char* flag)
   s << f.rdbuf();
   try {
     return nlohmann::ordered_json::parse(s.str());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers past a double
     fail("{} {}: not valid JSON: {}", flag, path, e.what());
   }
 }
@@ -70,7 +70,7 @@ void run_template(const TemplateFlags& f) {
     std::string name = s.substr(0, eq), value = s.substr(eq + 1);
     try {
       extra[name] = nlohmann::ordered_json::parse(value);
-    } catch (const nlohmann::json::parse_error&) {
+    } catch (const nlohmann::json::exception&) {
       fail("--set {}: '{}' is not JSON (a string needs quotes: {}='\"text\"')", s, value, name);
     }
   }

@@ -38,7 +38,7 @@ ConfigJson ConfigJson::load(const fs::path& path) {
   json j;
   try {
     j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers past a double (1e400)
     fail("{}: malformed JSON: {}", file, io_detail::parse_error_text(e));
   }
   MERE_CHECK(j.is_object(), "{}: top level is {}, expected a JSON object", file, json_kind(j));

@@ -25,7 +25,7 @@ inline std::string json_kind(const nlohmann::json& v) {
 
 // nlohmann's message already says "parse error at line L, column C: ..."; drop
 // the "[json.exception.parse_error.101] " tag, which means nothing to a user.
-inline std::string parse_error_text(const nlohmann::json::parse_error& e) {
+inline std::string parse_error_text(const nlohmann::json::exception& e) {
   std::string s = e.what();
   if (!s.empty() && s[0] == '[') {
     size_t close = s.find("] ");

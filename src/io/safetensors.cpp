@@ -202,7 +202,7 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   json header;
   try {
     header = json::parse(m.data + 8, m.data + impl->data_start);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers past a double
     fail("{}: header is not valid JSON: {}", file, io_detail::parse_error_text(e));
   }
   MERE_CHECK(header.is_object(), "{}: header is {}, expected a JSON object", file, json_kind(header));

@@ -44,6 +44,8 @@ LlamaConfig LlamaConfig::parse(const ConfigJson& c) {
                  c.path().string(), t.dump());
   MERE_CHECK(k.d_model > 0 && k.n_layers > 0 && k.n_heads > 0 && k.head_dim > 0 && k.vocab > 0 && k.d_ff > 0,
              "{}: sizes must be positive", c.path().string());
+  // A negative epsilon makes some 1/rms NaN; JSON cannot write NaN, and 1e400 fails to parse.
+  MERE_CHECK(k.norm_eps >= 0, "{}: rms_norm_eps {} must be zero or more", c.path().string(), k.norm_eps);
   MERE_CHECK(k.n_kv_heads > 0 && k.n_heads % k.n_kv_heads == 0,
              "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", c.path().string(),
              k.n_heads, k.n_kv_heads);

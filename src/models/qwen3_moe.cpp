@@ -21,7 +21,7 @@ Qwen3MoeConfig Qwen3MoeConfig::parse(const ConfigJson& c) {
   k.moe_d_ff = c.require<int>("moe_intermediate_size");
   k.sparse_step = c.get<int>("decoder_sparse_step", 1);
   k.norm_topk_prob = c.get<bool>("norm_topk_prob", false);
-  if (c.has("mlp_only_layers")) k.mlp_only_layers = c.raw()["mlp_only_layers"].get<std::vector<int>>();
+  k.mlp_only_layers = c.get<std::vector<int>>("mlp_only_layers", {});
   const std::string file = c.path().string();
   MERE_CHECK(k.n_experts >= 0 && k.moe_d_ff > 0 && k.sparse_step > 0, "{}: num_experts {}, moe_intermediate_size {} "
              "and decoder_sparse_step {} must be positive", file, k.n_experts, k.moe_d_ff, k.sparse_step);

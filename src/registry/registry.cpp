@@ -53,7 +53,7 @@ ordered_json parse_strict(const std::string& text, const std::string& file) {
   ordered_json j;
   try {
     j = ordered_json::parse(text, callback);
-  } catch (const ordered_json::parse_error& e) {
+  } catch (const ordered_json::exception& e) {  // parse errors, and numbers past a double
     fail("{}: malformed JSON: {} (fix or remove the file; mere does not rewrite it)", file,
          io_detail::parse_error_text(e));
   }

@@ -74,6 +74,8 @@ TEST(Config, MalformedJson) {
   expect_error([&] { load_text("{\n  \"a\": 1,\n  \"b\": ]\n}"); },
                {"config.json: malformed JSON", "line 3, column"});
   expect_error([&] { load_text("[1, 2]"); }, {"config.json: top level is a list, expected a JSON object"});
+  // Past a double: nlohmann's out_of_range, which escaped without the file's name.
+  expect_error([&] { load_text(R"({"rope_theta": 1e400})"); }, {"config.json: malformed JSON", "1e400"});
   expect_error([&] { ConfigJson::load(test::temp_dir("cfg") / "config.json"); }, {"config.json: file not found"});
 }
 

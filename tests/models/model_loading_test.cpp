@@ -62,6 +62,31 @@ TEST(ModelLoading, UnsupportedActivationAndRopeAreRefused) {
   EXPECT_NE(msg.find("rope type 'longrope' is not supported"), std::string::npos) << msg;
 }
 
+// Values that made NaN logits, decoded quietly into garbage (greedy text that stopped
+// at once), or escaped as a JSON library error without the file's name.
+TEST(ModelLoading, ConfigValuesThatWouldMakeNanAreRefused) {
+  auto msg = load_error(edited_fixture("llama", [](auto& c) { c["rms_norm_eps"] = -1; }));
+  EXPECT_NE(msg.find("config.json: rms_norm_eps -1 must be zero or more"), std::string::npos) << msg;
+  msg = load_error(edited_fixture("llama", [](auto& c) { c["rope_theta"] = 0; }));
+  EXPECT_NE(msg.find("config.json: RoPE's rope_theta 0 must be positive"), std::string::npos) << msg;
+  msg = load_error(edited_fixture("qwen2", [](auto& c) {
+    c["rope_parameters"]["rope_type"] = "linear";
+    c["rope_parameters"]["factor"] = 0;
+  }));
+  EXPECT_NE(msg.find("RoPE's factor 0 must be positive"), std::string::npos) << msg;
+  msg = load_error(edited_fixture("llama", [](auto& c) {
+    c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 1.0}, {"original_max_position_embeddings", 8192}};
+  }));
+  EXPECT_NE(msg.find("high_freq_factor and low_freq_factor are both 1"), std::string::npos) << msg;
+  msg = load_error(edited_fixture("llama", [](auto& c) {
+    c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", -4.0}, {"original_max_position_embeddings", 64}};
+  }));
+  EXPECT_NE(msg.find("RoPE's factor -4 must be positive"), std::string::npos) << msg;
+  msg = load_error(edited_fixture("qwen3_moe", [](auto& c) { c["mlp_only_layers"] = "x"; }));
+  EXPECT_NE(msg.find("config.json: field 'mlp_only_layers' is a string"), std::string::npos) << msg;
+}
+
 TEST(ModelLoading, MissingConfigFieldIsNamed) {
   auto msg = load_error(edited_fixture("qwen3", [](auto& c) { c.erase("hidden_size"); }));
   EXPECT_NE(msg.find("hidden_size"), std::string::npos) << msg;

@@ -7,6 +7,13 @@
 namespace mere {
 namespace {
 
+// A value RoPE divides by or takes the logarithm of; zero or less would make NaN
+// frequencies, which decode quietly into garbage.
+double positive(const ConfigJson& c, const char* key, double value) {
+  MERE_CHECK(value > 0, "{}: RoPE's {} {} must be positive", c.path().string(), key, value);
+  return value;
+}
+
 // Mirrors torch's float32 evaluation: 1 / base ** (i / dim) with the exponent in f32.
 std::vector<float> default_inv_freq(double base, int dim) {
   std::vector<float> inv_freq(static_cast<size_t>(dim / 2));
@@ -19,10 +26,13 @@ std::vector<float> default_inv_freq(double base, int dim) {
 
 // Llama 3.1: low frequencies are divided by `factor`, high ones kept, the band between smoothed.
 void apply_llama3(std::vector<float>& inv_freq, const ConfigJson& s) {
-  double factor = s.require<double>("factor");
-  double low_freq_factor = s.require<double>("low_freq_factor");
-  double high_freq_factor = s.require<double>("high_freq_factor");
-  double old_context = s.require<double>("original_max_position_embeddings");
+  double factor = positive(s, "factor", s.require<double>("factor"));
+  double low_freq_factor = positive(s, "low_freq_factor", s.require<double>("low_freq_factor"));
+  double high_freq_factor = positive(s, "high_freq_factor", s.require<double>("high_freq_factor"));
+  double old_context =
+      positive(s, "original_max_position_embeddings", s.require<double>("original_max_position_embeddings"));
+  MERE_CHECK(high_freq_factor != low_freq_factor, "{}: rope_scaling's high_freq_factor and low_freq_factor are "
+             "both {}; llama3 scaling divides by their difference", s.path().string(), low_freq_factor);
   double low_freq_wavelen = old_context / low_freq_factor;
   double high_freq_wavelen = old_context / high_freq_factor;
   for (float& f : inv_freq) {
@@ -49,7 +59,9 @@ float apply_yarn(std::vector<float>& inv_freq, const ConfigJson& config, const C
   MERE_CHECK(original_max > 0, "{}: yarn needs original_max_position_embeddings or max_position_embeddings",
              config.path().string());
   // Without a factor, the context extension the checkpoint declares is the factor.
-  double factor = s.get<double>("factor", double(max_positions) / double(original_max));
+  double factor = positive(s, "factor", s.get<double>("factor", double(max_positions) / double(original_max)));
+  MERE_CHECK(base > 1, "{}: yarn takes the logarithm of rope_theta, which must be above 1, got {}",
+             config.path().string(), base);
   double attention_factor;
   if (s.has("attention_factor")) {
     attention_factor = s.require<double>("attention_factor");
@@ -94,6 +106,7 @@ ops::RopeTable rope_table_from_config(const ConfigJson& config, int head_dim) {
                                                            : ConfigJson::from_json(nlohmann::json::object(), config.path());
   double base = nested ? scaling.get<double>("rope_theta", config.get<double>("rope_theta", 10000.0))
                        : config.get<double>("rope_theta", 10000.0);
+  positive(config, "rope_theta", base);
   std::string type = scaling.get<std::string>("rope_type", scaling.get<std::string>("type", "default"));
   double partial = scaling.get<double>("partial_rotary_factor",
                                        config.get<double>("partial_rotary_factor", 1.0));
@@ -106,7 +119,7 @@ ops::RopeTable rope_table_from_config(const ConfigJson& config, int head_dim) {
   table.inv_freq = default_inv_freq(base, dim);
   if (type == "default") {
   } else if (type == "linear") {
-    float factor = float(scaling.require<double>("factor"));
+    float factor = float(positive(scaling, "factor", scaling.require<double>("factor")));
     for (float& f : table.inv_freq) f /= factor;
   } else if (type == "llama3") {
     apply_llama3(table.inv_freq, scaling);
