@@ -45,7 +45,7 @@ void SamplingParams::check() const {
   MERE_CHECK(top_p >= 0.0f && top_p <= 1.0f, "sampling: top_p is {}; it must be in [0, 1]", top_p);
   MERE_CHECK(min_p >= 0.0f && min_p <= 1.0f, "sampling: min_p is {}; it must be in [0, 1]", min_p);
   MERE_CHECK(repetition_penalty > 0.0f, "sampling: repetition_penalty is {}; it must be positive", repetition_penalty);
-  MERE_CHECK(top_k >= 0, "sampling: top_k is {}; it must be 0 (off) or more", top_k);
+  // top_k below 1 is off (vLLM writes -1 for that, transformers 0), so it needs no check.
 }
 
 float penalised_logit(float logit, const SamplingParams& p) {

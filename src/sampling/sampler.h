@@ -11,7 +11,7 @@ namespace mere {
 
 struct SamplingParams {
   float temperature = 1.0f;          // <= 0: greedy (argmax)
-  int top_k = 0;                     // 0: off
+  int top_k = 0;                     // 0 (or less, as vLLM writes it): off
   float top_p = 1.0f;                // 1: off
   float min_p = 0.0f;                // 0: off; drops tokens below min_p * p(best)
   float repetition_penalty = 1.0f;   // transformers' rule: positive logits / p, negative * p
@@ -21,8 +21,8 @@ struct SamplingParams {
   bool is_greedy() const { return temperature <= 0.0f; }
   bool has_penalties() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f; }
   // An error naming the first field out of range: NaN or infinite values, top_p or min_p
-  // outside [0, 1], a penalty of 0 or less, a negative top_k. (NaN passes every
-  // comparison the samplers make, and their threshold walks would never end.)
+  // outside [0, 1], a repetition penalty of 0 or less. (NaN passes every comparison the
+  // samplers make, and their threshold walks would never end.)
   void check() const;
 };
 
