@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <fstream>
 #include <map>
@@ -170,6 +171,9 @@ class Auditor {
     MERE_CHECK(o_.runs >= 1, "--runs {}: at least 1", o_.runs);
     MERE_CHECK(o_.corpus_tokens >= 2, "--corpus-tokens {}: at least 2", o_.corpus_tokens);
     MERE_CHECK(o_.window >= 2, "--window {}: at least 2", o_.window);
+    // At 0 or below the sampled comparison would repeat the greedy one; NaN would hang a sampler.
+    MERE_CHECK(o_.temperature > 0 && std::isfinite(o_.temperature),
+               "--temperature {}: the sampled comparison needs a finite temperature above 0", o_.temperature);
     for (const std::string& t : o_.levers) {
       specs_.push_back(parse_lever(t));
       for (size_t i = 0; i + 1 < specs_.size(); ++i)

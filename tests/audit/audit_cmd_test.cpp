@@ -189,6 +189,13 @@ TEST(AuditCmdErrors, BadInputIsAClearError) {
   r = test::run_mere("audit --lever kv=bf16 -n 2 --out " + (dir / "o").string());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("-n 2"), std::string::npos) << r.err;
+
+  // 0 or below repeated the greedy comparison as the "sampled" one; NaN would hang a sampler.
+  for (const char* t : {"0", "-1", "nan"}) {
+    r = test::run_mere(std::string("audit --lever kv=bf16 --temperature ") + t + " --out " + (dir / "o").string());
+    EXPECT_EQ(r.exit_code, 1) << t;
+    EXPECT_NE(r.err.find("the sampled comparison needs a finite temperature above 0"), std::string::npos) << r.err;
+  }
 }
 
 }  // namespace
