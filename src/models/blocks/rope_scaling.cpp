@@ -13,6 +13,7 @@ double positive(const ConfigJson& c, const char* key, double value) {
   MERE_CHECK(value > 0, "{}: RoPE's {} {} must be positive", c.path().string(), key, value);
   return value;
 }
+double required_positive(const ConfigJson& c, const char* key) { return positive(c, key, c.require<double>(key)); }
 
 // Mirrors torch's float32 evaluation: 1 / base ** (i / dim) with the exponent in f32.
 std::vector<float> default_inv_freq(double base, int dim) {
@@ -26,13 +27,12 @@ std::vector<float> default_inv_freq(double base, int dim) {
 
 // Llama 3.1: low frequencies are divided by `factor`, high ones kept, the band between smoothed.
 void apply_llama3(std::vector<float>& inv_freq, const ConfigJson& s) {
-  double factor = positive(s, "factor", s.require<double>("factor"));
-  double low_freq_factor = positive(s, "low_freq_factor", s.require<double>("low_freq_factor"));
-  double high_freq_factor = positive(s, "high_freq_factor", s.require<double>("high_freq_factor"));
-  double old_context =
-      positive(s, "original_max_position_embeddings", s.require<double>("original_max_position_embeddings"));
-  MERE_CHECK(high_freq_factor != low_freq_factor, "{}: rope_scaling's high_freq_factor and low_freq_factor are "
-             "both {}; llama3 scaling divides by their difference", s.path().string(), low_freq_factor);
+  double factor = required_positive(s, "factor");
+  double low_freq_factor = required_positive(s, "low_freq_factor");
+  double high_freq_factor = required_positive(s, "high_freq_factor");
+  double old_context = required_positive(s, "original_max_position_embeddings");
+  MERE_CHECK(high_freq_factor != low_freq_factor, "{}: RoPE's high_freq_factor and low_freq_factor are both {}; "
+             "llama3 scaling divides by their difference", s.path().string(), low_freq_factor);
   double low_freq_wavelen = old_context / low_freq_factor;
   double high_freq_wavelen = old_context / high_freq_factor;
   for (float& f : inv_freq) {
@@ -119,7 +119,7 @@ ops::RopeTable rope_table_from_config(const ConfigJson& config, int head_dim) {
   table.inv_freq = default_inv_freq(base, dim);
   if (type == "default") {
   } else if (type == "linear") {
-    float factor = float(positive(scaling, "factor", scaling.require<double>("factor")));
+    float factor = float(required_positive(scaling, "factor"));
     for (float& f : table.inv_freq) f /= factor;
   } else if (type == "llama3") {
     apply_llama3(table.inv_freq, scaling);
