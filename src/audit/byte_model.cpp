@@ -28,6 +28,9 @@ int64_t size_field(const ConfigJson& c, const std::string& key, int64_t value) {
 int64_t required_size(const ConfigJson& c, const std::string& key) {
   return size_field(c, key, c.require<int64_t>(key));
 }
+int64_t size_or(const ConfigJson& c, const std::string& key, int64_t fallback) {
+  return size_field(c, key, c.get<int64_t>(key, fallback));
+}
 int64_t layer_count(const ConfigJson& c) {
   const int64_t n = c.require<int64_t>("num_hidden_layers");
   MERE_CHECK(n > 0 && n <= kMostLayers, "{}: num_hidden_layers {}: the byte model takes 1 to {}", c.path().string(),
@@ -128,8 +131,8 @@ void count_gqa(const ConfigJson& c, const WeightBytes& w, const ByteModelOptions
   const int64_t d = required_size(c, "hidden_size");
   const int64_t n_layers = layer_count(c);
   const int64_t n_heads = required_size(c, "num_attention_heads");
-  const int64_t n_kv = size_field(c, "num_key_value_heads", c.get<int64_t>("num_key_value_heads", n_heads));
-  const int64_t head_dim = size_field(c, "head_dim", c.get<int64_t>("head_dim", d / n_heads));
+  const int64_t n_kv = size_or(c, "num_key_value_heads", n_heads);
+  const int64_t head_dim = size_or(c, "head_dim", d / n_heads);
   const int64_t vocab = required_size(c, "vocab_size");
   const int64_t q_dim = n_heads * head_dim, kv_dim = n_kv * head_dim;
   // As LlamaConfig::parse reads them.
